@@ -1,0 +1,42 @@
+# Two commands for a newcomer: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
+
+.PHONY: setup demo test test-all lint bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch==2.13.0 first: any looser spec pulls a multi-GB CUDA build on a CPU machine.
+$(STAMP): $(PY) pyproject.toml
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(PY) examples/train.py --artifact-dir demo_run
+	$(PY) examples/evaluate.py --checkpoint demo_run/checkpoints/latest.h5
+
+test: setup
+	$(PY) -m pytest -q -m "not slow"
+
+test-all: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check cstream workers executor tests examples benchmarks
+
+bench: setup
+	$(PY) benchmarks/step_replay.py
+	$(PY) benchmarks/input_scaling.py
+
+clean:
+	rm -rf $(VENV) demo_run .pytest_cache

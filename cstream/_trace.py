@@ -1,0 +1,37 @@
+"""``@cstream.trace`` / ``@cstream.compile_step``: mark the function that is one step."""
+
+from __future__ import annotations
+
+import functools
+
+from executor import runtime
+
+
+class TracedStep:
+    """A user step function. On eager backends calling it runs the function; on CSX it is
+    traced once into a static graph and replayed (see :mod:`executor.engine`)."""
+
+    def __init__(self, fn):
+        if not callable(fn):
+            raise TypeError(f"cstream.trace expects a function, got {type(fn).__name__}.")
+        self.fn = fn
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args, **kwargs):
+        backend = runtime.current_backend(required=True)
+        return backend.run_step(self, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"<cstream.trace {getattr(self.fn, '__qualname__', self.fn)!r}>"
+
+
+def trace(fn):
+    """Decorate the function holding one whole training or evaluation step.
+
+    The function is traced once into a static graph on the CSX backend (Python side effects
+    happen once; branches and loops are fixed at trace time), and run eagerly on CPU.
+    """
+    return TracedStep(fn)
+
+
+compile_step = trace

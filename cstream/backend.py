@@ -1,0 +1,54 @@
+"""``cstream.backend(name, **options)``: create the (single) current backend."""
+
+from __future__ import annotations
+
+from executor import runtime
+from executor.backends import CPUBackend, GPUBackend
+
+BACKENDS = {"CPU": CPUBackend, "GPU": GPUBackend}
+
+
+def _csx_backend():
+    from executor.backends.csx import CSXBackend
+
+    return CSXBackend
+
+
+def backend(backend_type: str = "CSX", **options):
+    """Create the backend every cstream call uses from now on.
+
+    ``backend_type`` is ``"CSX"`` (the simulated Wafer-Scale Cluster), ``"CPU"`` (eager, one
+    process: the debugging path) or ``"GPU"`` (eager on CUDA). Options are the seed's:
+    ``artifact_dir``, ``max_checkpoints`` and, for CSX, ``compile_dir``, ``compile_only``,
+    ``validate_only``, ``drop_data``, ``retrace_every_iteration`` and more.
+
+    >>> import cstream
+    >>> b = cstream.backend("CPU", max_checkpoints=2)
+    >>> b.name, cstream.current_backend() is b
+    ('CPU', True)
+    >>> b.shutdown()
+    """
+    if not isinstance(backend_type, str):
+        raise TypeError(f"backend_type: expected a string such as 'CSX' or 'CPU', got {backend_type!r}")
+    key = backend_type.upper()
+    if key == "CSX":
+        cls = _csx_backend()
+    elif key in BACKENDS:
+        cls = BACKENDS[key]
+    else:
+        raise ValueError(
+            f"unknown backend type {backend_type!r}; choose one of 'CSX', 'CPU', 'GPU'."
+        )
+    existing = runtime.current_backend()
+    if existing is not None:
+        raise RuntimeError(
+            f"a {existing.name} backend already exists and cstream runs one backend at a time. "
+            "Get it with cstream.current_backend(), or call its .shutdown() before creating "
+            f"a {key} backend."
+        )
+    return cls(**options)
+
+
+def current_backend():
+    """The backend created by :func:`backend` (None if there is none)."""
+    return runtime.current_backend()

@@ -1,0 +1,153 @@
+"""The backend interface: compile a model, run a traced step, start a run, keep checkpoints."""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import os
+from collections import deque
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from executor import runtime
+
+
+def check_options(backend_name: str, given: dict, valid: tuple) -> None:
+    for name in given:
+        if name not in valid:
+            close = difflib.get_close_matches(name, valid, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise TypeError(
+                f'cstream.backend("{backend_name}") got an unknown option {name!r}.{hint} '
+                f"Valid options: {', '.join(valid)}."
+            )
+
+
+class Device:
+    """``with backend.device:`` -- tensors created inside live on the backend's device."""
+
+    def __init__(self, backend: "Backend", torch_device: str = "cpu"):
+        self.backend = backend
+        self.type = backend.name
+        self.torch_device = torch.device(torch_device)
+        self._stack = []
+
+    def __enter__(self):
+        cm = self.backend.device_context()
+        self._stack.append(cm)
+        cm.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._stack.pop().__exit__(*exc)
+
+    def __repr__(self) -> str:
+        return f"Device({self.type!r}, {self.torch_device})"
+
+
+class CompiledModel:
+    """What :func:`cstream.compile` returns: calling it runs the model on the backend.
+
+    Attribute access (``eval()``, ``train()``, ``state_dict()``, submodules ...) goes to the model.
+    """
+
+    def __init__(self, model: torch.nn.Module, backend: "Backend"):
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "backend", backend)
+
+    def __call__(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __setattr__(self, name, value):
+        setattr(self.model, name, value)
+
+    def eval(self):
+        self.model.eval()
+        return self
+
+    def train(self, mode: bool = True):
+        self.model.train(mode)
+        return self
+
+    def __repr__(self) -> str:
+        return f"CompiledModel(backend={self.backend.name}, model={self.model!r})"
+
+
+class Backend:
+    """Base class. Subclasses implement :meth:`start_run`, and may override :meth:`compile`,
+    :meth:`run_step`, :meth:`device_context` and the creation ops."""
+
+    name = "?"
+    options: tuple = ("artifact_dir", "max_checkpoints")
+    forces_single_step = False
+
+    def __init__(self, artifact_dir=None, max_checkpoints: Optional[int] = None,
+                 torch_device: str = "cpu"):
+        if max_checkpoints is not None and (
+            isinstance(max_checkpoints, bool) or not isinstance(max_checkpoints, int)
+            or max_checkpoints < 1
+        ):
+            raise ValueError(
+                f"max_checkpoints: expected a positive int or None, got {max_checkpoints!r}."
+            )
+        self.artifact_dir = Path(artifact_dir) if artifact_dir else Path.cwd() / "cstream_logs"
+        self.max_checkpoints = max_checkpoints
+        self.device = Device(self, torch_device)
+        self._checkpoints: deque[Path] = deque()
+        self._alive = True
+        runtime.set_backend(self)
+
+    # -- the interface -------------------------------------------------------------------
+    def compile(self, model: torch.nn.Module) -> CompiledModel:
+        return CompiledModel(model, self)
+
+    def run_step(self, traced, args, kwargs):
+        return traced.fn(*args, **kwargs)
+
+    def start_run(self, executor):  # -> Run
+        raise NotImplementedError
+
+    def device_context(self):
+        return contextlib.nullcontext()
+
+    def full(self, size, fill_value, dtype=None):
+        return torch.full(size, fill_value, dtype=dtype, device=self.device.torch_device)
+
+    def full_like(self, other, fill_value, dtype=None):
+        return torch.full_like(other, fill_value, dtype=dtype)
+
+    def state_tensor(self, tensor):
+        return tensor
+
+    # -- checkpoint retention ------------------------------------------------------------
+    def register_checkpoint(self, path) -> None:
+        """Called by :func:`cstream.save`; keeps only the newest ``max_checkpoints`` files."""
+        path = Path(path).resolve()
+        if path in self._checkpoints:
+            self._checkpoints.remove(path)
+        self._checkpoints.append(path)
+        if self.max_checkpoints is None:
+            return
+        while len(self._checkpoints) > self.max_checkpoints:
+            old = self._checkpoints.popleft()
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(old)
+
+    def shutdown(self) -> None:
+        """Release the backend's resources; afterwards a new backend may be created."""
+        self._alive = False
+        runtime.clear_backend(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(artifact_dir={str(self.artifact_dir)!r})"

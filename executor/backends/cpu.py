@@ -1,0 +1,96 @@
+"""Eager backends: CPU (the debugging path and numerical oracle) and GPU."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from executor.backends.base import Backend, check_options
+from executor.data_executor import batch_size_of
+from workers.context import WorkerInfo
+from workers.dataloader import iterate_cycled
+
+
+def _to_device(obj, device):
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device, non_blocking=True)
+    if isinstance(obj, dict):
+        return type(obj)((k, _to_device(v, device)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        moved = [_to_device(v, device) for v in obj]
+        return type(obj)(*moved) if hasattr(obj, "_fields") else type(obj)(moved)
+    return obj
+
+
+class EagerRun:
+    """A run on an eager backend: ``input_fn`` is called once as worker 0 of 1 in this process."""
+
+    def __init__(self, backend: "CPUBackend", executor):
+        self.backend = backend
+        self.executor = executor
+        loader = executor.dataloader.client_loader()
+        self._batches = iterate_cycled(executor.dataloader, loader)
+        self._batch = None
+
+    def next_batch(self, step: int):
+        batch = next(self._batches)
+        if self.backend.device.torch_device.type != "cpu":
+            batch = _to_device(batch, self.backend.device.torch_device)
+        self._batch = batch
+        return batch
+
+    def end_step(self, step: int) -> dict:
+        return {}
+
+    def samples_in_step(self, step: int) -> int:
+        return batch_size_of(self._batch)
+
+    def materialize(self, obj, step: int):
+        return obj
+
+    def checkpoint_reads(self, step: int):
+        return contextlib.nullcontext()
+
+    def close(self, ok: bool) -> dict:
+        self._batches.close()
+        return {}
+
+
+class CPUBackend(Backend):
+    """``cstream.backend("CPU")``: eager PyTorch in one process, no Ray."""
+
+    name = "CPU"
+    options = ("artifact_dir", "max_checkpoints")
+
+    def __init__(self, **options):
+        check_options(self.name, options, self.options)
+        super().__init__(**options)
+        _ = WorkerInfo  # the client is worker 0 of 1
+
+    def start_run(self, executor) -> EagerRun:
+        return EagerRun(self, executor)
+
+
+class GPUBackend(CPUBackend):
+    """``cstream.backend("GPU")``: eager PyTorch on a CUDA device."""
+
+    name = "GPU"
+    options = ("artifact_dir", "max_checkpoints", "device_index")
+
+    def __init__(self, device_index: int = 0, **options):
+        check_options(self.name, options, self.options)
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                'cstream.backend("GPU") needs a CUDA device, and torch.cuda.is_available() is '
+                f"False here (torch {torch.__version__}). Use cstream.backend(\"CPU\") or "
+                'cstream.backend("CSX") on this machine.'
+            )
+        Backend.__init__(self, torch_device=f"cuda:{device_index}", **options)
+
+    def compile(self, model):
+        model.to(self.device.torch_device)
+        return super().compile(model)
+
+    def device_context(self):
+        return self.device.torch_device

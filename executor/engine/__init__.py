@@ -1,0 +1,1 @@
+"""The lazy-tracing engine: state handles, step capture, compilation and the compile cache."""

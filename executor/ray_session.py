@@ -1,0 +1,37 @@
+"""Starting (or joining) Ray: embedded on loopback by default, or an existing cluster."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
+def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
+    """Make sure Ray is initialised. Returns True when this call started it.
+
+    ``address`` (or ``RAY_ADDRESS``, read here, at the entry point) names an existing cluster;
+    otherwise an embedded Ray is started bound to 127.0.0.1 with the dashboard off.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS")
+    common = dict(
+        include_dashboard=False,
+        log_to_driver=True,
+        configure_logging=False,
+        ignore_reinit_error=True,
+    )
+    if address:
+        ray.init(address=address, **common)
+    else:
+        ncpu = num_cpus if num_cpus is not None else max(os.cpu_count() or 1, 8)
+        ray.init(
+            num_cpus=ncpu,
+            _node_ip_address="127.0.0.1",
+            object_store_memory=512 * 1024 * 1024,
+            **common,
+        )
+    return True

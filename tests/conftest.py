@@ -1,0 +1,32 @@
+"""Shared fixtures: one embedded Ray per test session; a clean backend for every test."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+import pytest  # noqa: E402
+
+from executor import runtime  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _clean_backend():
+    """Every test starts and ends without a current backend or executor."""
+    runtime.reset()
+    yield
+    runtime.reset()
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """Start Ray once for the whole session (embedded, loopback, no dashboard)."""
+    import ray
+
+    from executor.ray_session import ensure_ray
+
+    started = ensure_ray()
+    yield ray
+    if started and ray.is_initialized():
+        ray.shutdown()

@@ -1,0 +1,82 @@
+"""CSConfig: how the simulated Wafer-Scale Cluster is laid out."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+
+def _positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"CSConfig.{name}: expected a positive int, got {value!r}. "
+            f"Set {name} to 1 or more, e.g. CSConfig({name}=1)."
+        )
+
+
+@dataclass(kw_only=True)
+class CSConfig:
+    """Layout of the simulated Wafer-Scale Cluster.
+
+    >>> cfg = CSConfig(num_csx=2, num_workers_per_csx=4)
+    >>> cfg.total_num_workers
+    8
+    """
+
+    num_csx: int = 1
+    """Number of CS-X systems; the global batch is split across them (data parallel)."""
+    num_workers_per_csx: int = 1
+    """Input workers streaming into each CS-X's input buffer."""
+    wafer_samples_per_sec: Optional[float] = None
+    """Simulated compute speed of one CS-X in samples/s: each step takes at least
+    ``samples_on_this_csx / wafer_samples_per_sec`` seconds. None: as fast as the step runs."""
+    wafer_seconds_per_step: Optional[float] = None
+    """Alternative to ``wafer_samples_per_sec``: each step takes at least this long."""
+    input_buffer_batches: int = 4
+    """Capacity of each CS-X's input buffer, in batches (the bounded look-ahead of the input side)."""
+    max_worker_restarts: int = 3
+    """How many times a crashed input worker is restarted before the run fails."""
+    straggler_timeout_s: float = 60.0
+    """A worker that produces nothing for this long is reported as a straggler."""
+
+    def __post_init__(self):
+        _positive_int("num_csx", self.num_csx)
+        _positive_int("num_workers_per_csx", self.num_workers_per_csx)
+        _positive_int("input_buffer_batches", self.input_buffer_batches)
+        for name in ("wafer_samples_per_sec", "wafer_seconds_per_step"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
+                raise ValueError(
+                    f"CSConfig.{name}: expected a positive number or None, got {v!r}."
+                )
+        if self.wafer_samples_per_sec is not None and self.wafer_seconds_per_step is not None:
+            raise ValueError(
+                "CSConfig: set either wafer_samples_per_sec or wafer_seconds_per_step, not both "
+                f"(got {self.wafer_samples_per_sec!r} and {self.wafer_seconds_per_step!r})."
+            )
+        if isinstance(self.max_worker_restarts, bool) or not isinstance(
+            self.max_worker_restarts, int
+        ) or self.max_worker_restarts < 0:
+            raise ValueError(
+                f"CSConfig.max_worker_restarts: expected an int >= 0, got {self.max_worker_restarts!r}."
+            )
+        if not isinstance(self.straggler_timeout_s, (int, float)) or self.straggler_timeout_s <= 0:
+            raise ValueError(
+                f"CSConfig.straggler_timeout_s: expected a positive number, got {self.straggler_timeout_s!r}."
+            )
+
+    @property
+    def total_num_workers(self) -> int:
+        return self.num_csx * self.num_workers_per_csx
+
+    def min_step_seconds(self, samples_per_csx: int) -> float:
+        """The simulated wafer's floor on one step's compute time."""
+        if self.wafer_seconds_per_step is not None:
+            return float(self.wafer_seconds_per_step)
+        if self.wafer_samples_per_sec is not None:
+            return samples_per_csx / float(self.wafer_samples_per_sec)
+        return 0.0
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)

@@ -1,0 +1,138 @@
+"""The cstream DataLoader: a recipe (``input_fn`` + arguments) that each input worker runs.
+
+A worker cannot share a PyTorch dataloader with other workers, so cstream ships the recipe
+instead: every worker calls ``input_fn(*args, **kwargs)`` inside its own worker context and
+iterates what comes back.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from typing import Any, Callable, Iterable
+
+from workers.context import WorkerInfo, get_worker_info, worker_context
+
+
+class EmptyDataLoaderError(ValueError):
+    """``input_fn`` produced a dataloader that yields no batch."""
+
+
+class DataLoader:
+    """Distribute an input pipeline across input workers.
+
+    Args:
+        input_fn: a callable returning a ``torch.utils.data.DataLoader`` or any iterable of
+            (nested) tensors. Each worker calls it with its own deep copy of ``*args`` and
+            ``**kwargs``; :func:`cstream.distributed.get_worker_info` tells it which shard it owns.
+
+    >>> import torch, cstream
+    >>> def input_fn(n):
+    ...     return [torch.ones(2, 3) * i for i in range(n)]
+    >>> loader = cstream.utils.data.DataLoader(input_fn, 4)
+    >>> len(loader)
+    4
+    """
+
+    def __init__(self, input_fn: Callable[..., Iterable], *args: Any, **kwargs: Any):
+        if not callable(input_fn):
+            raise TypeError(
+                f"DataLoader expects input_fn to be a callable that returns a "
+                f"torch.utils.data.DataLoader (or any iterable of batches), got "
+                f"{type(input_fn).__name__}: {input_fn!r}. Each input worker calls input_fn to "
+                f"build its own dataloader, so pass the function itself, e.g. "
+                f"cstream.utils.data.DataLoader(input_fn, batch_size=64), not input_fn(...)."
+            )
+        self.input_fn = input_fn
+        self.input_fn_name = getattr(input_fn, "__qualname__", repr(input_fn))
+        try:
+            self.args = copy.deepcopy(args)
+            self.kwargs = copy.deepcopy(kwargs)
+        except Exception as e:  # pragma: no cover - message path
+            raise TypeError(
+                f"DataLoader could not deep-copy the arguments for {self.input_fn_name}: {e}. "
+                "Every worker receives its own copy of the arguments, so they must be copyable; "
+                "pass paths or settings instead of open handles."
+            ) from e
+        self._client_loader = None
+        self._len = None
+
+    # -- building --------------------------------------------------------------------------
+    def build(self, info: WorkerInfo | None = None):
+        """Call ``input_fn`` as the given worker (default: the current context) and return its
+        dataloader. The arguments are deep-copied again so that workers never share state."""
+        info = info or get_worker_info()
+        args = copy.deepcopy(self.args)
+        kwargs = copy.deepcopy(self.kwargs)
+        with worker_context(info):
+            loader = self.input_fn(*args, **kwargs)
+        if loader is None or not hasattr(loader, "__iter__"):
+            raise TypeError(
+                f"input_fn {self.input_fn_name} returned {type(loader).__name__}, which is not "
+                "iterable. input_fn must return a torch.utils.data.DataLoader or another "
+                "iterable of batches."
+            )
+        return loader
+
+    def client_loader(self):
+        """The dataloader as worker 0 of 1 sees it (built once, cached)."""
+        if self._client_loader is None:
+            self._client_loader = self.build(WorkerInfo())
+        return self._client_loader
+
+    def __len__(self) -> int:
+        if self._len is None:
+            loader = self.client_loader()
+            try:
+                self._len = len(loader)
+            except TypeError:
+                raise TypeError(
+                    f"the dataloader returned by {self.input_fn_name} "
+                    f"({type(loader).__name__}) has no len(); pass num_steps to DataExecutor."
+                ) from None
+        return self._len
+
+    def has_len(self) -> bool:
+        try:
+            len(self)
+            return True
+        except TypeError:
+            return False
+
+    def __iter__(self):
+        raise TypeError(
+            "a cstream DataLoader is not iterated directly: wrap it in "
+            "cstream.utils.data.DataExecutor(dataloader, num_steps=...) and iterate the executor."
+        )
+
+    def __repr__(self) -> str:
+        sig = ""
+        try:
+            sig = str(inspect.signature(self.input_fn))
+        except (TypeError, ValueError):
+            pass
+        return f"DataLoader({self.input_fn_name}{sig})"
+
+
+def iterate_cycled(dataloader: DataLoader, loader, what: str = "input_fn"):
+    """Yield batches from ``loader`` forever, starting a new epoch when it is exhausted.
+
+    Raises :class:`EmptyDataLoaderError` when an epoch yields no batch at all.
+    """
+    epoch = 0
+    while True:
+        produced = False
+        for batch in loader:
+            produced = True
+            yield batch
+        if not produced:
+            raise EmptyDataLoaderError(
+                f"{what} {dataloader.input_fn_name} returned a dataloader that yields no batch"
+                + (f" (epoch {epoch})" if epoch else "")
+                + ". Check that the data set is not empty and that batch_size is not larger "
+                "than the data set with drop_last=True (use a smaller batch_size or "
+                "drop_last=False)."
+            )
+        epoch += 1
+        if hasattr(loader, "sampler") and hasattr(loader.sampler, "set_epoch"):
+            loader.sampler.set_epoch(epoch)
