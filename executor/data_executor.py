@@ -203,6 +203,7 @@ class DataExecutor:
             else:
                 margs, mkwargs = run.materialize((args, kwargs), step)
                 fn(*margs, **mkwargs)
+        run.step_done(step)
         samples = metrics.pop("samples", None)
         if samples is None:
             samples = run.samples_in_step(step)

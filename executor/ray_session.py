@@ -27,9 +27,8 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     if address:
         ray.init(address=address, **common)
     else:
-        ncpu = num_cpus if num_cpus is not None else max(os.cpu_count() or 1, 8)
         ray.init(
-            num_cpus=ncpu,
+            num_cpus=num_cpus,  # None: Ray sizes it to the machine
             _node_ip_address="127.0.0.1",
             object_store_memory=512 * 1024 * 1024,
             **common,

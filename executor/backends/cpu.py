@@ -43,6 +43,9 @@ class EagerRun:
     def end_step(self, step: int) -> dict:
         return {}
 
+    def step_done(self, step: int) -> None:
+        pass
+
     def samples_in_step(self, step: int) -> int:
         return batch_size_of(self._batch)
 

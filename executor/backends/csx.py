@@ -1,0 +1,257 @@
+"""``cstream.backend("CSX")``: the simulated Wafer-Scale Cluster.
+
+The client holds handles; the wafer driver (a Ray actor, or an object in this process with
+``in_process=True``) holds the values and runs the traced step. See DESIGN.md, "Data flow".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import weakref
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from executor.backends.base import Backend, CompiledModel, check_options
+from executor.backends.csx_run import CSXRun
+from executor.engine.handles import StateHandle, Store
+
+log = logging.getLogger("cstream")
+
+_FACTORIES = {torch.empty: None, torch.zeros: 0, torch.ones: 1}
+_FROZEN: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+_hook_installed = False
+
+
+def _install_freeze_hook():
+    global _hook_installed
+    if _hook_installed:
+        return
+
+    def hook(module, name, param):
+        if module in _FROZEN:
+            raise RuntimeError(
+                f"cannot set parameter {name!r} of {type(module).__name__}: the model was "
+                "compiled with cstream.compile, which freezes its parameters. Finish building and "
+                "initialising the model before cstream.compile; to change values use "
+                "load_state_dict."
+            )
+
+    torch.nn.modules.module.register_module_parameter_registration_hook(hook)
+    _hook_installed = True
+
+
+class LazyInitMode(TorchFunctionMode):
+    """``with backend.device:`` -- factory calls without a device create lazy state handles."""
+
+    def __init__(self, store: Store):
+        super().__init__()
+        self.store = store
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _FACTORIES and kwargs.get("device") is None and not kwargs.get("out"):
+            size = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)) \
+                else args
+            dtype = kwargs.get("dtype") or torch.get_default_dtype()
+            fill = _FACTORIES[func]
+            h = self.store.lazy(tuple(size), dtype, fill=0 if fill is None else fill)
+            if kwargs.get("requires_grad"):
+                h.requires_grad_(True)
+            return h
+        if func is torch.full and kwargs.get("device") is None:
+            size, value = args[0], args[1] if len(args) > 1 else kwargs["fill_value"]
+            dtype = kwargs.get("dtype") or (torch.get_default_dtype() if isinstance(value, float)
+                                            else None)
+            if dtype is not None and not isinstance(value, torch.Tensor):
+                return self.store.lazy(tuple(size), dtype, fill=value)
+        return func(*args, **kwargs)
+
+
+class CSXBackend(Backend):
+    """The simulated Wafer-Scale Cluster.
+
+    Options (seed 000): ``artifact_dir``, ``compile_dir``, ``compile_only``, ``validate_only``,
+    ``drop_data``, ``max_checkpoints``, ``retrace_every_iteration``; and: ``in_process`` (run the
+    driver in this process, no Ray), ``address`` (an existing Ray cluster; ``RAY_ADDRESS`` is
+    read too), ``device`` (``"cpu"``, or ``"cuda"`` where present: where the driver executes),
+    ``compiler`` (``"fx"`` or ``"inductor"``), ``lookahead`` (steps the client and wafer may run
+    ahead of each other).
+    """
+
+    name = "CSX"
+    options = ("artifact_dir", "compile_dir", "compile_only", "validate_only", "drop_data",
+               "max_checkpoints", "retrace_every_iteration", "in_process", "address", "device",
+               "compiler", "lookahead")
+
+    def __init__(self, artifact_dir=None, compile_dir=None, compile_only: bool = False,
+                 validate_only: bool = False, drop_data: bool = False,
+                 max_checkpoints: Optional[int] = None, retrace_every_iteration: bool = False,
+                 in_process: bool = False, address: Optional[str] = None, device: str = "cpu",
+                 compiler: str = "fx", lookahead: int = 8, **unknown):
+        check_options(self.name, unknown, self.options)
+        from executor.engine.compiler import COMPILERS
+
+        if compiler not in COMPILERS:
+            raise ValueError(f'cstream.backend("CSX", compiler={compiler!r}): choose one of '
+                             f"{COMPILERS}.")
+        if device not in ("cpu", "cuda") and not str(device).startswith("cuda:"):
+            raise ValueError(f'cstream.backend("CSX", device={device!r}): the wafer driver '
+                             'executes on "cpu" or "cuda".')
+        if str(device).startswith("cuda") and in_process and not torch.cuda.is_available():
+            raise RuntimeError(f'cstream.backend("CSX", device={device!r}) needs CUDA, which '
+                               "this machine does not have.")
+        if not isinstance(lookahead, int) or lookahead < 1:
+            raise ValueError(f"lookahead: expected a positive int, got {lookahead!r}.")
+        super().__init__(artifact_dir=artifact_dir, max_checkpoints=max_checkpoints)
+        self.compile_dir = Path(compile_dir) if compile_dir else self.artifact_dir / "cached_compile"
+        self.compile_only = bool(compile_only)
+        self.validate_only = bool(validate_only)
+        self.drop_data = bool(drop_data) or self.compile_only or self.validate_only
+        self.retrace_every_iteration = bool(retrace_every_iteration)
+        self.in_process = bool(in_process)
+        self.address = address
+        self.exec_device = str(device)
+        self.compiler = compiler
+        self.lookahead = lookahead
+        self.store = Store()
+        self.store.fetch = self._fetch
+        self.store.push = self._push
+        self._driver = None
+        self._params: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()
+        self._models: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+        self._captured: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._run: Optional[CSXRun] = None
+        self.last_compile: dict = {}
+        _install_freeze_hook()
+
+    @property
+    def forces_single_step(self) -> bool:
+        return self.compile_only or self.validate_only
+
+    # -- the driver ----------------------------------------------------------------------------
+    def driver(self):
+        if self._driver is None:
+            from executor.backends.driver_client import DriverClient
+
+            self._driver = DriverClient.create(self)
+        return self._driver
+
+    def _fetch(self, slots) -> dict:
+        remote = [s for s in slots if s.kind == "remote"]
+        values = self.driver().call("get_state", [s.key for s in remote]) if remote else {}
+        return values
+
+    def _push(self, slot, value) -> None:
+        self.driver().call("put_state", {slot.key: value.detach().to("cpu")})
+
+    def sync_state_to_driver(self) -> None:
+        """Ship every state tensor that is not on the wafer yet (lazy ones as programs)."""
+        pending = [s for s in self.store.slots() if s.kind in ("host", "lazy")]
+        dropped = [s for s in self.store.slots() if s.kind == "dropped"]
+        if dropped and not self.forces_single_step:
+            names = ", ".join(s.name or f"#{s.key}" for s in dropped[:5])
+            raise RuntimeError(
+                f"{len(dropped)} state tensors have no data ({names}...): the backend was created "
+                "with drop_data=True, so a checkpoint holding every state tensor must be loaded "
+                "(model.load_state_dict / optimizer.load_state_dict) before running."
+            )
+        if not pending:
+            return
+        items = {}
+        for s in pending:
+            items[s.key] = s.program if s.kind == "lazy" else s.value
+        self.driver().call("put_state", items)
+        for s in pending:
+            s.value = s.value.to("meta") if s.value.device.type != "meta" else s.value
+            s.kind, s.program = "remote", None
+
+    # -- model, creation ops, device -------------------------------------------------------------
+    def _to_handle(self, t: torch.Tensor, name: str) -> torch.Tensor:
+        if isinstance(t, StateHandle):
+            if t._slot.name is None:
+                t._slot.name = name
+            if self.drop_data and t._slot.kind in ("host", "lazy"):
+                t._slot.kind, t._slot.value, t._slot.program = "dropped", t._slot.meta, None
+            return t
+        h = self.store.from_tensor(t, name=name)
+        if self.drop_data:
+            h._slot.kind, h._slot.value = "dropped", h._slot.meta
+        return h
+
+    def compile(self, model: torch.nn.Module) -> CompiledModel:
+        seen: dict[int, torch.Tensor] = {}
+        for mod_name, mod in model.named_modules(remove_duplicate=False):
+            for pname, p in list(mod._parameters.items()):
+                if p is None:
+                    continue
+                full = f"{mod_name}.{pname}" if mod_name else pname
+                if id(p) not in seen:
+                    if isinstance(p, StateHandle):
+                        newp = p
+                        self._to_handle(p, full)
+                    else:
+                        newp = torch.nn.Parameter(self._to_handle(p.data, full),
+                                                  requires_grad=p.requires_grad)
+                    seen[id(p)] = newp
+                    self._params.add(newp)
+                mod._parameters[pname] = seen[id(p)]
+            for bname, b in list(mod._buffers.items()):
+                if b is None:
+                    continue
+                full = f"{mod_name}.{bname}" if mod_name else bname
+                if id(b) not in seen:
+                    seen[id(b)] = self._to_handle(b, full)
+                mod._buffers[bname] = seen[id(b)]
+        for mod in model.modules():
+            _FROZEN.add(mod)
+        self._models.add(model)
+        if self.exec_device != "cpu":
+            log.info("the wafer driver executes on %s", self.exec_device)
+        return CompiledModel(model, self)
+
+    def device_context(self):
+        return LazyInitMode(self.store)
+
+    def full(self, size, fill_value, dtype=None):
+        if dtype is None:
+            dtype = torch.get_default_dtype() if isinstance(fill_value, float) else (
+                torch.bool if isinstance(fill_value, bool) else torch.int64)
+        return self.store.lazy(tuple(size), dtype, fill=fill_value)
+
+    def full_like(self, other, fill_value, dtype=None):
+        return self.store.lazy(tuple(other.shape), dtype or other.dtype, fill=fill_value)
+
+    def state_tensor(self, tensor):
+        return self.store.from_tensor(tensor)
+
+    def param_handles(self):
+        return [p for p in self._params]
+
+    # -- steps and runs ------------------------------------------------------------------------
+    def run_step(self, traced, args, kwargs):
+        if self._run is None:
+            raise RuntimeError(
+                f"{traced!r} was called outside a run. On the CSX backend a traced step runs on "
+                "the wafer: call it inside `for batch in executor:` with the executor's batch."
+            )
+        return self._run.step(traced, args, kwargs)
+
+    def start_run(self, executor) -> CSXRun:
+        self._run = CSXRun(self, executor)
+        return self._run
+
+    def run_finished(self, run) -> None:
+        if self._run is run:
+            self._run = None
+
+    def shutdown(self) -> None:
+        if self._driver is not None:
+            with contextlib.suppress(Exception):
+                self._driver.close()
+            self._driver = None
+        super().shutdown()
+

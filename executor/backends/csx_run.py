@@ -1,0 +1,242 @@
+"""One run on the CSX backend: the client's side of the asynchronous client/wafer pair.
+
+Phases of a traced step (one screen):
+
+1. first call  -- capture the step on the batch spec (no values), ship state, compile, start the
+                  wafer, which then runs steps back to back;
+2. later calls -- replay: nothing is traced; the call returns handles for this step's outputs and
+                  re-queues the step closures that were called inside the step;
+   (``retrace_every_iteration``: capture again, compare with the first graph, refuse a change);
+3. closures    -- fetch the outputs they need, waiting for the wafer to reach the step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Optional
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
+
+from executor.engine.capture import Captured, OutputLeaf, capture, first_difference
+from executor.engine.errors import CompileError
+from executor.engine.handles import StateHandle
+
+log = logging.getLogger("cstream")
+
+
+class CSXRun:
+    def __init__(self, backend, executor):
+        self.backend = backend
+        self.executor = executor
+        self.store = backend.store
+        self.driver = backend.driver()
+        resume = getattr(executor.dataloader, "_resume_states", None)
+        spec = self.driver.call("open_input", executor.dataloader, executor.cs_config, resume)
+        self.spec_leaves, self.spec = tree_flatten(spec)
+        tensors = [t for t in self.spec_leaves if isinstance(t, torch.Tensor)]
+        self.samples = int(tensors[0].shape[0]) if tensors and tensors[0].dim() else 1
+        self.traced = None
+        self.captured: Optional[Captured] = None
+        self.started = False
+        self.executes = not backend.forces_single_step
+        self.known_done = -1
+        self.report: dict = {}
+        self._stats: dict[int, dict] = {}
+        self._snapshot_cache: Optional[dict] = None
+        self.store.running = True
+        self.store.output_reader = self._read_output
+
+    # -- batches -------------------------------------------------------------------------------
+    def next_batch(self, step: int):
+        la = self.backend.lookahead
+        if self.started and step - self.known_done > la:
+            self.known_done = self.driver.call("wait_done", step - la)
+        leaves = [
+            self.store.handle(self.store.new_slot("batch", t, name=f"batch[{i}]"))
+            if isinstance(t, torch.Tensor) else t
+            for i, t in enumerate(self.spec_leaves)
+        ]
+        return tree_unflatten(leaves, self.spec)
+
+    def samples_in_step(self, step: int) -> int:
+        return self.samples
+
+    # -- the step ------------------------------------------------------------------------------
+    def step(self, traced, args, kwargs):
+        ex = self.executor
+        if self.traced is not None and traced is not self.traced:
+            raise CompileError(
+                f"{traced!r} is the second traced step called in this run (the first was "
+                f"{self.traced!r}); the wafer runs one static graph per run. Run it in a separate "
+                "DataExecutor."
+            )
+        self.traced = traced
+        cap = self.backend._captured.get(traced)
+        if cap is None or self.backend.retrace_every_iteration or not self.started:
+            mark = len(ex._closures)
+
+            def take():
+                taken = ex._closures[mark:]
+                del ex._closures[mark:]
+                return taken
+
+            new = capture(self.store, traced.fn, args, kwargs, take, self.backend.param_handles())
+            if cap is not None and new.ops != cap.ops:
+                raise CompileError(
+                    f"the graph of {traced!r} changed at step {ex.user_iteration}: "
+                    f"{first_difference(cap.ops, new.ops)}. With retrace_every_iteration the "
+                    "step is traced every iteration, but the wafer runs one static graph: Python "
+                    "branches and loops must take the same path every step (use torch.where)."
+                )
+            cap = new
+            self.backend._captured[traced] = cap
+            log.info("traced %r: %d ops in %.3f s", traced, len(cap.ops), cap.trace_s)
+        self.captured = cap
+        if not self.started:
+            self._launch(cap)
+        step = ex.iteration
+        handles = self._outputs(cap, step)
+        for fn, spec, leaves in cap.closures:
+            cargs, ckwargs = tree_unflatten([handles.get(id(x), x) for x in leaves], spec)
+            ex.queue_closure(fn, cargs, ckwargs)
+        return tree_unflatten([handles.get(id(x), x) for x in cap.out_leaves], cap.out_spec)
+
+    def _outputs(self, cap: Captured, step: int) -> dict:
+        out = {}
+        for leaf in list(cap.out_leaves) + [x for _, _, ls in cap.closures for x in ls]:
+            if isinstance(leaf, OutputLeaf) and id(leaf) not in out:
+                slot = self.store.new_slot("output", leaf.meta, program=(step, leaf.index),
+                                           name=f"output {leaf.index} of step {step + 1}")
+                out[id(leaf)] = self.store.handle(slot)
+        return out
+
+    def _launch(self, cap: Captured) -> None:
+        b = self.backend
+        self.started = True
+        if b.validate_only:
+            self.report = {"validated": True, "trace_s": cap.trace_s, "ops": len(cap.ops)}
+            log.info("validate_only: traced %d ops; nothing compiled or run", len(cap.ops))
+            return
+        b.sync_state_to_driver()
+        consts = []
+        self.report = self.driver.call(
+            "load_program", cap.graph if cap is not None else None,
+            [s.key for s in cap.state_slots] if cap is not None else [], consts,
+            cap.batch_metas if cap is not None else [])
+        if cap is not None:
+            self.report["trace_s"] = cap.trace_s
+        b.last_compile = dict(self.report)
+        if b.compile_only:
+            log.info("compile_only: compiled; nothing run")
+            return
+        ex = self.executor
+        self.driver.call("start", ex.num_steps, ex.checkpoint_iterations(), b.lookahead)
+
+    # -- end of step ---------------------------------------------------------------------------
+    def end_step(self, step: int) -> dict:
+        if not self.started:
+            self._launch_without_model()
+        if not self.executes:
+            self.executor._closures = [c for c in self.executor._closures if c[3]]
+        return {"samples": self.samples}
+
+    def _launch_without_model(self):
+        self.started = True
+        if not self.executes:
+            return
+        self.report = self.driver.call("load_program", None, [], [], [])
+        ex = self.executor
+        self.driver.call("start", ex.num_steps, ex.checkpoint_iterations(), self.backend.lookahead)
+
+    def step_done(self, step: int) -> None:
+        if self.executes:
+            fut = self.driver.call_async("ack", step)
+            if fut.ready():
+                self.known_done = max(self.known_done, fut.result())
+
+    def _read_output(self, slot) -> torch.Tensor:
+        if not self.executes:
+            raise RuntimeError(
+                "the backend was created with compile_only/validate_only: nothing runs, so "
+                "step outputs have no values."
+            )
+        step, index = slot.program
+        values, stats = self.driver.call("fetch", step, [index])
+        self._add_stats(stats)
+        self.known_done = max(self.known_done, step)
+        return values[0]
+
+    def _add_stats(self, stats):
+        for s in stats:
+            self._stats[s["step"]] = s
+
+    def materialize(self, obj, step: int):
+        wanted = {}
+
+        def collect(h):
+            if h._slot.kind == "output":
+                wanted.setdefault(h._slot.program[0], []).append(h._slot.program[1])
+            return h
+
+        tree_map_only(StateHandle, collect, obj)
+        fetched = {}
+        for s, idx in wanted.items():
+            idx = sorted(set(idx))
+            values, stats = self.driver.call("fetch", s, idx)
+            self._add_stats(stats)
+            self.known_done = max(self.known_done, s)
+            fetched.update({(s, i): v for i, v in zip(idx, values)})
+
+        def replace(h):
+            if h._slot.kind == "output":
+                return fetched[h._slot.program]
+            return h
+
+        return tree_map_only(StateHandle, replace, obj)
+
+    @contextlib.contextmanager
+    def checkpoint_reads(self, step: int):
+        """Inside a checkpoint closure: state reads return the values at ``step``."""
+        if not self.executes:
+            yield
+            return
+        cache: dict = {}
+
+        def reader(slots):
+            missing = [s.key for s in slots if s.key not in cache]
+            if missing:
+                keys = [s.key for s in self.store.slots() if s.kind == "remote"]
+                cache.update(self.driver.call("snapshot", step, keys))
+            return {s.key: cache[s.key] for s in slots}
+
+        self.store.read_context = reader
+        self._checkpoint_step = step
+        try:
+            yield
+        finally:
+            self.store.read_context = None
+            self._checkpoint_step = None
+
+    def worker_states(self, step: int) -> list:
+        return self.driver.call("worker_states", step)
+
+    def close(self, ok: bool) -> dict:
+        summary = {}
+        try:
+            if self.started and self.executes:
+                summary = self.driver.call("finish", wait=ok)
+                self._add_stats(summary.pop("stats", []))
+            else:
+                self.driver.call("finish", wait=False)
+        finally:
+            self.store.running = False
+            self.store.output_reader = None
+            self.backend.run_finished(self)
+        records = {r["step"]: r for r in self.executor.step_records}
+        for step, s in self._stats.items():
+            if step in records:
+                records[step].update({k: v for k, v in s.items() if k != "step"})
+        summary["compile"] = self.report
+        return summary

@@ -1,0 +1,119 @@
+"""Talking to the wafer driver: the same calls in-process or to a Ray actor."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+
+from executor.driver import WaferDriver
+
+
+class _Done:
+    def __init__(self, value=None, error=None):
+        self._value, self._error = value, error
+
+    def ready(self) -> bool:
+        return True
+
+    def result(self):
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class DriverClient:
+    """``call(method, *args)`` blocks for the result; ``call_async`` returns a future."""
+
+    @staticmethod
+    def create(backend) -> "DriverClient":
+        if backend.in_process:
+            return LocalDriverClient(WaferDriver(
+                device=backend.exec_device, compile_dir=str(backend.compile_dir),
+                compiler=backend.compiler, use_ray_workers=False))
+        return RayDriverClient(backend)
+
+    def call(self, method: str, *args, **kwargs):
+        raise NotImplementedError
+
+    def call_async(self, method: str, *args, **kwargs):
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class LocalDriverClient(DriverClient):
+    def __init__(self, driver: WaferDriver):
+        self.driver = driver
+
+    def call(self, method, *args, **kwargs):
+        return getattr(self.driver, method)(*args, **kwargs)
+
+    def call_async(self, method, *args, **kwargs):
+        try:
+            return _Done(self.call(method, *args, **kwargs))
+        except Exception as e:  # surfaced when the result is read
+            return _Done(error=e)
+
+    def close(self):
+        with contextlib.suppress(Exception):
+            self.driver.finish(wait=False)
+
+
+class _RayFuture:
+    def __init__(self, ref):
+        self.ref = ref
+
+    def ready(self) -> bool:
+        import ray
+
+        done, _ = ray.wait([self.ref], timeout=0)
+        return bool(done)
+
+    def result(self):
+        import ray
+
+        return ray.get(self.ref)
+
+
+class RayDriverClient(DriverClient):
+    """The driver as a Ray actor. Ray is started here (embedded, loopback) unless it runs."""
+
+    def __init__(self, backend):
+        import ray
+
+        from executor.ray_session import ensure_ray
+
+        self.started_ray = ensure_ray(address=backend.address)
+        options = dict(max_concurrency=16, num_cpus=0, name=f"cstream-wafer-{os.getpid()}-"
+                       f"{id(backend):x}")
+        if str(backend.exec_device).startswith("cuda"):
+            options["num_gpus"] = 1
+        actor_cls = ray.remote(WaferDriver)
+        self.actor = actor_cls.options(**options).remote(
+            device=backend.exec_device, compile_dir=str(backend.compile_dir),
+            compiler=backend.compiler, use_ray_workers=True)
+        ray.get(self.actor.ping.remote())
+        atexit.register(self.close)
+
+    def call(self, method, *args, **kwargs):
+        import ray
+
+        return ray.get(getattr(self.actor, method).remote(*args, **kwargs))
+
+    def call_async(self, method, *args, **kwargs):
+        return _RayFuture(getattr(self.actor, method).remote(*args, **kwargs))
+
+    def close(self):
+        import ray
+
+        actor, self.actor = getattr(self, "actor", None), None
+        if actor is not None and ray.is_initialized():
+            with contextlib.suppress(Exception):
+                ray.get(actor.finish.remote(wait=False), timeout=10)
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+        if self.started_ray and ray.is_initialized():
+            ray.shutdown()
+            self.started_ray = False

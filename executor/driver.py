@@ -1,0 +1,292 @@
+"""The wafer driver: the simulated wafer that holds the state and runs the compiled step.
+
+One driver serves a backend for its whole life (several executors): it keeps every state tensor
+(weights, optimizer, scheduler, scaler, metric state), the compiled step, and -- during a run --
+one input stream per CS-X. Its run loop executes steps back to back in a background thread,
+keeps the outputs the client will fetch, snapshots the state on checkpoint steps and records per
+step: compute time, time waiting for input and input-buffer occupancy.
+
+The same class runs in-process (tests, debugging) or as a Ray actor (``ray.remote`` with
+``max_concurrency`` so fetches run beside the loop).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from typing import Any, Optional
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
+
+from executor.engine.compiler import compile_step
+from executor.engine.handles import LazyInit
+
+
+class DriverError(RuntimeError):
+    """The wafer failed while running a step."""
+
+
+def _concat(parts: list):
+    """Join the per-CS-X sub-batches along the batch dimension (data parallel)."""
+    if len(parts) == 1:
+        return parts[0]
+    flats = [tree_flatten(p) for p in parts]
+    spec = flats[0][1]
+    for i, (_, s) in enumerate(flats[1:], 1):
+        if s != spec:
+            raise DriverError(
+                f"CS-X {i} received a batch whose structure differs from CS-X 0's ({s} vs {spec})."
+            )
+    leaves = []
+    for column in zip(*(f[0] for f in flats)):
+        if isinstance(column[0], torch.Tensor):
+            leaves.append(torch.cat(column, dim=0))
+        else:
+            leaves.append(column[0])
+    return tree_unflatten(leaves, spec)
+
+
+class WaferDriver:
+    def __init__(self, device: str = "cpu", compile_dir: Optional[str] = None,
+                 compiler: str = "fx", use_ray_workers: bool = False, seed: Optional[int] = None):
+        self.device = torch.device(device)
+        self.compile_dir = compile_dir
+        self.compiler = compiler
+        self.use_ray_workers = use_ray_workers
+        self.state: dict[int, torch.Tensor] = {}
+        self._step_fn = None
+        self._state_order: list[int] = []
+        self._consts: list = []
+        self._batch_spec = None
+        self._lock = threading.Condition()
+        self._reset_run()
+
+    # -- state ---------------------------------------------------------------------------------
+    def put_state(self, items: dict) -> int:
+        """Store values (tensors or :class:`LazyInit` programs, materialised here)."""
+        for key, v in items.items():
+            if isinstance(v, LazyInit):
+                v = v.materialize()
+            self.state[key] = v.to(self.device) if v.device != self.device else v.clone()
+        return len(items)
+
+    def get_state(self, keys: list) -> dict:
+        with self._lock:
+            return {k: self.state[k].detach().to("cpu", copy=True) for k in keys}
+
+    def drop_state(self, keys: list) -> None:
+        for k in keys:
+            self.state.pop(k, None)
+
+    def has_state(self, keys: list) -> list:
+        return [k for k in keys if k not in self.state]
+
+    # -- program -------------------------------------------------------------------------------
+    def load_program(self, graph, state_order: list, consts: list, batch_metas: list) -> dict:
+        """Compile the captured step against the resident state (``graph`` None: no model)."""
+        self._state_order = list(state_order)
+        self._consts = [c.to(self.device) for c in consts]
+        if graph is None:
+            self._step_fn = None
+            return {"compiler": None, "cache_hit": False, "compile_s": 0.0}
+        missing = [k for k in state_order if k not in self.state]
+        if missing:
+            raise DriverError(f"{len(missing)} state tensors have no value on the wafer: {missing} {sorted(self.state)}.")
+        state = [self.state[k] for k in state_order]
+        batch = [torch.zeros(s, dtype=d, device=self.device) for s, d in batch_metas]
+        step, report = compile_step(graph, (state, batch, self._consts), self.compiler,
+                                    str(self.device), self.compile_dir)
+        self._step_fn = step
+        return report
+
+    # -- a run ---------------------------------------------------------------------------------
+    def _reset_run(self):
+        self._streams = []
+        self._thread = None
+        self._done = -1
+        self._acked = -1
+        self._outputs: dict[int, list] = {}
+        self._snapshots: dict[int, dict] = {}
+        self._worker_states: dict[int, list] = {}
+        self._stats: list[dict] = []
+        self._stats_sent = 0
+        self._error: Optional[str] = None
+        self._stop = False
+        self._started = False
+        self._run_cfg = None
+        self._t_start = None
+
+    def open_input(self, dataloader, cs_config, resume_states=None, in_flight_per_worker=2):
+        """Create one input stream per CS-X (the workers start streaming into its buffer)."""
+        self._reset_run()
+        if self.use_ray_workers:
+            from workers.stream import CsxInputStream as Stream
+        else:
+            from workers.local_stream import LocalInputStream as Stream
+        self.cs_config = cs_config
+        for c in range(cs_config.num_csx):
+            states = None
+            if resume_states is not None:
+                states = [s for s in resume_states if s.wse_id == c]
+            self._streams.append(Stream(dataloader, cs_config, c, resume_states=states,
+                                        in_flight_per_worker=in_flight_per_worker))
+        specs = [s.peek_spec() for s in self._streams]
+        return _concat(specs) if len(specs) > 1 else specs[0]
+
+    def start(self, num_steps: int, checkpoint_steps: list, lookahead: int) -> None:
+        self._run_cfg = dict(num_steps=num_steps, checkpoint_steps=set(checkpoint_steps),
+                             lookahead=lookahead)
+        self._started = True
+        self._t_start = time.perf_counter()
+        self._thread = threading.Thread(target=self._loop, name="wafer", daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        cfg = self._run_cfg
+        order = self._state_order
+        try:
+            for step in range(cfg["num_steps"]):
+                with self._lock:
+                    while not self._stop and step > self._acked + cfg["lookahead"]:
+                        self._lock.wait(0.5)
+                    if self._stop:
+                        return
+                t0 = time.perf_counter()
+                occupancy = sum(s.ready_count() for s in self._streams) / max(len(self._streams), 1)
+                parts, infos = [], []
+                for s in self._streams:
+                    b, info = s.next()
+                    parts.append(b)
+                    infos.append(info)
+                batch = _concat(parts)
+                t1 = time.perf_counter()
+                leaves, _ = tree_flatten(batch)
+                leaves = [t.to(self.device) if isinstance(t, torch.Tensor) else t for t in leaves]
+                samples = int(leaves[0].shape[0]) if leaves and leaves[0].dim() else 1
+                outputs = []
+                if self._step_fn is not None:
+                    state = [self.state[k] for k in order]
+                    outputs = self._step_fn(state, [t for t in leaves if isinstance(
+                        t, torch.Tensor)], self._consts)
+                    for k, v in zip(order, state):
+                        self.state[k] = v
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize(self.device)
+                floor_s = self.cs_config.min_step_seconds(samples // max(len(self._streams), 1))
+                remaining = floor_s - (time.perf_counter() - t1)
+                if remaining > 0:
+                    time.sleep(remaining)  # the simulated wafer's speed
+                t2 = time.perf_counter()
+                with self._lock:
+                    self._outputs[step] = [o.detach() for o in outputs]
+                    if step in cfg["checkpoint_steps"]:
+                        self._snapshots[step] = {k: self.state[k].detach().to("cpu", copy=True)
+                                                 for k in order or self.state}
+                        self._worker_states[step] = [
+                            st for s in self._streams for st in s.worker_states()]
+                    self._stats.append({
+                        "step": step + 1, "samples": samples, "compute_s": t2 - t1,
+                        "input_wait_s": t1 - t0, "buffer_occupancy": occupancy,
+                        "workers": [i.local_worker_id for i in infos],
+                        "bytes": sum(i.nbytes for i in infos),
+                    })
+                    self._done = step
+                    self._lock.notify_all()
+        except BaseException as e:  # reported to the client with the traceback
+            with self._lock:
+                self._error = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+                self._error_exc = e
+                self._lock.notify_all()
+
+    def _raise_if_failed(self):
+        if self._error is not None:
+            exc = getattr(self, "_error_exc", None)
+            if exc is not None and type(exc).__module__.startswith("workers"):
+                raise exc
+            raise DriverError(f"the wafer failed while running: {self._error}")
+
+    def wait_done(self, step: int, timeout: Optional[float] = None) -> int:
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        with self._lock:
+            while self._done < step:
+                self._raise_if_failed()
+                if self._thread is None or not self._thread.is_alive():
+                    self._raise_if_failed()
+                    if self._done < step:
+                        raise DriverError(f"the wafer stopped before step {step + 1}.")
+                if deadline is not None and time.perf_counter() > deadline:
+                    break
+                self._lock.wait(0.2)
+            return self._done
+
+    def fetch(self, step: int, indices: list) -> tuple[list, list]:
+        """The outputs ``indices`` of ``step`` (waits for the step), and new per-step stats."""
+        self.wait_done(step)
+        with self._lock:
+            outs = self._outputs[step]
+            values = [outs[i].to("cpu", copy=True) for i in indices]
+            return values, self._take_stats()
+
+    def _take_stats(self):
+        new = self._stats[self._stats_sent:]
+        self._stats_sent = len(self._stats)
+        return new
+
+    def snapshot(self, step: int, keys: list) -> dict:
+        self.wait_done(step)
+        with self._lock:
+            snap = self._snapshots.get(step)
+            if snap is None:
+                raise DriverError(f"step {step + 1} is not a checkpoint step; no snapshot was kept.")
+            return {k: snap[k] for k in keys}
+
+    def worker_states(self, step: int) -> list:
+        self.wait_done(step)
+        with self._lock:
+            return self._worker_states.get(step, [])
+
+    def ack(self, step: int) -> int:
+        """The client finished ``step``: its outputs and snapshot can go."""
+        with self._lock:
+            self._acked = max(self._acked, step)
+            for s in [s for s in self._outputs if s <= step]:
+                del self._outputs[s]
+            for s in [s for s in self._snapshots if s <= step]:
+                del self._snapshots[s]
+            self._lock.notify_all()
+            self._raise_if_failed()
+            return self._done
+
+    def finish(self, wait: bool = True) -> dict:
+        """End the run: wait for the loop (or stop it), close the input side, report."""
+        if self._thread is not None:
+            if wait:
+                self._thread.join()
+            else:
+                with self._lock:
+                    self._stop = True
+                    self._lock.notify_all()
+                self._thread.join(timeout=30)
+        summary = {"steps": self._done + 1, "stats": self._take_stats(), "workers": []}
+        for s in self._streams:
+            try:
+                summary["workers"].append(s.stats())
+            finally:
+                s.close()
+        self._streams = []
+        if self._t_start is not None:
+            summary["wafer_wall_s"] = time.perf_counter() - self._t_start
+        error = self._error
+        self._thread = None
+        if wait and error is not None:
+            self._raise_if_failed()
+        return summary
+
+    def ping(self) -> bool:
+        return True
+
+    def describe(self) -> dict[str, Any]:
+        return {"device": str(self.device), "state_tensors": len(self.state),
+                "state_bytes": sum(t.numel() * t.element_size() for t in self.state.values())}
