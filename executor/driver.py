@@ -84,17 +84,23 @@ class WaferDriver:
         return [k for k in keys if k not in self.state]
 
     # -- program -------------------------------------------------------------------------------
-    def load_program(self, graph, state_order: list, consts: list, batch_metas: list) -> dict:
-        """Compile the captured step against the resident state (``graph`` None: no model)."""
+    def load_program(self, graph, state_order: list, consts: list, batch_metas: list,
+                     state_metas: Optional[list] = None, compile_only: bool = False) -> dict:
+        """Compile the captured step against the resident state (``graph`` None: no model).
+
+        ``compile_only``: the weights were dropped; compile against zeros of their spec."""
         self._state_order = list(state_order)
         self._consts = [c.to(self.device) for c in consts]
         if graph is None:
             self._step_fn = None
             return {"compiler": None, "cache_hit": False, "compile_s": 0.0}
         missing = [k for k in state_order if k not in self.state]
-        if missing:
-            raise DriverError(f"{len(missing)} state tensors have no value on the wafer: {missing} {sorted(self.state)}.")
-        state = [self.state[k] for k in state_order]
+        if missing and not compile_only:
+            raise DriverError(f"{len(missing)} state tensors have no value on the wafer.")
+        if compile_only:
+            state = [torch.zeros(s, dtype=d, device=self.device) for s, d in state_metas]
+        else:
+            state = [self.state[k] for k in state_order]
         batch = [torch.zeros(s, dtype=d, device=self.device) for s, d in batch_metas]
         step, report = compile_step(graph, (state, batch, self._consts), self.compiler,
                                     str(self.device), self.compile_dir)

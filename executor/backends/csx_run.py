@@ -122,9 +122,8 @@ class CSXRun:
         b.sync_state_to_driver()
         consts = []
         self.report = self.driver.call(
-            "load_program", cap.graph if cap is not None else None,
-            [s.key for s in cap.state_slots] if cap is not None else [], consts,
-            cap.batch_metas if cap is not None else [])
+            "load_program", cap.graph, [s.key for s in cap.state_slots], consts, cap.batch_metas,
+            [(tuple(s.value.shape), s.value.dtype) for s in cap.state_slots], b.compile_only)
         if cap is not None:
             self.report["trace_s"] = cap.trace_s
         b.last_compile = dict(self.report)

@@ -8,6 +8,7 @@ Ops on state are recorded in place; :mod:`executor.engine.compiler` turns that i
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -18,7 +19,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from executor.engine.errors import CompileError, TracingError
-from executor.engine.guards import ReadGuard
+from executor.engine.guards import ReadGuard, user_frame_of
 from executor.engine.handles import Slot, StateHandle, Store
 
 
@@ -140,6 +141,18 @@ def capture(store: Store, fn: Callable, args, kwargs, take_closures: Callable[[]
             gm = make_fx(traced, tracing_mode="real")(f_state, f_batch, f_const)
     except TracingError:
         raise
+    except TypeError as e:
+        m = re.search(r"argument '(\w+)' must be Number, not StateHandle", str(e))
+        if m is None:
+            raise
+        name = m.group(1)
+        fn_, line, src = user_frame_of(e.__traceback__)
+        raise TracingError(
+            f"`{name}=` was given a traced tensor at {fn_}:{line}" + (f" (`{src}`)" if src else "")
+            + f": `{name}` must be a Python number, and a traced tensor has no value at trace "
+            "time (it would be read as a random or stale value). Fix: multiply explicitly, e.g. "
+            f"`x.add_(y * t)` instead of `x.add_(y, {name}=t)`."
+        ) from None
     except Exception as e:
         if "FakeTensor" in str(e) and "non-Fake" in str(e) or "convert all Tensors" in str(e):
             raise TracingError(

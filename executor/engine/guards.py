@@ -44,6 +44,17 @@ def user_frame(skip_internal: bool = True):
     return "<unknown>", 0, ""
 
 
+def user_frame_of(tb):
+    """(filename, lineno, source) of the innermost user frame of a traceback."""
+    found = ("<unknown>", 0, "")
+    while tb is not None:
+        fn = tb.tb_frame.f_code.co_filename
+        if not (fn.startswith(_INTERNAL) or fn.startswith("<")):
+            found = (fn, tb.tb_lineno, linecache.getline(fn, tb.tb_lineno).strip())
+        tb = tb.tb_next
+    return found
+
+
 def _called_from_torch() -> bool:
     f = sys._getframe(3)
     return f is not None and f.f_code.co_filename.startswith(_INTERNAL[-1])

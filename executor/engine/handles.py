@@ -30,6 +30,10 @@ RANDOM_INPLACE = {
     "geometric_",
 }
 _ids = itertools.count()
+_OVERWRITE = {torch.ops.aten.copy_.default, torch.ops.aten.fill_.Scalar,
+              torch.ops.aten.fill_.Tensor, torch.ops.aten.zero_.default}
+_VALUE_FUNCS = {torch.Tensor.numpy, torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.to,
+                torch.Tensor.__array__, torch.Tensor.item}
 
 
 class Slot:
@@ -267,9 +271,12 @@ class Store:
 
     # -- dispatch ----------------------------------------------------------------------------
     def torch_function_hook(self, func, args, kwargs):
-        if self.capturing or not self.running:
+        """Outside a capture, conversions that leave torch (numpy, tolist, cpu, to) run on
+        the value: a state handle read this way gives a plain tensor."""
+        if self.capturing or func not in _VALUE_FUNCS or not isinstance(args[0], StateHandle):
             return NotImplemented
-        return NotImplemented
+        value = self.read(args[0]._slot)
+        return func(value, *args[1:], **kwargs)
 
     def dispatch(self, func, args, kwargs):
         if self.capturing:
@@ -291,10 +298,13 @@ class Store:
 
         if isinstance(target, StateHandle) and target._slot.kind != "temp":
             slot = target._slot
-            value = unwrap(target)
-            if slot.kind == "remote":
-                value = value.clone()
-                values[slot.key] = value
+            if func in _OVERWRITE and slot.kind in ("remote", "dropped") and args[0] is target:
+                value = torch.empty(slot.value.shape, dtype=slot.value.dtype)
+            else:
+                value = unwrap(target)
+                if slot.kind == "remote":
+                    value = value.clone()
+            values[slot.key] = value
             uargs = tree_map_only(StateHandle, unwrap, args)
             ukw = tree_map_only(StateHandle, unwrap, kwargs)
             func(*uargs, **ukw)

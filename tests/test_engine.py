@@ -1,0 +1,336 @@
+"""The lazy-tracing engine on the CSX backend (driver in-process): state handles, capture,
+replay, checkpoints, compile modes and the compile cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import cstream as cstorch
+from cstream.errors import CompileError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_model():
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+
+
+def input_fn(n=3):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(4, 8, generator=g), torch.randint(0, 3, (4,), generator=g))
+            for _ in range(n)]
+
+
+def train(kind, steps=6, device_init=False, checkpoint_steps=3, **options):
+    """SGD with momentum written as seed-style user code; returns losses, snapshots, final."""
+    torch.manual_seed(0)
+    backend = cstorch.backend(kind, **options)
+    if device_init:
+        with backend.device:
+            model = make_model()
+    else:
+        model = make_model()
+    compiled = cstorch.compile(model, backend)
+    params = list(model.parameters())
+    momentum = [cstorch.zeros_like(p) for p in params]
+    lr = cstorch.full((), 0.1)
+    losses, snapshots = [], {}
+
+    @cstorch.step_closure
+    def record(loss):
+        losses.append(loss.item())
+
+    @cstorch.checkpoint_closure
+    def checkpoint(i):
+        snapshots[i] = {k: v.to("cpu").clone() for k, v in model.state_dict().items()}
+
+    @cstorch.trace
+    def step(batch):
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(compiled(x), y)
+        loss.backward()
+        with torch.no_grad():
+            for p, m in zip(params, momentum):
+                m.mul_(0.9).add_(p.grad)
+                p.sub_(m * lr)
+                p.grad = None
+        return loss
+
+    executor = cstorch.utils.data.DataExecutor(
+        cstorch.utils.data.DataLoader(input_fn), num_steps=steps,
+        checkpoint_steps=checkpoint_steps)
+    for i, batch in enumerate(executor):
+        record(step(batch))
+        checkpoint(i)
+    final = {k: v.to("cpu").clone() for k, v in model.state_dict().items()}
+    backend.shutdown()
+    return losses, snapshots, final
+
+
+@pytest.mark.parametrize("device_init", [False, True])
+def test_csx_losses_snapshots_and_final_weights_equal_the_cpu_backend_bit_for_bit(
+        device_init, tmp_path):
+    cpu = train("CPU", artifact_dir=tmp_path / "cpu")
+    csx = train("CSX", in_process=True, device_init=device_init, artifact_dir=tmp_path / "csx")
+    assert cpu[0] == csx[0]
+    assert sorted(cpu[1]) == sorted(csx[1]) == [2, 5]
+    for step in (2, 5):
+        for k in cpu[2]:
+            assert torch.equal(cpu[1][step][k], csx[1][step][k]), (step, k)
+    for k in cpu[2]:
+        assert torch.equal(cpu[2][k], csx[2][k])
+
+
+def test_parameters_are_handles_whose_values_live_with_the_engine():
+    backend = cstorch.backend("CSX", in_process=True)
+    model = torch.nn.Linear(3, 2)
+    cstorch.compile(model, backend)
+    from executor.engine.handles import StateHandle
+
+    assert isinstance(model.weight, StateHandle) and isinstance(model.weight, torch.nn.Parameter)
+    assert model.weight._slot.kind == "host"
+
+
+def test_with_backend_device_creates_lazy_parameters_equal_to_eager_initialisation():
+    backend = cstorch.backend("CSX", in_process=True)
+    torch.manual_seed(3)
+    with backend.device:
+        lazy = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.LayerNorm(4),
+                                   torch.nn.Embedding(7, 4))
+    after_lazy = torch.rand(3)
+    assert all(p._slot.kind == "lazy" for p in lazy.parameters())
+    torch.manual_seed(3)
+    eager = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.LayerNorm(4),
+                                torch.nn.Embedding(7, 4))
+    after_eager = torch.rand(3)
+    for (name, a), b in zip(lazy.state_dict().items(), eager.state_dict().values()):
+        assert torch.equal(a.to("cpu"), b), name
+    # the generator advanced exactly as eager initialisation advances it
+    assert torch.equal(after_lazy, after_eager)
+
+
+def test_compiled_parameters_are_frozen():
+    backend = cstorch.backend("CSX", in_process=True)
+    model = torch.nn.Linear(3, 2)
+    cstorch.compile(model, backend)
+    with pytest.raises(RuntimeError, match="freezes its parameters"):
+        model.weight = torch.nn.Parameter(torch.zeros(2, 3))
+
+
+def _executor(steps=4, checkpoint_steps=None):
+    return cstorch.utils.data.DataExecutor(
+        cstorch.utils.data.DataLoader(input_fn), num_steps=steps,
+        checkpoint_steps=checkpoint_steps)
+
+
+def test_reading_weights_during_a_run_outside_a_checkpoint_closure_is_an_error():
+    backend = cstorch.backend("CSX", in_process=True)
+    model = make_model()
+    compiled = cstorch.compile(model, backend)
+
+    @cstorch.trace
+    def step(batch):
+        return compiled(batch[0]).sum()
+
+    with pytest.raises(RuntimeError, match="only be read on checkpoint steps"):
+        for i, batch in enumerate(_executor()):
+            step(batch)
+            if i == 1:
+                model[0].weight.to("cpu")
+
+
+def test_load_state_dict_before_the_run_feeds_the_engine_and_weights_read_back_after():
+    backend = cstorch.backend("CSX", in_process=True)
+    model = torch.nn.Linear(8, 3)
+    compiled = cstorch.compile(model, backend)
+    with torch.no_grad():
+        model.load_state_dict({"weight": torch.full((3, 8), 0.5), "bias": torch.zeros(3)})
+    seen = []
+
+    @cstorch.step_closure
+    def record(out):
+        seen.append(out)
+
+    @cstorch.trace
+    def step(batch):
+        return compiled(batch[0])
+
+    for batch in _executor(steps=1):
+        record(step(batch))
+    x = input_fn()[0][0]
+    assert torch.allclose(seen[0], x @ torch.full((8, 3), 0.5), atol=1e-6)
+    assert torch.equal(model.weight.to("cpu"), torch.full((3, 8), 0.5))
+
+
+def test_validate_only_traces_one_step_and_runs_nothing(tmp_path):
+    backend = cstorch.backend("CSX", in_process=True, validate_only=True,
+                              compile_dir=tmp_path / "cc")
+    model = make_model()
+    compiled = cstorch.compile(model, backend)
+    assert model[0].weight._slot.kind == "dropped"
+    calls = []
+
+    @cstorch.trace
+    def step(batch):
+        calls.append(1)
+        return compiled(batch[0]).sum()
+
+    executor = _executor(steps=50)
+    assert executor.num_steps == 1
+    for batch in executor:
+        step(batch)
+    assert calls == [1]
+    assert not (tmp_path / "cc").exists()  # nothing compiled
+    assert backend.driver().call("describe")["state_tensors"] == 0
+
+
+def test_compile_only_compiles_and_caches_without_running(tmp_path):
+    backend = cstorch.backend("CSX", in_process=True, compile_only=True,
+                              compile_dir=tmp_path / "cc")
+    compiled = cstorch.compile(make_model(), backend)
+
+    @cstorch.step_closure
+    def never(out):
+        raise AssertionError("closures do not run in compile_only")
+
+    @cstorch.trace
+    def step(batch):
+        return compiled(batch[0]).sum()
+
+    for batch in _executor(steps=10):
+        never(step(batch))
+    manifests = list((tmp_path / "cc").glob("*/manifest.json"))
+    assert len(manifests) == 1
+    assert json.loads(manifests[0].read_text())["compiler"] == "fx"
+    assert backend.last_compile["cache_hit"] is False
+
+
+def test_drop_data_requires_a_checkpoint_before_running():
+    backend = cstorch.backend("CSX", in_process=True, drop_data=True)
+    model = make_model()
+    compiled = cstorch.compile(model, backend)
+
+    @cstorch.trace
+    def step(batch):
+        return compiled(batch[0]).sum()
+
+    with pytest.raises(RuntimeError, match="drop_data=True, so a checkpoint"):
+        for batch in _executor():
+            step(batch)
+
+
+def test_drop_data_runs_after_load_state_dict():
+    backend = cstorch.backend("CSX", in_process=True, drop_data=True)
+    model = torch.nn.Linear(8, 3)
+    compiled = cstorch.compile(model, backend)
+    model.load_state_dict({"weight": torch.ones(3, 8), "bias": torch.ones(3)})
+    seen = []
+
+    @cstorch.step_closure
+    def record(out):
+        seen.append(out)
+
+    @cstorch.trace
+    def step(batch):
+        return compiled(batch[0]).sum()
+
+    for batch in _executor(steps=1):
+        record(step(batch))
+    x = input_fn()[0][0]
+    assert torch.allclose(seen[0], (x.sum(1, keepdim=True) + 1).expand(4, 3).sum())
+
+
+def test_a_second_traced_function_in_the_same_run_is_refused():
+    backend = cstorch.backend("CSX", in_process=True)
+    compiled = cstorch.compile(make_model(), backend)
+
+    @cstorch.trace
+    def a(batch):
+        return compiled(batch[0]).sum()
+
+    @cstorch.trace
+    def b(batch):
+        return compiled(batch[0]).mean()
+
+    with pytest.raises(CompileError, match="one static graph per run"):
+        for batch in _executor():
+            a(batch)
+            b(batch)
+
+
+def test_a_traced_step_called_outside_a_run_says_where_to_call_it():
+    backend = cstorch.backend("CSX", in_process=True)
+    compiled = cstorch.compile(make_model(), backend)
+
+    @cstorch.trace
+    def step(x):
+        return compiled(x).sum()
+
+    with pytest.raises(RuntimeError, match="inside `for batch in executor:`"):
+        step(torch.ones(2, 8))
+
+
+CACHE_SCRIPT = textwrap.dedent("""
+    import logging, sys, torch
+    import cstream as cstorch
+    logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
+    backend = cstorch.backend("CSX", in_process=True, compile_dir=sys.argv[1],
+                              artifact_dir=sys.argv[2])
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    compiled = cstorch.compile(model, backend)
+
+    @cstorch.trace
+    def step(batch):
+        return compiled(batch).sum()
+
+    loader = cstorch.utils.data.DataLoader(lambda: [torch.ones(3, 4)] * 2)
+    for batch in cstorch.utils.data.DataExecutor(loader, num_steps=2):
+        step(batch)
+    print("cache_hit", backend.last_compile["cache_hit"])
+""")
+
+
+def test_a_second_process_running_the_same_script_hits_the_compile_cache(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(CACHE_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    args = [sys.executable, str(script), str(tmp_path / "cc"), str(tmp_path / "art")]
+    first = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+    second = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+    assert first.returncode == 0, first.stderr
+    assert "cache_hit False" in first.stdout
+    assert "cache_hit True" in second.stdout
+    assert "compile cache hit" in second.stderr
+
+
+RSS_SCRIPT = textwrap.dedent("""
+    import resource, torch
+    import cstream as cstorch
+    backend = cstorch.backend("CSX", in_process=True)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with backend.device:
+        model = torch.nn.Sequential(*[torch.nn.Linear(5000, 5000) for _ in range(20)])
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    n = sum(p.numel() for p in model.parameters())
+    print(n, (after - before) // 1024)
+""")
+
+
+def test_building_a_500m_parameter_model_on_the_device_raises_peak_rss_by_under_300_mb(tmp_path):
+    script = tmp_path / "rss.py"
+    script.write_text(RSS_SCRIPT)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert out.returncode == 0, out.stderr
+    n, grew_mb = map(int, out.stdout.split())
+    assert n >= 500_000_000
+    assert grew_mb < 300
