@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
@@ -27,7 +28,10 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     if address:
         ray.init(address=address, **common)
     else:
+        # workers import the user's modules (input_fn, models) the way this process does
+        paths = [os.getcwd()] + [p for p in sys.path if p and os.path.isdir(p)]
         ray.init(
+            runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}},
             num_cpus=num_cpus,  # None: Ray sizes it to the machine
             _node_ip_address="127.0.0.1",
             object_store_memory=512 * 1024 * 1024,
