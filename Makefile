@@ -23,7 +23,7 @@ setup: $(STAMP)
 
 demo: setup
 	$(PY) examples/train.py --artifact-dir demo_run
-	$(PY) examples/evaluate.py --checkpoint demo_run/checkpoints/latest.h5
+	$(PY) examples/evaluate.py --checkpoint-dir demo_run/checkpoints --artifact-dir demo_run
 
 test: setup
 	$(PY) -m pytest -q -m "not slow"

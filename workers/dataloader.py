@@ -8,10 +8,12 @@ iterates what comes back.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
+from collections.abc import Mapping
 from typing import Any, Callable, Iterable
 
-from workers.context import WorkerInfo, get_worker_info, worker_context
+from workers.context import DataLoaderCheckpoint, WorkerInfo, get_worker_info, worker_context
 
 
 class EmptyDataLoaderError(ValueError):
@@ -56,6 +58,8 @@ class DataLoader:
             ) from e
         self._client_loader = None
         self._len = None
+        self._resume = None
+        self._resume_states = None
 
     # -- building --------------------------------------------------------------------------
     def build(self, info: WorkerInfo | None = None):
@@ -98,6 +102,47 @@ class DataLoader:
             return True
         except TypeError:
             return False
+
+    # -- restartable state -------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The input side's position at the current checkpoint step: every worker's state.
+
+        Call it inside a ``@cstream.checkpoint_closure`` and save it with the checkpoint; a new
+        run that calls :meth:`load_state_dict` first streams exactly the samples the
+        uninterrupted run would have streamed next.
+        """
+        from executor import runtime
+
+        executor = runtime.current_executor()
+        if executor is None or executor._run is None or not executor.on_checkpoint_step:
+            raise RuntimeError(
+                "DataLoader.state_dict() reads the workers' positions at a checkpoint step: call "
+                "it inside a @cstream.checkpoint_closure during the run."
+            )
+        states = executor._run.worker_states(executor.iteration)
+        cfg = executor.cs_config
+        return {
+            "format": "cstream.dataloader/1",
+            "num_csx": cfg.num_csx,
+            "num_workers_per_csx": cfg.num_workers_per_csx,
+            "appliance_step": executor.user_iteration,
+            "workers": [dataclasses.asdict(s) for s in states],
+        }
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Resume every worker from ``state_dict`` (from :meth:`state_dict`) in the next run."""
+        if not isinstance(state_dict, Mapping) or state_dict.get("format") != "cstream.dataloader/1":
+            raise ValueError(
+                "DataLoader.load_state_dict expects what DataLoader.state_dict() returned inside "
+                f"a checkpoint closure (a dict with format 'cstream.dataloader/1'), got "
+                f"{type(state_dict).__name__}."
+            )
+        self._resume = dict(state_dict)
+        self._resume_states = [DataLoaderCheckpoint(**w) for w in state_dict["workers"]]
+
+    def resume_topology(self):
+        r = getattr(self, "_resume", None)
+        return None if r is None else (r["num_csx"], r["num_workers_per_csx"])
 
     def __iter__(self):
         raise TypeError(

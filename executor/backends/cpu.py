@@ -8,7 +8,7 @@ import torch
 
 from executor.backends.base import Backend, check_options
 from executor.data_executor import batch_size_of
-from workers.context import WorkerInfo
+from workers.context import DataLoaderCheckpoint, WorkerInfo
 from workers.dataloader import iterate_cycled
 
 
@@ -29,8 +29,24 @@ class EagerRun:
     def __init__(self, backend: "CPUBackend", executor):
         self.backend = backend
         self.executor = executor
-        loader = executor.dataloader.client_loader()
-        self._batches = iterate_cycled(executor.dataloader, loader)
+        dataloader = executor.dataloader
+        self._consumed = 0
+        self._states: dict[int, list] = {}
+        skip = 0
+        if dataloader._resume_states:
+            topology = dataloader.resume_topology()
+            if topology != (1, 1):
+                raise ValueError(
+                    f"the dataloader state was saved with num_csx={topology[0]}, "
+                    f"num_workers_per_csx={topology[1]}, but the {backend.name} backend streams "
+                    "as worker 0 of 1; resume it on the CSX backend with the same CSConfig."
+                )
+            skip = int(dataloader._resume_states[0].user_state_dict.get("consumed", 0))
+        loader = dataloader.build(WorkerInfo()) if skip else dataloader.client_loader()
+        self._batches = iterate_cycled(dataloader, loader)
+        for _ in range(skip):
+            next(self._batches)
+        self._consumed = skip
         self._batch = None
 
     def next_batch(self, step: int):
@@ -38,7 +54,15 @@ class EagerRun:
         if self.backend.device.torch_device.type != "cpu":
             batch = _to_device(batch, self.backend.device.torch_device)
         self._batch = batch
+        self._consumed += 1
+        if self.executor.is_checkpoint_step(step):
+            self._states[step] = [DataLoaderCheckpoint(
+                worker_step=self._consumed, appliance_step=step + 1,
+                user_state_dict={"consumed": self._consumed})]
         return batch
+
+    def worker_states(self, step: int) -> list:
+        return self._states.get(step, [])
 
     def end_step(self, step: int) -> dict:
         return {}

@@ -1,0 +1,196 @@
+"""Replayed traced step vs eager PyTorch, in one run.
+
+For three models -- an overhead-bound MLP (16-64-64-4, batch 16), a compute-bound MLP
+(784-512-512-10, batch 64) and a small transformer language model -- it measures:
+
+* eager: ``torch.optim.Adam(foreach=True)``, zero_grad + forward + backward + step;
+* the cstream step traced once and replayed by the wafer driver, compiled with ``fx`` and with
+  ``inductor`` (same Adam, from ``cstream.optim``);
+* trace and compile times.
+
+Variants are interleaved (A B C A B C ...) and the medians reported, because this machine is
+noisy. Writes ``benchmarks/results/step_replay.json``.
+
+    python benchmarks/step_replay.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import cstream as cstorch  # noqa: E402
+from executor import runtime  # noqa: E402
+
+
+class TinyLM(torch.nn.Module):
+    """A small GPT-style language model: 2 pre-norm blocks, causal attention."""
+
+    def __init__(self, vocab=256, d=128, heads=4, layers=2, seq=64):
+        super().__init__()
+        self.heads = heads
+        self.tok = torch.nn.Embedding(vocab, d)
+        self.pos = torch.nn.Parameter(torch.randn(seq, d) * 0.02)
+        self.blocks = torch.nn.ModuleList()
+        for _ in range(layers):
+            self.blocks.append(torch.nn.ModuleDict({
+                "ln1": torch.nn.LayerNorm(d), "qkv": torch.nn.Linear(d, 3 * d),
+                "proj": torch.nn.Linear(d, d), "ln2": torch.nn.LayerNorm(d),
+                "fc1": torch.nn.Linear(d, 4 * d), "fc2": torch.nn.Linear(4 * d, d),
+            }))
+        self.ln = torch.nn.LayerNorm(d)
+        self.head = torch.nn.Linear(d, vocab)
+
+    def forward(self, idx):
+        b, t = idx.shape
+        x = self.tok(idx) + self.pos[:t]
+        for blk in self.blocks:
+            q, k, v = blk["qkv"](blk["ln1"](x)).chunk(3, dim=-1)
+            q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+            a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + blk["proj"](a.transpose(1, 2).reshape(b, t, -1))
+            x = x + blk["fc2"](torch.nn.functional.gelu(blk["fc1"](blk["ln2"](x))))
+        return self.head(self.ln(x))
+
+
+def cases():
+    def mlp(sizes):
+        layers = []
+        for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+            layers.append(torch.nn.Linear(a, b))
+            if i < len(sizes) - 2:
+                layers.append(torch.nn.ReLU())
+        return torch.nn.Sequential(*layers)
+
+    def cls_batch(n, d, k):
+        g = torch.Generator().manual_seed(0)
+        return torch.randn(n, d, generator=g), torch.randint(0, k, (n,), generator=g)
+
+    def lm_batch():
+        g = torch.Generator().manual_seed(0)
+        tokens = torch.randint(0, 256, (8, 65), generator=g)
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    def ce(out, y):
+        return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+
+    return {
+        "overhead_bound_mlp_16_64_64_4_b16": (lambda: mlp([16, 64, 64, 4]),
+                                              lambda: cls_batch(16, 16, 4), ce, 200),
+        "compute_bound_mlp_784_512_512_10_b64": (lambda: mlp([784, 512, 512, 10]),
+                                                 lambda: cls_batch(64, 784, 10), ce, 40),
+        "small_transformer_lm_2x128_seq64_b8": (TinyLM, lm_batch, ce, 20),
+    }
+
+
+def eager_runner(make_model, make_batch, loss_fn):
+    torch.manual_seed(0)
+    model = make_model()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
+    x, y = make_batch()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+    return step
+
+
+def replay_runner(make_model, make_batch, loss_fn, compiler, compile_dir):
+    """Trace the step on the CSX backend (driver in-process) and return the compiled replay."""
+    runtime.reset()
+    torch.manual_seed(0)
+    backend = cstorch.backend("CSX", in_process=True, compiler=compiler,
+                              compile_dir=compile_dir, artifact_dir=compile_dir + "/art")
+    model = make_model()
+    compiled = cstorch.compile(model, backend)
+    opt = cstorch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = make_batch()
+
+    @cstorch.trace
+    def step(batch):
+        inputs, targets = batch
+        loss = loss_fn(compiled(inputs), targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    loader = cstorch.utils.data.DataLoader(lambda: [(x, y)])
+    executor = cstorch.utils.data.DataExecutor(loader, num_steps=2)
+    for batch in executor:
+        step(batch)
+    drv = backend.driver().driver
+    fn = drv._step_fn
+    state = [drv.state[k] for k in drv._state_order]
+    batch = [x, y]
+    report = dict(backend.last_compile)
+    backend.shutdown()
+
+    def run():
+        fn(state, batch, [])
+    return run, report
+
+
+def time_block(fn, n):
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n * 1e3
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--quick", action="store_true", help="fewer rounds, no inductor")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "step_replay.json"))
+    args = p.parse_args(argv)
+    rounds = 3 if args.quick else args.rounds
+    compilers = ["fx"] if args.quick else ["fx", "inductor"]
+    compile_dir = tempfile.mkdtemp(prefix="cstream-bench-")
+    results = {"torch": torch.__version__, "threads": torch.get_num_threads(),
+               "cpu_count": os.cpu_count(), "rounds": rounds, "cases": {}}
+    for name, (make_model, make_batch, loss_fn, n) in cases().items():
+        variants = {"eager": eager_runner(make_model, make_batch, loss_fn)}
+        info = {}
+        for c in compilers:
+            t0 = time.perf_counter()
+            run, report = replay_runner(make_model, make_batch, loss_fn, c, compile_dir)
+            info[c] = {"trace_s": report.get("trace_s"), "compile_s": report.get("compile_s"),
+                       "setup_s": time.perf_counter() - t0}
+            variants[c] = run
+        for fn in variants.values():  # warm-up
+            time_block(fn, max(n // 4, 2))
+        samples = {k: [] for k in variants}
+        for _ in range(rounds):
+            for k, fn in variants.items():
+                samples[k].append(time_block(fn, n))
+        med = {k: statistics.median(v) for k, v in samples.items()}
+        entry = {"ms_per_step": med, "samples_ms": samples, "compile": info,
+                 "ratio_vs_eager": {k: med[k] / med["eager"] for k in med if k != "eager"}}
+        results["cases"][name] = entry
+        ratios = "  ".join(f"{k} {v:.2f}x" for k, v in entry["ratio_vs_eager"].items())
+        print(f"{name:40s} eager {med['eager']:7.3f} ms  "
+              + "  ".join(f"{k} {med[k]:7.3f} ms" for k in compilers) + f"   {ratios}")
+        for c in compilers:
+            print(f"{'':40s} {c}: trace {info[c]['trace_s']:.2f} s, compile "
+                  f"{info[c]['compile_s']:.2f} s")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

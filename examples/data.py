@@ -1,0 +1,55 @@
+"""The examples' data: scikit-learn's handwritten digits (1,797 8x8 images, shipped inside the
+scikit-learn package, so nothing is downloaded), as input functions for cstream.DataLoader."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, TensorDataset
+
+import cstream as cstorch
+
+NUM_FEATURES = 64
+NUM_CLASSES = 10
+TEST_SIZE = 297  # the last 297 images are held out for evaluation
+
+
+def digits(split: str) -> TensorDataset:
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x = torch.tensor(x, dtype=torch.float32) / 16.0  # pixel values are 0..16
+    y = torch.tensor(y, dtype=torch.int64)
+    if split == "train":
+        x, y = x[:-TEST_SIZE], y[:-TEST_SIZE]
+    elif split == "test":
+        x, y = x[-TEST_SIZE:], y[-TEST_SIZE:]
+    else:
+        raise ValueError(f"split: expected 'train' or 'test', got {split!r}")
+    return TensorDataset(x, y)
+
+
+def train_input_fn(batch_size: int = 64, seed: int = 0):
+    """Shuffled global batches; every input worker streams its own shard of each."""
+    dataset = digits("train")
+    order = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
+    batches = BatchSampler(order, batch_size=batch_size, drop_last=True)
+    return torch.utils.data.DataLoader(dataset, batch_sampler=cstorch.utils.data.ShardedSampler(batches))
+
+
+def eval_input_fn(batch_size: int = 99):
+    dataset = digits("test")
+    batches = BatchSampler(SequentialSampler(dataset), batch_size=batch_size, drop_last=True)
+    return torch.utils.data.DataLoader(dataset, batch_sampler=cstorch.utils.data.ShardedSampler(batches))
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, hidden: int = 128):
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(NUM_FEATURES, hidden), torch.nn.ReLU(),
+            torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+            torch.nn.Linear(hidden, NUM_CLASSES),
+        )
+
+    def forward(self, x):
+        return self.net(x)

@@ -1,0 +1,92 @@
+"""Seed 000's "Full Example (Evaluation)", runnable: accuracy of a trained checkpoint.
+
+    python examples/evaluate.py --checkpoint-dir cstream_logs/checkpoints
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import cstream.experimental as cstorch  # noqa: E402
+import cstream.experimental.metrics as metrics  # noqa: E402
+from data import MLP, TEST_SIZE, eval_input_fn  # noqa: E402
+
+
+def newest_checkpoint(directory: Path) -> Path:
+    files = sorted(directory.glob("checkpoint_*.h5"), key=lambda p: int(p.stem.split("_")[-1]))
+    if not files:
+        raise SystemExit(f"error: no checkpoint_*.h5 in {directory}; run examples/train.py first")
+    return files[-1]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--backend", default="CSX", choices=["CSX", "CPU", "GPU"])
+    p.add_argument("--checkpoint", default=None)
+    p.add_argument("--checkpoint-dir", default="cstream_logs/checkpoints")
+    p.add_argument("--num-workers-per-csx", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=99)
+    p.add_argument("--artifact-dir", default="cstream_logs")
+    p.add_argument("--in-process", action="store_true")
+    args = p.parse_args(argv)
+    checkpoint = Path(args.checkpoint) if args.checkpoint else newest_checkpoint(
+        Path(args.checkpoint_dir))
+
+    options = {"artifact_dir": args.artifact_dir}
+    if args.backend == "CSX":
+        options["in_process"] = args.in_process
+    backend = cstorch.backend(args.backend, **options)
+    with backend.device:
+        model = MLP()
+    compiled_model = cstorch.compile(model, backend)
+    compiled_model.eval()
+    loss_fn = torch.nn.CrossEntropyLoss()
+    accuracy = metrics.AccuracyMetric("accuracy", compute_on_system=True)
+
+    state_dict = cstorch.load(checkpoint)
+    model.load_state_dict(state_dict["model"])
+
+    dataloader = cstorch.utils.data.DataLoader(eval_input_fn, batch_size=args.batch_size)
+    executor = cstorch.utils.data.DataExecutor(
+        dataloader, num_steps=TEST_SIZE // args.batch_size,
+        cs_config=cstorch.utils.CSConfig(num_workers_per_csx=args.num_workers_per_csx),
+    )
+
+    @cstorch.compile_step
+    def evaluation_step(batch):
+        inputs, targets = batch
+        outputs = compiled_model(inputs)
+        loss = loss_fn(outputs, targets)
+        accuracy(labels=targets.clone(), predictions=outputs.argmax(-1).int())
+        return loss
+
+    total_loss = 0.0
+    total_steps = 0
+
+    @cstorch.step_closure
+    def post_eval_step(loss: torch.Tensor):
+        nonlocal total_loss, total_steps
+        total_loss += loss.item()
+        total_steps += 1
+
+    with torch.no_grad():
+        for batch in executor:
+            loss = evaluation_step(batch)
+            post_eval_step(loss)
+
+    print(f"checkpoint {checkpoint} (step {state_dict.get('global_step')})")
+    print(f"Eval loss: {total_loss / total_steps:.4f}")
+    print(f"Eval Accuracy: {float(accuracy):.4f}")
+    backend.shutdown()
+    return float(accuracy)
+
+
+if __name__ == "__main__":
+    main()
