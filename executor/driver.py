@@ -33,6 +33,29 @@ class DriverError(RuntimeError):
     """The wafer failed while running a step."""
 
 
+class BatchSpecError(ValueError):
+    """A batch does not match the spec the step was traced with."""
+
+
+def _check_leaves(leaves, where: str) -> None:
+    tensors = 0
+    for i, leaf in enumerate(leaves):
+        if leaf is None:
+            continue
+        if not isinstance(leaf, torch.Tensor):
+            raise BatchSpecError(
+                f"{where}: leaf {i} of the batch is a {type(leaf).__name__} ({leaf!r:.60}), not a "
+                "tensor. Batches must be (nested) tensors; convert other values in input_fn or "
+                "the dataset's collate_fn.")
+        tensors += 1
+        if leaf.dim() > 0 and leaf.shape[0] == 0:
+            raise BatchSpecError(
+                f"{where}: leaf {i} of the batch is empty (shape {tuple(leaf.shape)}). Check "
+                "batch_size and the data set's length.")
+    if tensors == 0:
+        raise BatchSpecError(f"{where}: the batch holds no tensor.")
+
+
 def _concat(parts: list):
     """Join the per-CS-X sub-batches along the batch dimension (data parallel)."""
     if len(parts) == 1:
@@ -144,7 +167,29 @@ class WaferDriver:
             self._streams.append(Stream(dataloader, cs_config, c, resume_states=states,
                                         in_flight_per_worker=in_flight_per_worker))
         specs = [s.peek_spec() for s in self._streams]
+        self._part_specs = [tree_flatten(sp) for sp in specs]
+        for c, (leaves, _) in enumerate(self._part_specs):
+            _check_leaves(leaves, f"the first batch of CS-X {c}")
         return _concat(specs) if len(specs) > 1 else specs[0]
+
+    def _check_batch(self, step: int, c: int, batch, info) -> None:
+        leaves, spec = tree_flatten(batch)
+        want_leaves, want_spec = self._part_specs[c]
+        where = (f"step {step + 1}, CS-X {c}, worker {info.local_worker_id} (its batch "
+                 f"#{info.worker_step})")
+        if spec != want_spec:
+            raise BatchSpecError(
+                f"{where}: the batch structure changed: the traced graph was built for "
+                f"{want_spec}, this batch is {spec}. The graph is static (seed 002): every "
+                "batch must have the same structure, shapes and dtypes (use drop_last=True).")
+        _check_leaves(leaves, where)
+        for i, (got, want) in enumerate(zip(leaves, want_leaves)):
+            if got.shape != want.shape or got.dtype != want.dtype:
+                raise BatchSpecError(
+                    f"{where}: leaf {i} of the batch is {tuple(got.shape)} {got.dtype}, the traced "
+                    f"graph expects {tuple(want.shape)} {want.dtype}. The graph is static (seed "
+                    "002): every batch must have the same shapes and dtypes; a short last batch "
+                    "is the usual cause (use drop_last=True).")
 
     def start(self, num_steps: int, checkpoint_steps: list, lookahead: int) -> None:
         self._run_cfg = dict(num_steps=num_steps, checkpoint_steps=set(checkpoint_steps),
@@ -167,8 +212,9 @@ class WaferDriver:
                 t0 = time.perf_counter()
                 occupancy = sum(s.ready_count() for s in self._streams) / max(len(self._streams), 1)
                 parts, infos = [], []
-                for s in self._streams:
+                for c, s in enumerate(self._streams):
                     b, info = s.next()
+                    self._check_batch(step, c, b, info)
                     parts.append(b)
                     infos.append(info)
                 batch = _concat(parts)
@@ -214,7 +260,8 @@ class WaferDriver:
     def _raise_if_failed(self):
         if self._error is not None:
             exc = getattr(self, "_error_exc", None)
-            if exc is not None and type(exc).__module__.startswith("workers"):
+            if exc is not None and (type(exc).__module__.startswith("workers")
+                                    or isinstance(exc, BatchSpecError)):
                 raise exc
             raise DriverError(f"the wafer failed while running: {self._error}")
 

@@ -12,6 +12,12 @@ from executor import runtime  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
+def _run_in_tmp_path(tmp_path, monkeypatch):
+    """Default artifact directories (cwd/cstream_logs) land in the test's own folder."""
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(autouse=True)
 def _clean_backend():
     """Every test starts and ends without a current backend or executor."""
     runtime.reset()
