@@ -245,6 +245,7 @@ class WaferDriver:
                             st for s in self._streams for st in s.worker_states()]
                     self._stats.append({
                         "step": step + 1, "samples": samples, "compute_s": t2 - t1,
+                        "wafer_t": t2 - self._t_start,
                         "input_wait_s": t1 - t0, "buffer_occupancy": occupancy,
                         "workers": [i.local_worker_id for i in infos],
                         "bytes": sum(i.nbytes for i in infos),

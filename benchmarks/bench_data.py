@@ -1,0 +1,43 @@
+"""Data sets with a known per-batch cost, shared by the benchmarks (importable by workers)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+BATCH = 32
+
+
+def burn_ms(ms: float) -> None:
+    """Spend about ``ms`` milliseconds of CPU in numpy + Python."""
+    end = time.perf_counter() + ms / 1e3
+    a = np.random.rand(64, 64)
+    while time.perf_counter() < end:
+        a = np.tanh(a @ a.T * 1e-3)
+
+
+class SlowBatches(torch.utils.data.Dataset):
+    """Item i is a whole batch (features, labels, id) that costs a known time to produce."""
+
+    def __init__(self, kind: str, num_batches: int, nbytes: int = 0):
+        self.kind = kind
+        self.num_batches = num_batches
+        self.nbytes = nbytes
+        self._payload = None
+
+    def __len__(self):
+        return self.num_batches
+
+    def __getitem__(self, i):
+        if self.kind == "io":
+            time.sleep(0.020)
+        elif self.kind == "cpu":
+            for _ in range(32):
+                burn_ms(1.0)
+        if self.nbytes:
+            if self._payload is None:
+                self._payload = torch.randn(self.nbytes // 4 // 1024, 1024)
+            return self._payload.clone(), torch.full((1,), i, dtype=torch.int64)
+        return torch.randn(BATCH, 64), torch.full((BATCH,), i, dtype=torch.int64)

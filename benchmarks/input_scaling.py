@@ -1,0 +1,156 @@
+"""Input-pipeline scaling: cstream's Ray input workers against torch's DataLoader, in one run.
+
+For 1, 2, 4 and 8 workers and two kinds of input function:
+
+* ``io``  -- every batch waits 20 ms (reading from a slow store);
+* ``cpu`` -- every batch burns ~32 ms of CPU in 32 Python/numpy chunks of ~1 ms;
+
+it measures batches/s reaching the simulated wafer (no model: the wafer only consumes) beside
+``torch.utils.data.DataLoader(num_workers=N)`` on the same data set, and the wafer's input-wait
+fraction. It also measures worker -> wafer transport of 4 MiB batches. Variants interleave and
+medians are reported. Writes ``benchmarks/results/input_scaling.json`` and ``input_scaling.png``.
+
+    python benchmarks/input_scaling.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import cstream as cstorch  # noqa: E402
+from bench_data import BATCH, SlowBatches  # noqa: E402
+
+
+def slow_input_fn(kind: str, num_batches: int, nbytes: int = 0):
+    """Each worker streams its share of the batch indices (global worker g takes g, g+T, ...)."""
+    dataset = SlowBatches(kind, num_batches, nbytes)
+    sampler = cstorch.utils.data.DistributedSampler(dataset, shuffle=False)
+    return torch.utils.data.DataLoader(dataset, batch_size=None, sampler=sampler)
+
+
+def cstream_rate(kind: str, workers: int, steps: int, nbytes: int = 0) -> dict:
+    cfg = cstorch.utils.CSConfig(num_workers_per_csx=workers)
+    loader = cstorch.utils.data.DataLoader(slow_input_fn, kind, steps * 4, nbytes)
+    executor = cstorch.utils.data.DataExecutor(loader, num_steps=steps, cs_config=cfg)
+    for _ in executor:
+        pass
+    recs = executor.step_records
+    warm = max(steps // 10, 2)  # leave out the workers' start-up
+    t = [r["wafer_t"] for r in recs]
+    span = t[-1] - t[warm - 1]
+    wait = sum(r["input_wait_s"] for r in recs[warm:])
+    nb = sum(r.get("bytes", 0) for r in recs[warm:])
+    return {"batches_per_s": (len(recs) - warm) / span, "input_wait_fraction": wait / span,
+            "bytes_per_s": nb / span}
+
+
+def torch_rate(kind: str, workers: int, steps: int) -> float:
+    dataset = SlowBatches(kind, steps * 4)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers,
+                                         prefetch_factor=4, persistent_workers=False)
+    it = iter(loader)
+    warm = max(steps // 10, 2)
+    for _ in range(warm):
+        next(it)
+    t0 = time.perf_counter()
+    for _ in range(steps - warm):
+        next(it)
+    rate = (steps - warm) / (time.perf_counter() - t0)
+    del it
+    return rate
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "input_scaling.json"))
+    args = p.parse_args(argv)
+    rounds = 1 if args.quick else args.rounds
+    grid = [1, 2] if args.quick else [1, 2, 4, 8]
+    backend = cstorch.backend("CSX", artifact_dir=str(ROOT / "benchmarks" / "results" / "runs"))
+    results = {"cpu_count": os.cpu_count(), "rounds": rounds, "batch": BATCH, "kinds": {}}
+    steps = {"io": 120, "cpu": 60}
+    for kind in ("io", "cpu"):
+        samples = {n: {"cstream": [], "torch": [], "wait": []} for n in grid}
+        for _ in range(rounds):
+            for n in grid:
+                r = cstream_rate(kind, n, steps[kind])
+                samples[n]["cstream"].append(r["batches_per_s"])
+                samples[n]["wait"].append(r["input_wait_fraction"])
+                samples[n]["torch"].append(torch_rate(kind, n, steps[kind]))
+        table = {}
+        base = statistics.median(samples[grid[0]]["cstream"])
+        for n in grid:
+            cs = statistics.median(samples[n]["cstream"])
+            tt = statistics.median(samples[n]["torch"])
+            table[n] = {"cstream_batches_per_s": cs, "torch_batches_per_s": tt,
+                        "cstream_vs_torch": cs / tt, "speedup_vs_1_worker": cs / base,
+                        "scaling_efficiency": cs / (base * n),
+                        "wafer_input_wait_fraction": statistics.median(samples[n]["wait"]),
+                        "samples": samples[n]}
+            print(f"{kind:3s} workers={n}: cstream {cs:7.1f} batches/s (x{cs / base:.2f}, "
+                  f"efficiency {cs / (base * n):.2f}), torch DataLoader {tt:7.1f} batches/s, "
+                  f"ratio {cs / tt:.2f}, wafer waits {table[n]['wafer_input_wait_fraction']:.0%}")
+        results["kinds"][kind] = table
+    # transport: 4 MiB batches, no per-batch cost
+    trans = []
+    for _ in range(rounds):
+        trans.append(cstream_rate("none", 2, 150, nbytes=4 << 20)["bytes_per_s"])
+    results["transport_4MiB_GBps"] = statistics.median(trans) / 1e9
+    print(f"transport of 4 MiB batches, 2 workers -> wafer: {results['transport_4MiB_GBps']:.2f} GB/s")
+    backend.shutdown()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1, default=float))
+    plot(results, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+
+
+def plot(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, (kind, table) in zip(axes, results["kinds"].items()):
+        ns = sorted(int(n) for n in table)
+        ax.plot(ns, [table[n]["cstream_batches_per_s"] for n in ns], "o-", label="cstream (Ray)")
+        ax.plot(ns, [table[n]["torch_batches_per_s"] for n in ns], "s--",
+                label="torch DataLoader")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.set_xlabel("input workers")
+        ax.set_ylabel("batches/s")
+        ax.set_title({"io": "I/O-like: 20 ms per batch", "cpu": "CPU-bound: ~32 ms per batch"}
+                     [kind])
+        ax.grid(alpha=0.3)
+        ax2 = ax.twinx()
+        ax2.bar(ns, [table[n]["wafer_input_wait_fraction"] for n in ns], alpha=0.15,
+                width=[n * 0.3 for n in ns], color="gray", label="wafer input-wait fraction")
+        ax2.set_ylim(0, 1)
+        ax2.set_ylabel("wafer input-wait fraction")
+        ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    np.random.seed(0)
+    main()
