@@ -56,6 +56,18 @@ def _check_leaves(leaves, where: str) -> None:
         raise BatchSpecError(f"{where}: the batch holds no tensor.")
 
 
+def rss_bytes() -> int:
+    """Resident set size of this process (Linux), 0 where unknown."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def _concat(parts: list):
     """Join the per-CS-X sub-batches along the batch dimension (data parallel)."""
     if len(parts) == 1:
@@ -347,5 +359,8 @@ class WaferDriver:
         return True
 
     def describe(self) -> dict[str, Any]:
-        return {"device": str(self.device), "state_tensors": len(self.state),
-                "state_bytes": sum(t.numel() * t.element_size() for t in self.state.values())}
+        with self._lock:
+            return {"device": str(self.device), "state_tensors": len(self.state),
+                    "state_bytes": sum(t.numel() * t.element_size() for t in self.state.values()),
+                    "rss_bytes": rss_bytes(), "outputs_kept": len(self._outputs),
+                    "snapshots_kept": len(self._snapshots), "done": self._done}

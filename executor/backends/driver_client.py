@@ -6,7 +6,7 @@ import atexit
 import contextlib
 import os
 
-from executor.driver import WaferDriver
+from executor.driver import DriverError, WaferDriver
 
 
 class _Done:
@@ -100,7 +100,18 @@ class RayDriverClient(DriverClient):
     def call(self, method, *args, **kwargs):
         import ray
 
-        return ray.get(getattr(self.actor, method).remote(*args, **kwargs))
+        if self.actor is None:
+            raise DriverError("the wafer driver was shut down with its backend; create a new "
+                              "backend with cstream.backend(...).")
+        try:
+            return ray.get(getattr(self.actor, method).remote(*args, **kwargs))
+        except ray.exceptions.RayActorError as e:
+            raise DriverError(
+                f"the wafer driver actor died during {method}(): {e}. The run cannot continue. "
+                "Checkpoints already written are complete (cstream.save writes atomically): "
+                "resume from the newest one with cstream.load and load_state_dict on the model, "
+                "optimizer and dataloader."
+            ) from e
 
     def call_async(self, method, *args, **kwargs):
         return _RayFuture(getattr(self.actor, method).remote(*args, **kwargs))
