@@ -20,6 +20,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -83,7 +84,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     rounds = 1 if args.quick else args.rounds
     grid = [1, 2] if args.quick else [1, 2, 4, 8]
-    backend = cstorch.backend("CSX", artifact_dir=str(ROOT / "benchmarks" / "results" / "runs"))
+    backend = cstorch.backend("CSX", artifact_dir=tempfile.mkdtemp(prefix="cstream-bench-"))
     results = {"cpu_count": os.cpu_count(), "rounds": rounds, "batch": BATCH, "kinds": {}}
     steps = {"io": 120, "cpu": 60}
     for kind in ("io", "cpu"):

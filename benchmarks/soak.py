@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,7 +44,8 @@ def soak_input_fn(batch: int = 16):
 
 
 def soak(steps: int, workers: int, sample_every: int, wafer_s: float, in_process: bool = False):
-    backend = cstorch.backend("CSX", in_process=in_process)
+    backend = cstorch.backend("CSX", in_process=in_process,
+                              artifact_dir=tempfile.mkdtemp(prefix="cstream-soak-"))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     compiled = cstorch.compile(model, backend)
