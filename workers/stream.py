@@ -1,0 +1,546 @@
+"""The input side of one CS-X on Ray: its :class:`~workers.input_worker.InputWorker` actors and
+their round-robin merge.
+
+Step ``s`` of a CS-X comes from its local worker ``s % num_workers_per_csx``. Each worker keeps a
+few ``fetch`` requests outstanding so that transport overlaps production, and never runs more
+than a bounded number of batches ahead of the consumer. A worker whose process dies is restarted
+from the position right after the last batch received from it, so no batch is lost or
+duplicated; an exception from ``input_fn`` stops the stream with :class:`InputWorkerError`.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+import warnings
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+import torch
+from torch.utils._pytree import tree_map_only
+
+from workers.config import CSConfig
+from workers.context import DataLoaderCheckpoint, WorkerInfo
+from workers.dataloader import DataLoader, EmptyDataLoaderError
+from workers.errors import (
+    InputWorkerError,
+    StragglerWarning,
+    UnshardedInputWarning,
+    WorkerCrashLoopError,
+)
+from workers.input_worker import InputWorker, unpack_batch
+from workers.local_stream import BatchInfo
+
+__all__ = ["BatchInfo", "CsxInputStream"]
+
+logger = logging.getLogger(__name__)
+
+_NUM_CPUS = 0.01
+_NAME_RELEASE_S = 10.0
+_DUMP_STACK_TIMEOUT_S = 5.0
+_MAX_STRAGGLER_RECORDS = 100
+
+
+@dataclass
+class _Worker:
+    info: WorkerInfo
+    name: str
+    actor: Any = None
+    pending: deque = field(default_factory=deque)  # (index, ObjectRef) in request order
+    next_request: int = 0
+    received: int = 0  # batches received from the worker (resume point after a crash)
+    received_after: dict = field(default_factory=dict)
+    consumed: int = 0  # batches handed out by next()
+    consumed_after: dict = field(default_factory=dict)
+    delivered_this_run: int = 0
+    bytes: int = 0
+    restarts: int = 0
+    straggler_reports: int = 0
+    started_fresh: bool = True
+    fingerprint: str | None = None
+
+
+def _position_of(state: DataLoaderCheckpoint) -> dict:
+    """The ``after`` dict (as carried in replies) described by a saved checkpoint."""
+    usd = dict(state.user_state_dict or {})
+    if "epoch" in usd or "batch_in_epoch" in usd:
+        pos = {"epoch": int(usd.get("epoch", 0)), "batch_in_epoch": int(usd.get("batch_in_epoch", 0))}
+        for k in ("loader_state", "loader_state_of"):
+            if k in usd:
+                pos[k] = usd[k]
+    else:
+        # a position counted from the start of the stream (the in-process stream's format)
+        pos = {"epoch": 0, "batch_in_epoch": int(usd.get("consumed", state.worker_step))}
+    return {"worker_step": int(state.worker_step), "samples_streamed": int(state.samples_streamed),
+            "user_state_dict": pos}
+
+
+def _start_of(after: dict) -> dict:
+    usd = after.get("user_state_dict", {})
+    return {
+        "worker_step": after.get("worker_step", 0),
+        "samples_streamed": after.get("samples_streamed", 0),
+        "epoch": usd.get("epoch", 0),
+        "batch_in_epoch": usd.get("batch_in_epoch", 0),
+        "loader_state": usd.get("loader_state"),
+    }
+
+
+def _first_lines(text: str, n: int = 6) -> str:
+    lines = [ln for ln in str(text).strip().splitlines() if ln.strip()]
+    return "\n".join(lines[:n]) + ("\n..." if len(lines) > n else "")
+
+
+class CsxInputStream:
+    """The input side of one CS-X: its InputWorker actors and their round-robin merge.
+
+    Args:
+        dataloader: the :class:`workers.dataloader.DataLoader` recipe every worker runs.
+        cs_config: the cluster layout (``num_workers_per_csx``, ``max_worker_restarts``,
+            ``straggler_timeout_s``).
+        wse_id: which CS-X this stream feeds (``0 <= wse_id < cs_config.num_csx``).
+        resume_states: the :meth:`worker_states` of an earlier stream of this CS-X; the new
+            stream delivers exactly the batches that stream would have delivered next.
+        in_flight_per_worker: ``fetch`` requests kept outstanding per worker; a worker also
+            buffers as many produced batches, so it is never more than
+            ``2 * in_flight_per_worker + 1`` batches ahead of :meth:`next`.
+        name_prefix: actors are named ``f"{name_prefix}-csx{wse_id}-w{w}"``.
+
+    >>> import torch, ray
+    >>> from workers import CSConfig
+    >>> from workers.dataloader import DataLoader
+    >>> def input_fn():
+    ...     from workers import get_worker_info
+    ...     w = get_worker_info().local_worker_id
+    ...     return [{"x": torch.full((2,), 10 * w + i)} for i in range(3)]
+    >>> s = CsxInputStream(DataLoader(input_fn), CSConfig(num_workers_per_csx=2), 0,
+    ...                    name_prefix="doctest")  # doctest: +SKIP
+    >>> [s.next()[0]["x"][0].item() for _ in range(4)]  # doctest: +SKIP
+    [0, 10, 1, 11]
+    >>> s.close()  # doctest: +SKIP
+    """
+
+    def __init__(self, dataloader, cs_config, wse_id, *, resume_states=None,
+                 in_flight_per_worker=2, name_prefix="cstream"):
+        if not isinstance(dataloader, DataLoader):
+            raise TypeError(
+                f"CsxInputStream: dataloader must be a cstream DataLoader "
+                f"(cstream.utils.data.DataLoader(input_fn, ...)), got "
+                f"{type(dataloader).__name__}: {dataloader!r}."
+            )
+        if not isinstance(cs_config, CSConfig):
+            raise TypeError(
+                f"CsxInputStream: cs_config must be a CSConfig, got {type(cs_config).__name__}: "
+                f"{cs_config!r}. Build one with cstream.utils.CSConfig(num_csx=..., "
+                "num_workers_per_csx=...)."
+            )
+        if isinstance(wse_id, bool) or not isinstance(wse_id, int) or not (
+                0 <= wse_id < cs_config.num_csx):
+            raise ValueError(
+                f"CsxInputStream: wse_id={wse_id!r} is not a CS-X of this cluster; it must be an "
+                f"int in [0, {cs_config.num_csx}) (cs_config.num_csx={cs_config.num_csx})."
+            )
+        if isinstance(in_flight_per_worker, bool) or not isinstance(in_flight_per_worker, int) \
+                or in_flight_per_worker < 1:
+            raise ValueError(
+                f"CsxInputStream: in_flight_per_worker={in_flight_per_worker!r}; it must be an "
+                "int >= 1 (the fetch requests kept outstanding per worker, e.g. 2 or 4)."
+            )
+        if not isinstance(name_prefix, str) or not name_prefix:
+            raise ValueError(
+                f"CsxInputStream: name_prefix={name_prefix!r}; it must be a non-empty string "
+                "(actors are named '<name_prefix>-csx<c>-w<w>')."
+            )
+        if not ray.is_initialized():
+            from executor.ray_session import ensure_ray
+
+            ensure_ray()
+
+        self.dataloader = dataloader
+        self.cs_config = cs_config
+        self.wse_id = wse_id
+        self.in_flight_per_worker = in_flight_per_worker
+        self.capacity = in_flight_per_worker
+        self.name_prefix = name_prefix
+        W = cs_config.num_workers_per_csx
+        self.num_workers = W
+        self._closed = False
+        self._peeked = None
+        self._step = 0
+        self._wait_s = 0.0
+        self._stragglers: list[dict] = []
+        self._warnings: list[str] = []
+        self._unshard_checked = W == 1
+        self._poll_s = min(0.25, cs_config.straggler_timeout_s / 4)
+        self._workers = [
+            _Worker(info=WorkerInfo(w, W, cs_config.num_csx, wse_id),
+                    name=f"{name_prefix}-csx{wse_id}-w{w}")
+            for w in range(W)
+        ]
+        for wk in self._workers:
+            wk.received_after = wk.consumed_after = {
+                "worker_step": 0, "samples_streamed": 0,
+                "user_state_dict": {"epoch": 0, "batch_in_epoch": 0}}
+        if resume_states is not None:
+            self._apply_resume(list(resume_states))
+        self._dataloader_ref = ray.put(dataloader)
+        self._t_start = time.perf_counter()
+        self._t_first: float | None = None
+        try:
+            for wk in self._workers:
+                wk.actor = self._spawn(wk, wait_for_name=False)
+            for wk in self._workers:
+                self._top_up(wk)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- setup ----------------------------------------------------------------------------
+    def _apply_resume(self, states: list) -> None:
+        W = self.num_workers
+        parsed = []
+        for st in states:
+            if isinstance(st, dict):
+                st = DataLoaderCheckpoint(**st)
+            if not isinstance(st, DataLoaderCheckpoint):
+                raise TypeError(
+                    f"CsxInputStream: resume_states must hold DataLoaderCheckpoint objects (from "
+                    f"worker_states()), got {type(st).__name__}: {st!r}."
+                )
+            parsed.append(st)
+        ids = sorted(st.local_worker_id for st in parsed)
+        if ids != list(range(W)):
+            raise ValueError(
+                f"CsxInputStream: resume_states for CS-X {self.wse_id} must hold one state per "
+                f"worker 0..{W - 1} (num_workers_per_csx={W}), got states for local_worker_ids "
+                f"{ids}. Resume with the same CSConfig.num_workers_per_csx the states were saved "
+                "with."
+            )
+        for st in parsed:
+            if st.num_workers_per_csx != W or st.wse_id != self.wse_id:
+                raise ValueError(
+                    f"CsxInputStream: a resume state was saved by CS-X {st.wse_id} with "
+                    f"num_workers_per_csx={st.num_workers_per_csx}, but this stream is CS-X "
+                    f"{self.wse_id} with num_workers_per_csx={W}. Pass each CS-X the states its "
+                    "own workers saved, with the same CSConfig."
+                )
+            if st.worker_step < 0:
+                raise ValueError(
+                    f"CsxInputStream: resume state of worker {st.local_worker_id} has "
+                    f"worker_step={st.worker_step}; it must be >= 0."
+                )
+        steps = [0] * W
+        for st in parsed:
+            steps[st.local_worker_id] = int(st.worker_step)
+        total = sum(steps)
+        expected = [(total - w + W - 1) // W for w in range(W)]
+        if steps != expected:
+            raise ValueError(
+                f"CsxInputStream: the resume states' worker_step values {steps} are not one "
+                f"round-robin position of CS-X {self.wse_id} (after {total} steps they would be "
+                f"{expected}). Pass the states from one worker_states() call of one stream."
+            )
+        for st in parsed:
+            wk = self._workers[st.local_worker_id]
+            after = _position_of(st)
+            wk.received_after = wk.consumed_after = after
+            wk.received = wk.consumed = wk.next_request = int(st.worker_step)
+            wk.started_fresh = wk.received == 0
+        self._step = total
+        self._unshard_checked = self._unshard_checked or not all(
+            wk.started_fresh for wk in self._workers)
+
+    def _spawn(self, wk: _Worker, wait_for_name: bool):
+        start = _start_of(wk.received_after)
+        deadline = time.perf_counter() + (_NAME_RELEASE_S if wait_for_name else 0.0)
+        while True:
+            try:
+                return InputWorker.options(
+                    name=wk.name, num_cpus=_NUM_CPUS, scheduling_strategy="SPREAD",
+                    max_concurrency=2,
+                ).remote(self._dataloader_ref, wk.info, start, self.capacity)
+            except ValueError as e:
+                if "already" not in str(e) and "taken" not in str(e):
+                    raise
+                if time.perf_counter() >= deadline:
+                    raise ValueError(
+                        f"CsxInputStream: a Ray actor named {wk.name!r} already exists, so the "
+                        f"input worker {wk.info.local_worker_id} of CS-X {self.wse_id} cannot be "
+                        f"started. Another input stream with name_prefix={self.name_prefix!r} is "
+                        "still open for this CS-X: close() it first, or give this stream another "
+                        "name_prefix."
+                    ) from None
+                time.sleep(0.1)
+
+    def _top_up(self, wk: _Worker) -> None:
+        while len(wk.pending) < self.in_flight_per_worker:
+            wk.pending.append((wk.next_request, wk.actor.fetch.remote(wk.next_request)))
+            wk.next_request += 1
+
+    # -- receiving ------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(
+                f"the input stream of CS-X {self.wse_id} is closed; create a new CsxInputStream "
+                "(with resume_states=old.worker_states() to continue where it stopped)."
+            )
+
+    def _receive(self, w: int) -> tuple[dict, Any]:
+        wk = self._workers[w]
+        self._top_up(wk)
+        timeout = self.cs_config.straggler_timeout_s
+        wait_start = time.perf_counter()
+        next_report = timeout
+        while True:
+            self._check_open()
+            index, ref = wk.pending[0]
+            try:
+                reply = ray.get(ref, timeout=self._poll_s)
+            except ray.exceptions.GetTimeoutError:
+                waited = time.perf_counter() - wait_start
+                if waited >= next_report:
+                    self._report_straggler(wk, waited)
+                    next_report = max(2 * next_report, waited + timeout)
+                continue
+            except ray.exceptions.RayActorError as e:
+                self._check_open()
+                if getattr(e, "actor_init_failed", False):
+                    self._raise_failure(wk, {
+                        "exc_type": type(e).__name__, "exc_message": _first_lines(str(e), 2),
+                        "traceback": str(e), "during": "while starting its actor"})
+                self._restart(wk, e)
+                wait_start, next_report = time.perf_counter(), timeout
+                continue
+            except (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError) as e:
+                self._check_open()
+                self._restart(wk, e)
+                wait_start, next_report = time.perf_counter(), timeout
+                continue
+            except ray.exceptions.RayTaskError as e:
+                self._raise_failure(wk, {
+                    "exc_type": type(e).__name__, "exc_message": _first_lines(str(e), 2),
+                    "traceback": str(e), "during": "in its fetch call"})
+            break
+        wk.pending.popleft()
+        if reply["kind"] == "error":
+            self._raise_failure(wk, reply)
+        if reply["index"] != index:  # a broken invariant, never silently wrong data
+            self._raise_failure(wk, {
+                "exc_type": "RuntimeError",
+                "exc_message": f"asked for batch {index}, received batch {reply['index']}",
+                "traceback": "", "during": "in transport"})
+        wk.received = index + 1
+        wk.received_after = reply["after"]
+        self._top_up(wk)
+        batch = unpack_batch(reply["payload"])
+        return reply, batch
+
+    def _raise_failure(self, wk: _Worker, reply: dict):
+        self.close()
+        if reply.get("exc_type") == "EmptyDataLoaderError":
+            raise EmptyDataLoaderError(
+                f"CS-X {self.wse_id}, input worker {wk.info.local_worker_id}: "
+                f"{reply['exc_message']}")
+        raise InputWorkerError(
+            self.wse_id, wk.info.local_worker_id, reply["exc_type"], reply["exc_message"],
+            reply.get("traceback", ""), reply.get("during", ""), self.num_workers)
+
+    def _restart(self, wk: _Worker, cause: BaseException) -> None:
+        wk.restarts += 1
+        cause_text = f"{type(cause).__name__}: {_first_lines(str(cause))}"
+        if wk.restarts > self.cs_config.max_worker_restarts:
+            self.close()
+            raise WorkerCrashLoopError(self.wse_id, wk.info.local_worker_id, wk.restarts,
+                                       self.cs_config.max_worker_restarts, cause_text)
+        logger.warning(
+            "CS-X %d, input worker %d died (%s); restarting it from batch %d (restart %d of at "
+            "most %d).", self.wse_id, wk.info.local_worker_id, cause_text, wk.received,
+            wk.restarts, self.cs_config.max_worker_restarts)
+        try:
+            ray.kill(wk.actor, no_restart=True)
+        except Exception:
+            pass
+        wk.pending.clear()
+        wk.next_request = wk.received
+        wk.actor = self._spawn(wk, wait_for_name=True)
+        self._top_up(wk)
+
+    def _report_straggler(self, wk: _Worker, waited: float) -> None:
+        try:
+            stack = ray.get(wk.actor.dump_stack.remote(), timeout=_DUMP_STACK_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            stack = (f"(the worker did not answer dump_stack within {_DUMP_STACK_TIMEOUT_S:.0f} s; "
+                     "its process may be stuck in native code)")
+        except ray.exceptions.RayError as e:
+            stack = f"(no stack: {type(e).__name__}: {_first_lines(str(e), 2)})"
+        wk.straggler_reports += 1
+        w = wk.info.local_worker_id
+        msg = (
+            f"CS-X {self.wse_id}, input worker {w} is a straggler: it has delivered nothing for "
+            f"{waited:.1f} s (straggler_timeout_s={self.cs_config.straggler_timeout_s}) while step "
+            f"{self._step} waits for its batch {wk.received}. The stream keeps waiting, since "
+            f"that step can only come from worker {w}. Its Python stack:\n{stack}"
+        )
+        record = {"wse_id": self.wse_id, "local_worker_id": w, "waited_s": round(waited, 3),
+                  "step": self._step, "worker_step": wk.received, "stack": stack}
+        self._stragglers.append(record)
+        del self._stragglers[:-_MAX_STRAGGLER_RECORDS]
+        warnings.warn(msg, StragglerWarning, stacklevel=4)
+
+    def _check_sharding(self) -> None:
+        if self._unshard_checked:
+            return
+        prints = [wk.fingerprint for wk in self._workers]
+        if any(p is None for p in prints):
+            return
+        self._unshard_checked = True
+        if len(set(prints)) == 1:
+            msg = (
+                f"CS-X {self.wse_id}: all {self.num_workers} input workers streamed an identical "
+                f"first batch, so input_fn {self.dataloader.input_fn_name} does not shard its "
+                "data: every worker streams the same samples, and each sample is seen "
+                f"{self.num_workers} times as often as intended. Give each worker its own shard "
+                "with cstream.utils.data.ShardedSampler, or split the data yourself using "
+                "cstream.distributed.get_worker_info() (local_worker_id, num_workers_per_csx, "
+                "wse_id, num_csx)."
+            )
+            self._warnings.append(msg)
+            warnings.warn(msg, UnshardedInputWarning, stacklevel=3)
+
+    # -- the public interface -------------------------------------------------------------
+    def next(self) -> tuple[Any, BatchInfo]:
+        """The next batch of this CS-X (from worker ``step % num_workers_per_csx``) and its
+        :class:`BatchInfo`."""
+        self._check_open()
+        t0 = time.perf_counter()
+        if self._peeked is not None:
+            (w, reply, batch), self._peeked = self._peeked, None
+        else:
+            w = self._step % self.num_workers
+            reply, batch = self._receive(w)
+        now = time.perf_counter()
+        wait_s = now - t0
+        if self._t_first is None:
+            self._t_first = now
+        wk = self._workers[w]
+        info = BatchInfo(w, wk.consumed, wait_s, reply["nbytes"])
+        wk.consumed = reply["index"] + 1
+        wk.consumed_after = reply["after"]
+        wk.delivered_this_run += 1
+        wk.bytes += reply["nbytes"]
+        if reply.get("fingerprint") is not None and wk.started_fresh:
+            wk.fingerprint = reply["fingerprint"]
+        self._step += 1
+        self._wait_s += wait_s
+        self._check_sharding()
+        return batch, info
+
+    def peek_spec(self):
+        """The next batch's nesting with every tensor as a ``meta`` tensor of its shape and
+        dtype; the batch itself stays for :meth:`next`."""
+        self._check_open()
+        if self._peeked is None:
+            w = self._step % self.num_workers
+            reply, batch = self._receive(w)
+            self._peeked = (w, reply, batch)
+        return tree_map_only(torch.Tensor, lambda t: torch.empty_like(t, device="meta"),
+                             self._peeked[2])
+
+    def worker_states(self) -> list[DataLoaderCheckpoint]:
+        """One state per worker, at the position right after the batches consumed through
+        :meth:`next`; ``CsxInputStream(..., resume_states=...)`` continues from there."""
+        out = []
+        for wk in self._workers:
+            i = wk.info
+            out.append(DataLoaderCheckpoint(
+                local_worker_id=i.local_worker_id, num_workers_per_csx=i.num_workers_per_csx,
+                num_csx=i.num_csx, wse_id=i.wse_id, appliance_step=self._step,
+                worker_step=wk.consumed,
+                samples_streamed=int(wk.consumed_after.get("samples_streamed", 0)),
+                user_state_dict=copy.deepcopy(wk.consumed_after.get("user_state_dict", {})),
+            ))
+        return out
+
+    def ready_count(self) -> int:
+        """Batches already produced and waiting in transport for this CS-X."""
+        if self._closed:
+            return 0
+        refs = [ref for wk in self._workers for _, ref in wk.pending]
+        ready = 1 if self._peeked is not None else 0
+        if refs:
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+            ready += len(done)
+        return ready
+
+    @property
+    def max_batches_ahead(self) -> int:
+        """The most batches one worker can have produced beyond what :meth:`next` returned:
+        the requests in flight, the worker's buffer, and the batch being produced."""
+        return self.in_flight_per_worker + self.capacity + 1
+
+    def stats(self) -> dict:
+        """Per worker: batches delivered, batches/s, restarts, straggler reports; plus totals.
+
+        Rates count from the first batch handed out (``startup_s`` is the time until then)."""
+        now = time.perf_counter()
+        startup = (self._t_first if self._t_first is not None else now) - self._t_start
+        elapsed = max(now - self._t_first, 1e-9) if self._t_first is not None else float("inf")
+        workers = [{
+            "local_worker_id": wk.info.local_worker_id,
+            "batches": wk.delivered_this_run,
+            "worker_step": wk.consumed,
+            "batches_per_s": wk.delivered_this_run / elapsed,
+            "bytes": wk.bytes,
+            "restarts": wk.restarts,
+            "straggler_reports": wk.straggler_reports,
+        } for wk in self._workers]
+        batches = sum(w["batches"] for w in workers)
+        return {
+            "wse_id": self.wse_id,
+            "num_workers": self.num_workers,
+            "steps": self._step,
+            "batches": batches,
+            "batches_per_s": batches / elapsed,
+            "bytes": sum(w["bytes"] for w in workers),
+            "bytes_per_s": sum(w["bytes"] for w in workers) / elapsed,
+            "wait_s": self._wait_s,
+            "startup_s": startup,
+            "elapsed_s": now - self._t_start,
+            "restarts": sum(w["restarts"] for w in workers),
+            "stragglers": list(self._stragglers),
+            "warnings": list(self._warnings),
+            "workers": workers,
+        }
+
+    def actor_names(self) -> list[str]:
+        return [wk.name for wk in self._workers]
+
+    def close(self) -> None:
+        """Kill this stream's actors; safe to call more than once."""
+        if self._closed:
+            return
+        self._closed = True
+        self._peeked = None
+        for wk in getattr(self, "_workers", []):
+            wk.pending.clear()
+            if wk.actor is not None:
+                try:
+                    ray.kill(wk.actor, no_restart=True)
+                except Exception:
+                    pass
+                wk.actor = None
+        self._dataloader_ref = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"step {self._step}"
+        return (f"CsxInputStream(CS-X {self.wse_id}, {self.num_workers} workers, "
+                f"{self.dataloader.input_fn_name}, {state})")
