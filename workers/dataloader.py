@@ -179,5 +179,8 @@ def iterate_cycled(dataloader: DataLoader, loader, what: str = "input_fn"):
                 "drop_last=False)."
             )
         epoch += 1
-        if hasattr(loader, "sampler") and hasattr(loader.sampler, "set_epoch"):
-            loader.sampler.set_epoch(epoch)
+        parts = [loader] + [getattr(loader, n, None) for n in ("batch_sampler", "sampler", "dataset")]
+        parts.append(getattr(getattr(loader, "batch_sampler", None), "sampler", None))
+        for part in {id(p): p for p in parts if p is not None}.values():
+            if callable(getattr(part, "set_epoch", None)):
+                part.set_epoch(epoch)

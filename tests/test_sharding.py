@@ -1,0 +1,700 @@
+"""Data-sharding schemes: each simulated input worker gets exactly its shard of the data.
+
+Workers are simulated in-process with ``worker_context(WorkerInfo(...))``; no Ray is needed.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import warnings
+from collections import Counter
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+
+import cstream as cstorch
+from workers.context import WorkerInfo, worker_context
+from workers.sharding import DistributedSampler, ParquetDataset, ShardedSampler, shard_iterable
+
+# (num_csx, num_workers_per_csx): 1, 2, 3, 4 and 8 workers in all
+TOPOLOGIES = [(1, 1), (1, 2), (2, 1), (3, 1), (1, 4), (2, 2), (1, 8), (2, 4)]
+
+
+def infos(C, W):
+    """Every worker of a cluster, CS-X by CS-X."""
+    return [WorkerInfo(local_worker_id=w, num_workers_per_csx=W, num_csx=C, wse_id=c)
+            for c in range(C) for w in range(W)]
+
+
+def per_worker(make, C, W):
+    """``{(wse_id, local_worker_id): list(make())}``, each built and iterated as that worker."""
+    out = {}
+    for info in infos(C, W):
+        with worker_context(info):
+            out[(info.wse_id, info.local_worker_id)] = [list(b) for b in make()]
+    return out
+
+
+def reassemble(shards, C, W, steps=None):
+    """The wafer's view: step s reads worker s % W of every CS-X and concatenates the slices."""
+    pos = {k: 0 for k in shards}
+    out, s = [], 0
+    while steps is None or s < steps:
+        w = s % W
+        if pos[(0, w)] >= len(shards[(0, w)]):
+            break
+        batch = []
+        for c in range(C):
+            batch += shards[(c, w)][pos[(c, w)]]
+            pos[(c, w)] += 1
+        out.append(batch)
+        s += 1
+    assert all(pos[k] == len(v) for k, v in shards.items()) or steps is not None
+    return out
+
+
+def shuffled_batches(n=40, batch_size=6, seed=3):
+    order = RandomSampler(range(n), generator=torch.Generator().manual_seed(seed))
+    return BatchSampler(order, batch_size=batch_size, drop_last=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# ShardedSampler
+# ---------------------------------------------------------------------------------------------
+
+def sequential(n, batch_size, drop_last=False):
+    return BatchSampler(SequentialSampler(range(n)), batch_size=batch_size, drop_last=drop_last)
+
+
+def test_sharded_sampler_one_csx_two_workers_alternate_whole_batches():
+    shards = per_worker(lambda: ShardedSampler(sequential(18, 3)), C=1, W=2)
+    assert shards == {
+        (0, 0): [[0, 1, 2], [6, 7, 8], [12, 13, 14]],
+        (0, 1): [[3, 4, 5], [9, 10, 11], [15, 16, 17]],
+    }
+
+
+def test_sharded_sampler_two_csx_two_workers_split_each_batch_first_slice_larger():
+    shards = per_worker(lambda: ShardedSampler(sequential(20, 5)), C=2, W=2)
+    assert shards == {
+        (0, 0): [[0, 1, 2], [10, 11, 12]],
+        (0, 1): [[5, 6, 7], [15, 16, 17]],
+        (1, 0): [[3, 4], [13, 14]],
+        (1, 1): [[8, 9], [18, 19]],
+    }
+
+
+def test_sharded_sampler_three_csx_slices_like_tensor_split():
+    shards = per_worker(lambda: ShardedSampler(sequential(12, 4)), C=3, W=1)
+    assert shards == {
+        (0, 0): [[0, 1], [4, 5], [8, 9]],
+        (1, 0): [[2], [6], [10]],
+        (2, 0): [[3], [7], [11]],
+    }
+    expected = [[t.tolist() for t in torch.arange(4 * i, 4 * i + 4).tensor_split(3)] for i in range(3)]
+    assert [[shards[(c, 0)][i] for c in range(3)] for i in range(3)] == expected
+
+
+def test_sharded_sampler_one_csx_four_workers_take_every_fourth_batch():
+    shards = per_worker(lambda: ShardedSampler(sequential(14, 2)), C=1, W=4)
+    assert shards == {
+        (0, 0): [[0, 1], [8, 9]],
+        (0, 1): [[2, 3], [10, 11]],
+        (0, 2): [[4, 5], [12, 13]],
+        (0, 3): [[6, 7]],
+    }
+
+
+def test_sharded_sampler_client_yields_the_global_batches_unchanged():
+    batches = [[5, 1], (2, 7, 3), torch.tensor([4, 0])]
+    assert list(ShardedSampler(batches)) == batches
+    out = list(ShardedSampler(batches))
+    assert all(a is b for a, b in zip(out, batches))
+
+
+@pytest.mark.parametrize("C,W", TOPOLOGIES)
+def test_sharded_sampler_round_robin_reassembles_the_global_batch_sequence(C, W):
+    expected = [list(b) for b in shuffled_batches()]
+    shards = per_worker(lambda: ShardedSampler(shuffled_batches()), C, W)
+    assert reassemble(shards, C, W) == expected
+    seen = Counter(i for batches in shards.values() for b in batches for i in b)
+    assert seen == Counter(i for b in expected for i in b)  # every sample of the epoch once
+    assert set(seen.values()) == {1}
+
+
+@pytest.mark.parametrize("C,W", TOPOLOGIES)
+def test_sharded_sampler_len_is_the_number_of_batches_each_worker_yields(C, W):
+    for info in infos(C, W):
+        with worker_context(info):
+            sampler = ShardedSampler(sequential(35, 3, drop_last=True))  # 11 global batches
+            assert len(sampler) == len(list(sampler))
+    assert len(ShardedSampler(sequential(35, 3, drop_last=True))) == 11
+
+
+def test_sharded_sampler_reads_the_worker_when_iterated_not_when_built():
+    sampler = ShardedSampler(sequential(8, 2))
+    with worker_context(WorkerInfo(local_worker_id=1, num_workers_per_csx=2)):
+        assert [list(b) for b in sampler] == [[2, 3], [6, 7]]
+        built_inside = ShardedSampler(sequential(8, 2))
+    assert [list(b) for b in built_inside] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_sharded_sampler_in_a_torch_dataloader_yields_the_workers_rows():
+    data = torch.arange(100, 112)
+
+    def input_fn():
+        return torch.utils.data.DataLoader(data, batch_sampler=ShardedSampler(sequential(12, 4)))
+
+    with worker_context(WorkerInfo(local_worker_id=1, num_workers_per_csx=2, num_csx=2, wse_id=1)):
+        assert [b.tolist() for b in input_fn()] == [[106, 107]]
+    assert [b.tolist() for b in input_fn()] == [[100, 101, 102, 103], [104, 105, 106, 107],
+                                                [108, 109, 110, 111]]
+
+
+def test_sharded_sampler_batch_smaller_than_num_csx_is_an_error_naming_the_batch():
+    sampler = ShardedSampler(sequential(7, 3))  # batches of 3, 3, 1
+    with worker_context(WorkerInfo(num_csx=2, wse_id=1)):
+        it = iter(sampler)
+        assert list(next(it)) == [2]
+        assert list(next(it)) == [5]
+        with pytest.raises(ValueError) as e:
+            next(it)
+    assert str(e.value) == (
+        "ShardedSampler: global batch 2 has 1 sample(s), fewer than num_csx=2, so some CS-X "
+        "would get an empty slice of it. Every global batch needs at least num_csx samples: use a "
+        "batch_size of at least 2, and drop_last=True in the BatchSampler when the short last "
+        "batch is the cause."
+    )
+
+
+def test_sharded_sampler_set_epoch_reaches_the_batch_samplers_sampler():
+    def make():
+        inner = torch.utils.data.DistributedSampler(range(12), num_replicas=1, rank=0, shuffle=True,
+                                                    seed=5)
+        return ShardedSampler(BatchSampler(inner, 3, drop_last=False)), inner
+
+    sampler, inner = make()
+    epoch0 = [list(b) for b in sampler]
+    sampler.set_epoch(4)
+    assert inner.epoch == 4 and sampler.epoch == 4
+    epoch4 = [list(b) for b in sampler]
+    ref = torch.utils.data.DistributedSampler(range(12), num_replicas=1, rank=0, shuffle=True, seed=5)
+    ref.set_epoch(4)
+    assert epoch4 == [list(b) for b in BatchSampler(ref, 3, drop_last=False)]
+    assert epoch4 != epoch0
+
+
+def test_sharded_sampler_set_epoch_reaches_a_data_source_that_has_it():
+    class Source:
+        epoch = 0
+
+        def set_epoch(self, e):
+            self.epoch = e
+
+        def __iter__(self):
+            return iter([[self.epoch, self.epoch + 1]])
+
+    sampler = ShardedSampler(Source())
+    sampler.set_epoch(7)
+    assert list(sampler) == [[7, 8]]
+
+
+def _samplers(C, W):
+    out = {}
+    for info in infos(C, W):
+        with worker_context(info):
+            out[(info.wse_id, info.local_worker_id)] = ShardedSampler(shuffled_batches(n=60, batch_size=4))
+    return out
+
+
+@pytest.mark.parametrize("C,W", [(1, 1), (1, 3), (2, 2), (3, 1)])
+def test_sharded_sampler_resumes_mid_epoch_from_each_workers_own_state(C, W):
+    expected = [list(b) for b in shuffled_batches(n=60, batch_size=4)]  # 15 global batches
+    samplers = _samplers(C, W)
+    infos_by_key = {(i.wse_id, i.local_worker_id): i for i in infos(C, W)}
+    # the wafer consumes 7 steps; the workers' iterators are read inside their own contexts
+    first = []
+    its = {}
+    for k, s in samplers.items():
+        with worker_context(infos_by_key[k]):
+            its[k] = iter(s)
+    for step in range(7):
+        batch = []
+        for c in range(C):
+            k = (c, step % W)
+            with worker_context(infos_by_key[k]):
+                batch += list(next(its[k]))
+        first.append(batch)
+    states = {k: s.state_dict() for k, s in samplers.items()}
+    assert max(st["next_global_batch"] for st in states.values()) == 7
+
+    fresh = _samplers(C, W)
+    shards = {}
+    for k, s in fresh.items():
+        s.load_state_dict(states[k])
+        with worker_context(infos_by_key[k]):
+            shards[k] = [list(b) for b in s]
+    # the rest of the round-robin order starts at step 7, i.e. with worker 7 % W
+    rotated = {(c, (w - 7) % W): v for (c, w), v in shards.items()}
+    assert first + reassemble(rotated, C, W) == expected
+
+
+@pytest.mark.parametrize("old,new", [((1, 2), (1, 3)), ((2, 2), (1, 1)), ((1, 1), (3, 1)),
+                                     ((2, 1), (2, 4))])
+def test_sharded_sampler_resume_with_another_worker_count_continues_the_global_sequence(old, new):
+    expected = [list(b) for b in shuffled_batches(n=60, batch_size=4)]  # 15 global batches
+    C, W = old
+    samplers = _samplers(C, W)
+    first = []
+    its = {}
+    for info in infos(C, W):
+        with worker_context(info):
+            its[(info.wse_id, info.local_worker_id)] = iter(samplers[(info.wse_id, info.local_worker_id)])
+    for step in range(5):
+        batch = []
+        for c in range(C):
+            with worker_context(WorkerInfo(step % W, W, C, c)):
+                batch += list(next(its[(c, step % W)]))
+        first.append(batch)
+    position = max(s.state_dict()["next_global_batch"] for s in samplers.values())
+    assert position == 5
+
+    C2, W2 = new
+    shards = {}
+    for info in infos(C2, W2):
+        with worker_context(info):
+            s = ShardedSampler(shuffled_batches(n=60, batch_size=4))
+            s.load_state_dict({"next_global_batch": position, "epoch": 0})
+            shards[(info.wse_id, info.local_worker_id)] = [list(b) for b in s]
+    rotated = {(c, (w - position) % W2): v for (c, w), v in shards.items()}
+    assert first + reassemble(rotated, C2, W2) == expected
+
+
+def test_sharded_sampler_resume_at_the_end_of_the_epoch_yields_nothing_then_starts_over():
+    s = ShardedSampler(sequential(6, 2))
+    s.load_state_dict({"next_global_batch": 3, "epoch": 0})
+    assert s.state_dict() == {"next_global_batch": 3, "epoch": 0}
+    assert list(s) == []
+    assert [list(b) for b in s] == [[0, 1], [2, 3], [4, 5]]
+    assert s.state_dict() == {"next_global_batch": 3, "epoch": 0}
+
+
+def test_sharded_sampler_state_counts_global_batches_after_the_last_one_yielded():
+    s = ShardedSampler(sequential(16, 2))
+    with worker_context(WorkerInfo(local_worker_id=1, num_workers_per_csx=3)):
+        it = iter(s)
+        assert s.state_dict() == {"next_global_batch": 0, "epoch": 0}
+        assert list(next(it)) == [2, 3]
+        assert s.state_dict() == {"next_global_batch": 2, "epoch": 0}
+        assert list(next(it)) == [8, 9]
+        assert s.state_dict() == {"next_global_batch": 5, "epoch": 0}
+
+
+def test_sharded_sampler_bad_arguments_are_clear_errors():
+    with pytest.raises(TypeError, match=r"^ShardedSampler expects data_source to be an iterable"):
+        ShardedSampler(5)
+    with pytest.raises(TypeError, match=r"one-shot iterator \(list_iterator\)"):
+        ShardedSampler(iter([[0, 1]]))
+    s = ShardedSampler(sequential(4, 2))
+    with pytest.raises(ValueError) as e:
+        s.load_state_dict({"next_global_batch": 2})
+    assert str(e.value) == (
+        "ShardedSampler.load_state_dict expects what ShardedSampler.state_dict() returned (a "
+        "dict with keys ['next_global_batch', 'epoch']), got {'next_global_batch': 2}."
+    )
+    with pytest.raises(ValueError, match=re.escape(
+            "ShardedSampler.load_state_dict: state_dict['next_global_batch'] must be an integer "
+            ">= 0, got -1.")):
+        s.load_state_dict({"next_global_batch": -1, "epoch": 0})
+
+
+def test_sharded_sampler_is_exported_from_cstream_utils_data():
+    assert cstorch.utils.data.ShardedSampler is ShardedSampler
+    assert cstorch.utils.data.DistributedSampler is DistributedSampler
+    assert cstorch.utils.data.ParquetDataset is ParquetDataset
+    assert cstorch.utils.data.shard_iterable is shard_iterable
+
+
+# ---------------------------------------------------------------------------------------------
+# DistributedSampler
+# ---------------------------------------------------------------------------------------------
+
+def test_distributed_sampler_interleaves_samples_and_pads_like_torch():
+    shards = per_worker(lambda: [[i] for i in DistributedSampler(range(10))], C=2, W=2)
+    assert {k: [b[0] for b in v] for k, v in shards.items()} == {
+        (0, 0): [0, 4, 8], (0, 1): [1, 5, 9], (1, 0): [2, 6, 0], (1, 1): [3, 7, 1],
+    }
+    shards = per_worker(lambda: [[i] for i in DistributedSampler(range(10), drop_last=True)], C=1, W=4)
+    assert {k: [b[0] for b in v] for k, v in shards.items()} == {
+        (0, 0): [0, 4], (0, 1): [1, 5], (0, 2): [2, 6], (0, 3): [3, 7],
+    }
+
+
+@pytest.mark.parametrize("C,W", TOPOLOGIES)
+@pytest.mark.parametrize("shuffle,drop_last,epoch", [(False, False, 0), (True, False, 3), (True, True, 1)])
+def test_distributed_sampler_matches_torch_distributed_sampler(C, W, shuffle, drop_last, epoch):
+    T = C * W
+    for info in infos(C, W):
+        with worker_context(info):
+            ours = DistributedSampler(range(13), shuffle=shuffle, seed=11, drop_last=drop_last)
+            ours.set_epoch(epoch)
+            ref = torch.utils.data.DistributedSampler(range(13), num_replicas=T,
+                                                      rank=info.global_worker_id, shuffle=shuffle,
+                                                      seed=11, drop_last=drop_last)
+            ref.set_epoch(epoch)
+            assert list(ours) == list(ref)
+            assert len(ours) == len(ref)
+
+
+@pytest.mark.parametrize("C,W", TOPOLOGIES)
+def test_distributed_sampler_every_sample_once_per_epoch(C, W):
+    shards = per_worker(lambda: [[i] for i in DistributedSampler(range(24), shuffle=True, seed=2)], C, W)
+    seen = Counter(b[0] for v in shards.values() for b in v)
+    assert seen == Counter(range(24))
+
+
+def test_distributed_sampler_set_epoch_changes_the_shuffle_deterministically():
+    a, b = DistributedSampler(range(20), shuffle=True, seed=4), DistributedSampler(range(20), shuffle=True, seed=4)
+    e0 = list(a)
+    a.set_epoch(1)
+    b.set_epoch(1)
+    assert list(a) == list(b) != e0
+    assert sorted(a) == list(range(20))
+    assert list(a) == torch.randperm(20, generator=torch.Generator().manual_seed(5)).tolist()
+
+
+def test_distributed_sampler_reads_the_worker_when_iterated():
+    sampler = DistributedSampler(range(6))
+    with worker_context(WorkerInfo(local_worker_id=0, num_workers_per_csx=1, num_csx=3, wse_id=2)):
+        assert list(sampler) == [2, 5]
+        assert len(sampler) == 2
+    assert list(sampler) == [0, 1, 2, 3, 4, 5]
+
+
+def test_distributed_sampler_resumes_mid_epoch_through_a_torch_dataloader():
+    info = WorkerInfo(local_worker_id=1, num_workers_per_csx=2, num_csx=1)
+
+    def input_fn():
+        sampler = DistributedSampler(torch.arange(40), shuffle=True, seed=9)
+        sampler.set_epoch(2)
+        return torch.utils.data.DataLoader(torch.arange(40), batch_size=3, sampler=sampler), sampler
+
+    with worker_context(info):
+        loader, sampler = input_fn()
+        full = [b.tolist() for b in loader]
+        loader, sampler = input_fn()
+        it = iter(loader)
+        head = [next(it).tolist() for _ in range(4)]
+        state = sampler.state_dict()
+        assert state == {"epoch": 2, "position": 12, "num_replicas": 2}
+        loader2 = torch.utils.data.DataLoader(torch.arange(40), batch_size=3,
+                                              sampler=DistributedSampler(torch.arange(40), shuffle=True, seed=9))
+        loader2.sampler.load_state_dict(state)
+        assert loader2.sampler.state_dict() == state
+        tail = [b.tolist() for b in loader2]
+        assert head + tail == full
+        # the next epoch starts from its beginning again
+        assert len([b for b in loader2]) == 7
+
+
+def test_distributed_sampler_resume_with_another_worker_count_is_a_clear_error():
+    s = DistributedSampler(range(10))
+    s.load_state_dict({"epoch": 0, "position": 2, "num_replicas": 4})
+    with pytest.raises(ValueError) as e:
+        list(s)
+    assert str(e.value) == (
+        "DistributedSampler: the state being resumed was saved with 4 workers in all "
+        "(num_csx * num_workers_per_csx), but this run has 1. Its position counts samples of one "
+        "worker's interleaved share, which differs with the worker count: resume with the "
+        "CSConfig the state was saved with."
+    )
+
+
+def test_distributed_sampler_bad_arguments_are_clear_errors():
+    with pytest.raises(TypeError, match=r"^DistributedSampler needs a dataset with len\(\)"):
+        DistributedSampler(iter(range(3)))
+    with pytest.raises(TypeError, match=r"shuffle=1, drop_last=False"):
+        DistributedSampler(range(3), shuffle=1)
+    with pytest.raises(ValueError, match=r"^DistributedSampler.set_epoch: epoch must be an integer >= 0, got -1\.$"):
+        DistributedSampler(range(3)).set_epoch(-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# shard_iterable
+# ---------------------------------------------------------------------------------------------
+
+def test_shard_iterable_gives_global_worker_g_items_g_plus_multiples_of_t():
+    shards = per_worker(lambda: [[x] for x in shard_iterable("abcdefghij")], C=2, W=2)
+    assert {k: "".join(b[0] for b in v) for k, v in shards.items()} == {
+        (0, 0): "aei", (0, 1): "bfj", (1, 0): "cg", (1, 1): "dh",
+    }
+
+
+@pytest.mark.parametrize("C,W", TOPOLOGIES)
+def test_shard_iterable_every_item_once_and_len_matches(C, W):
+    for info in infos(C, W):
+        with worker_context(info):
+            s = shard_iterable(range(19))
+            assert len(s) == len(list(s))
+    shards = per_worker(lambda: [[x] for x in shard_iterable(range(19))], C, W)
+    assert sorted(b[0] for v in shards.values() for b in v) == list(range(19))
+
+
+def test_shard_iterable_can_be_iterated_once_per_epoch():
+    s = shard_iterable(range(6))
+    with worker_context(WorkerInfo(local_worker_id=1, num_workers_per_csx=3)):
+        assert list(s) == [1, 4]
+        assert list(s) == [1, 4]
+
+
+def test_shard_iterable_refuses_one_shot_iterators():
+    with pytest.raises(TypeError, match=r"generator is a one-shot iterator"):
+        shard_iterable(x for x in range(3))
+    with pytest.raises(TypeError, match=r"^shard_iterable expects an iterable, got int: 3\.$"):
+        shard_iterable(3)
+
+
+# ---------------------------------------------------------------------------------------------
+# ParquetDataset
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def parquet_files(tmp_path):
+    """a.parquet: rows 0..9 in row groups of 3, 3, 3, 1; b.parquet: rows 10..15 in 3, 3."""
+    def table(lo, hi):
+        return pa.table({
+            "x": pa.array(range(lo, hi), pa.int64()),
+            "y": pa.array([v / 2 for v in range(lo, hi)], pa.float32()),
+            "flag": pa.array([v % 2 == 0 for v in range(lo, hi)]),
+            "name": pa.array([f"r{v}" for v in range(lo, hi)]),
+        })
+
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    pq.write_table(table(0, 10), a, row_group_size=3)
+    pq.write_table(table(10, 16), b, row_group_size=3)
+    return [a, b]
+
+
+def xs(batches):
+    return [b["x"].tolist() for b in batches]
+
+
+def test_parquet_dataset_splits_row_groups_over_two_workers(parquet_files):
+    shards = per_worker(lambda: xs(ParquetDataset(parquet_files, columns=["x"], batch_size=4)), C=1, W=2)
+    assert shards == {
+        (0, 0): [[0, 1, 2, 6], [7, 8, 10, 11], [12]],  # row groups 0, 2, 4
+        (0, 1): [[3, 4, 5, 9], [13, 14, 15]],          # row groups 1, 3, 5
+    }
+
+
+def test_parquet_dataset_client_reads_all_rows_in_order_with_their_dtypes(parquet_files):
+    ds = ParquetDataset(parquet_files, columns=["x", "y", "flag"], batch_size=5)
+    batches = list(ds)
+    assert xs(batches) == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10, 11, 12, 13, 14], [15]]
+    assert [b["y"].dtype for b in batches] == [torch.float32] * 4
+    assert batches[0]["flag"].tolist() == [True, False, True, False, True]
+    assert batches[1]["y"].tolist() == [2.5, 3.0, 3.5, 4.0, 4.5]
+    assert len(ds) == 4
+
+
+def test_parquet_dataset_drop_last_drops_each_workers_short_batch(parquet_files):
+    shards = per_worker(lambda: xs(ParquetDataset(parquet_files, columns=["x"], batch_size=4,
+                                                  drop_last=True)), C=1, W=2)
+    assert shards == {(0, 0): [[0, 1, 2, 6], [7, 8, 10, 11]], (0, 1): [[3, 4, 5, 9]]}
+
+
+@pytest.mark.parametrize("C,W", [(1, 1), (1, 2), (3, 1), (2, 2)])
+def test_parquet_dataset_every_row_once_and_len_matches(parquet_files, C, W):
+    for info in infos(C, W):
+        with worker_context(info):
+            ds = ParquetDataset(parquet_files, columns=["x"], batch_size=2)
+            assert len(ds) == len(list(ds))
+    shards = per_worker(lambda: xs(ParquetDataset(parquet_files, columns=["x"], batch_size=2)), C, W)
+    assert sorted(i for v in shards.values() for b in v for i in b) == list(range(16))
+
+
+def test_parquet_dataset_warns_when_workers_outnumber_row_groups(parquet_files):
+    with pytest.warns(UserWarning) as record:
+        shards = per_worker(lambda: xs(ParquetDataset(parquet_files, columns=["x"], batch_size=8)), C=2, W=4)
+    assert str(record[0].message) == (
+        "ParquetDataset: 6 row group(s) for 8 workers, so 2 worker(s) get no data. Write the files "
+        "with more, smaller row groups (pyarrow.parquet.write_table(..., row_group_size=...)) or "
+        "use fewer input workers."
+    )
+    assert shards[(1, 2)] == [] and shards[(1, 3)] == []
+    assert shards[(1, 1)] == [[13, 14, 15]]
+    assert sorted(i for v in shards.values() for b in v for i in b) == list(range(16))
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_parquet_dataset_resumes_mid_row_group_from_its_state(parquet_files, k):
+    info = WorkerInfo(local_worker_id=0, num_workers_per_csx=2)
+    with worker_context(info):
+        full = xs(ParquetDataset(parquet_files, columns=["x"], batch_size=2))
+        assert full == [[0, 1], [2, 6], [7, 8], [10, 11], [12]]
+        ds = ParquetDataset(parquet_files, columns=["x"], batch_size=2)
+        it = iter(ds)
+        head = xs(next(it) for _ in range(k))
+        state = ds.state_dict()
+        resumed = ParquetDataset(parquet_files, columns=["x"], batch_size=2)
+        resumed.load_state_dict(state)
+        assert head + xs(resumed) == full
+        assert xs(resumed) == full  # the next epoch starts over
+    assert state == {
+        1: {"epoch": 0, "row_group": 0, "offset": 2},
+        2: {"epoch": 0, "row_group": 2, "offset": 1},
+        3: {"epoch": 0, "row_group": 4, "offset": 0},
+    }[k]
+
+
+def test_parquet_dataset_state_from_another_worker_is_a_clear_error(parquet_files):
+    ds = ParquetDataset(parquet_files, columns=["x"], batch_size=2)
+    ds.load_state_dict({"epoch": 0, "row_group": 1, "offset": 0})
+    with worker_context(WorkerInfo(local_worker_id=0, num_workers_per_csx=2)), \
+            pytest.raises(ValueError) as e:
+        list(ds)
+    assert str(e.value) == (
+        "ParquetDataset: the state being resumed points at row group 1, which is not one of this "
+        "worker's row groups ([0, 2, 4]). Resume each worker with its own state_dict() and the "
+        "same number of workers."
+    )
+    with pytest.raises(ValueError, match=r"row_group=7 but the files hold 6 row groups"):
+        ds.load_state_dict({"epoch": 0, "row_group": 7, "offset": 0})
+
+
+def test_parquet_dataset_in_torch_dataloader_workers_splits_further(parquet_files):
+    def input_fn():
+        ds = ParquetDataset(parquet_files, columns=["x"], batch_size=3)
+        return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+                                           multiprocessing_context="fork")
+
+    got = []
+
+    def input_worker():  # the input worker's producer thread builds and iterates the loader
+        with worker_context(WorkerInfo(local_worker_id=1, num_workers_per_csx=2)):
+            got.extend(xs(input_fn()))
+
+    thread = threading.Thread(target=input_worker)
+    thread.start()
+    thread.join()
+    # cstream worker 1 of 2 owns row groups 1, 3, 5; its two processes take 1, 5 and 3
+    assert sorted(got) == [[3, 4, 5], [9], [13, 14, 15]]
+
+
+def test_parquet_dataset_pickled_for_a_spawned_torch_worker_keeps_the_input_worker(
+        parquet_files, monkeypatch):
+    import pickle
+
+    from torch.utils.data._utils import worker as torch_worker
+
+    with worker_context(WorkerInfo(local_worker_id=1, num_workers_per_csx=2)):
+        shipped = pickle.dumps(ParquetDataset(parquet_files, columns=["x"], batch_size=3))
+    # what a "spawn" DataLoader process sees: no cstream worker context, torch worker 0 of 2
+    ds = pickle.loads(shipped)
+    monkeypatch.setattr(torch_worker, "_worker_info",
+                        torch_worker.WorkerInfo(id=0, num_workers=2, seed=0, dataset=ds))
+    assert xs(ds) == [[3, 4, 5], [13, 14, 15]]  # row groups 1 and 5 of worker 1's 1, 3, 5
+    monkeypatch.setattr(torch_worker, "_worker_info", None)
+    assert xs(ds)[0] == [0, 1, 2]  # outside a torch worker process the current context counts
+
+
+def test_parquet_dataset_missing_or_non_parquet_path_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError) as e:
+        ParquetDataset(tmp_path / "nope.parquet")
+    assert str(e.value) == f"ParquetDataset: Parquet file {str(tmp_path / 'nope.parquet')!r} does not exist."
+    bad = tmp_path / "notes.parquet"
+    bad.write_text("not parquet at all")
+    with pytest.raises(ValueError, match=re.escape(f"ParquetDataset: {str(bad)!r} is not a readable Parquet file (")):
+        ParquetDataset(bad)
+
+
+def test_parquet_dataset_unknown_column_lists_the_available_ones(parquet_files):
+    with pytest.raises(ValueError) as e:
+        ParquetDataset(parquet_files, columns=["x", "z"])
+    assert str(e.value) == (
+        f"ParquetDataset: column(s) ['z'] not in {str(parquet_files[0])!r}; its columns are "
+        "['x', 'y', 'flag', 'name']."
+    )
+
+
+def test_parquet_dataset_non_numeric_column_names_its_arrow_type(parquet_files):
+    with pytest.raises(TypeError) as e:
+        ParquetDataset(parquet_files)  # all columns, including the string column
+    assert str(e.value) == (
+        f"ParquetDataset: column 'name' of {str(parquet_files[0])!r} has Arrow type string, which "
+        "is not numeric; only integer, floating point and boolean columns become tensors. Leave "
+        "it out with columns=[...] or convert it when writing."
+    )
+
+
+def test_parquet_dataset_null_values_are_a_clear_error(tmp_path):
+    path = tmp_path / "n.parquet"
+    pq.write_table(pa.table({"v": pa.array([1, None, 3], pa.int64())}), path)
+    with pytest.raises(ValueError) as e:
+        list(ParquetDataset(path, batch_size=2))
+    assert str(e.value) == (
+        f"ParquetDataset: column 'v' has 1 null value(s) in row group 0 of {str(path)!r}; tensors "
+        "cannot hold nulls. Fill them (e.g. pyarrow.compute.fill_null) before writing."
+    )
+
+
+def test_parquet_dataset_reads_a_directory_of_files_in_name_order(parquet_files, tmp_path):
+    ds = ParquetDataset(tmp_path, columns=["x"], batch_size=16)
+    assert xs(ds) == [list(range(16))]
+    with pytest.raises(ValueError, match=r"^ParquetDataset: batch_size must be an integer >= 1, got 0\.$"):
+        ParquetDataset(tmp_path, columns=["x"], batch_size=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(ParquetDataset(tmp_path, columns=["x"], batch_size=16)) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# With the input side's own epoch loop (CPU backend) and input workers
+# ---------------------------------------------------------------------------------------------
+
+def shuffled_input_fn():
+    """Global batches reshuffled every epoch, each worker streaming its share of each."""
+    data = torch.arange(100, 124)
+    order = torch.utils.data.DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=8)
+    batches = BatchSampler(order, batch_size=4, drop_last=True)  # 6 global batches an epoch
+    return torch.utils.data.DataLoader(data, batch_sampler=ShardedSampler(batches))
+
+
+def test_input_workers_see_the_cpu_backends_global_batches_across_epochs():
+    from workers.dataloader import DataLoader, iterate_cycled
+    from workers.input_worker import _Source
+
+    loader = DataLoader(shuffled_input_fn)
+    cpu = iterate_cycled(loader, loader.build())
+    expected = [next(cpu).tolist() for _ in range(18)]  # three epochs
+    assert expected[:6] != expected[6:12] != expected[12:]
+    assert sorted(i for b in expected[6:12] for i in b) == list(range(100, 124))
+
+    C, W = 2, 3
+    shards = {}
+    for info in infos(C, W):
+        with worker_context(info):
+            source = _Source(loader, loader.build(info), epoch=0, batch_in_epoch=0)
+            shards[(info.wse_id, info.local_worker_id)] = [next(source).tolist() for _ in range(6)]
+    assert reassemble(shards, C, W) == expected
+
+
+def test_input_worker_resumes_a_sharded_sampler_from_its_saved_state():
+    from workers.dataloader import DataLoader
+    from workers.input_worker import _Source
+
+    loader = DataLoader(shuffled_input_fn)
+    info = WorkerInfo(local_worker_id=1, num_workers_per_csx=2, num_csx=2, wse_id=1)
+    with worker_context(info):
+        source = _Source(loader, loader.build(info), epoch=0, batch_in_epoch=0)
+        full = [next(source).tolist() for _ in range(7)]  # 3 batches an epoch
+        source = _Source(loader, loader.build(info), epoch=0, batch_in_epoch=0)
+        head = [next(source).tolist() for _ in range(4)]  # epoch 1, one batch in
+        saved = (source.epoch, source.batch_in_epoch, source.state())
+        assert saved == (1, 1, {"next_global_batch": 2, "epoch": 1})
+        resumed = _Source(loader, loader.build(info), *saved)
+        assert head + [next(resumed).tolist() for _ in range(3)] == full
