@@ -73,7 +73,9 @@ class ShardedSampler:
 
     ``data_source`` yields global batches of sample indices (a ``torch.utils.data.BatchSampler``
     or any re-iterable of index lists). Worker ``w`` of CS-X ``c`` takes global batches
-    ``w, w + W, w + 2W, ...`` and of each only CS-X ``c``'s contiguous slice (the slices of one
+    ``w, w + W, w + 2W, ...`` -- numbered across epochs, so the round-robin carries on from one
+    epoch into the next when the epoch length is not a multiple of ``W`` -- and of each only
+    CS-X ``c``'s contiguous slice (the slices of one
     batch differ in size by at most one; the first ``len(batch) % C`` are one larger). Reading
     the input workers round-robin (step ``s``: worker ``s % W`` of each CS-X) and concatenating
     the CS-X slices in order gives back exactly the global batches, in order. Worker 0 of 1 (the
@@ -135,8 +137,15 @@ class ShardedSampler:
     def __len__(self) -> int:
         """The number of batches this worker yields in a full epoch."""
         info = get_worker_info()
-        return _count_congruent(len(self.data_source), info.local_worker_id,
-                                info.num_workers_per_csx)
+        W = info.num_workers_per_csx
+        n = len(self.data_source)
+        first = (info.local_worker_id - self._offset(n, W)) % W
+        return _count_congruent(n, first, W)
+
+    def _offset(self, n, W: int) -> int:
+        """Global batches numbered before this epoch (so the round-robin continues across
+        epochs even when the epoch length is not a multiple of W)."""
+        return 0 if n is None else (self.epoch * n) % W
 
     def __iter__(self) -> Iterator:
         info = get_worker_info()
@@ -144,8 +153,12 @@ class ShardedSampler:
         start = self._resume_from or 0
         self._resume_from = None
         self._next = start
+        try:
+            offset = self._offset(len(self.data_source), W)
+        except TypeError:
+            offset = 0
         for index, batch in enumerate(self.data_source):
-            if index < start or index % W != w:
+            if index < start or (offset + index) % W != w:
                 continue
             if not hasattr(batch, "__len__") or not hasattr(batch, "__getitem__"):
                 batch = list(batch)

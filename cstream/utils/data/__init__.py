@@ -8,4 +8,7 @@ from workers.sharding import ParquetDataset as ParquetDataset
 from workers.sharding import ShardedSampler as ShardedSampler
 from workers.sharding import shard_iterable as shard_iterable
 
-__all__ = ["DataExecutor", "DataLoader", "EmptyDataLoaderError", "Schedule"]
+__all__ = [
+    "DataExecutor", "DataLoader", "DistributedSampler", "EmptyDataLoaderError",
+    "ParquetDataset", "Schedule", "ShardedSampler", "shard_iterable",
+]

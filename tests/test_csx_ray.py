@@ -1,0 +1,245 @@
+"""The simulated Wafer-Scale Cluster on Ray: input workers as actors, the driver as an actor."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import BatchSampler, SequentialSampler, TensorDataset
+
+import cstream as cstorch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def global_batches_input_fn(n=48, batch_size=8):
+    """Fixed global batches of (features, labels); ShardedSampler gives each worker its share."""
+    g = torch.Generator().manual_seed(7)
+    x, y = torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g)
+    batches = BatchSampler(SequentialSampler(range(n)), batch_size=batch_size, drop_last=True)
+    return torch.utils.data.DataLoader(
+        TensorDataset(x, y), batch_sampler=cstorch.utils.data.ShardedSampler(batches))
+
+
+def train(kind, cs_config=None, steps=6, on_step=None, **options):
+    torch.manual_seed(0)
+    backend = cstorch.backend(kind, **options)
+    with backend.device:
+        model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 3))
+    compiled = cstorch.compile(model, backend)
+    params = list(model.parameters())
+    velocity = [cstorch.zeros_like(p) for p in params]
+    lr = cstorch.full((), 0.2)
+    losses = []
+
+    @cstorch.step_closure
+    def record(loss):
+        losses.append(loss.item())
+
+    @cstorch.trace
+    def step(batch):
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(compiled(x), y)
+        loss.backward()
+        with torch.no_grad():
+            for p, v in zip(params, velocity):
+                v.mul_(0.5).add_(p.grad)
+                p.sub_(v * lr)
+                p.grad = None
+        return loss
+
+    executor = cstorch.utils.data.DataExecutor(
+        cstorch.utils.data.DataLoader(global_batches_input_fn), num_steps=steps,
+        cs_config=cs_config)
+    for batch in executor:
+        loss = step(batch)
+        record(loss)
+        if on_step is not None:
+            on_step(loss)
+    final = {k: v.to("cpu").clone() for k, v in model.state_dict().items()}
+    backend.shutdown()
+    return losses, final
+
+
+@pytest.fixture(scope="module")
+def cpu_reference():
+    from executor import runtime
+
+    runtime.reset()
+    ref = train("CPU")
+    runtime.reset()
+    return ref
+
+
+@pytest.mark.parametrize("num_csx,workers", [(1, 4), (2, 2)])
+def test_training_on_ray_equals_the_cpu_backend_on_the_same_global_batches(
+        ray_session, cpu_reference, num_csx, workers):
+    cfg = cstorch.utils.CSConfig(num_csx=num_csx, num_workers_per_csx=workers)
+    losses, final = train("CSX", cfg)
+    ref_losses, ref_final = cpu_reference
+    assert len(losses) == 6
+    for a, b in zip(losses, ref_losses):
+        assert abs(a - b) <= 1e-5
+    for k in ref_final:
+        assert torch.allclose(final[k], ref_final[k], atol=1e-5), k
+
+
+def _cstream_actors(ray):
+    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                  if a["name"].startswith("cstream"))
+
+
+def test_no_actor_is_left_after_a_normal_end_an_exception_and_a_keyboard_interrupt(ray_session):
+    ray = ray_session
+    before = _cstream_actors(ray)
+
+    def body(fail):
+        backend = cstorch.backend("CSX")
+        executor = cstorch.utils.data.DataExecutor(
+            cstorch.utils.data.DataLoader(global_batches_input_fn), num_steps=20,
+            cs_config=cstorch.utils.CSConfig(num_workers_per_csx=2))
+        try:
+            for i, _ in enumerate(executor):
+                if fail is not None and i == 3:
+                    raise fail
+        finally:
+            backend.shutdown()
+
+    body(None)
+    with pytest.raises(ValueError):
+        body(ValueError("boom"))
+    with pytest.raises(KeyboardInterrupt):
+        body(KeyboardInterrupt())
+    deadline = time.time() + 10
+    while _cstream_actors(ray) != before and time.time() < deadline:
+        time.sleep(0.2)
+    assert _cstream_actors(ray) == before
+
+
+def test_an_input_fn_error_names_the_worker_and_carries_the_original_traceback(ray_session):
+    backend = cstorch.backend("CSX")
+
+    def broken_input_fn():
+        info = cstorch.distributed.get_worker_info()
+        if info.local_worker_id == 1:
+            raise KeyError("missing column 'label'")
+        return [torch.ones(2, 2)] * 4
+
+    executor = cstorch.utils.data.DataExecutor(
+        cstorch.utils.data.DataLoader(broken_input_fn), num_steps=4,
+        cs_config=cstorch.utils.CSConfig(num_workers_per_csx=2))
+    t0 = time.time()
+    with pytest.raises(Exception) as info:
+        for _ in executor:
+            pass
+    msg = str(info.value)
+    assert "worker 1" in msg and "CS-X 0" in msg
+    assert "KeyError" in msg and "missing column 'label'" in msg
+    assert "broken_input_fn" in msg  # the original traceback
+    assert time.time() - t0 < 30
+    backend.shutdown()
+
+
+TWO_NODES = textwrap.dedent("""
+    import os, sys
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    import ray, torch
+    from ray.cluster_utils import Cluster
+    sys.path.insert(0, sys.argv[1])
+    import cstream as cstorch
+    import test_csx_ray
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2,
+                      "include_dashboard": False, "node_ip_address": "127.0.0.1"})
+    cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1")
+    ray.init(address=cluster.address)
+    cluster.wait_for_nodes()
+    print("nodes", len([n for n in ray.nodes() if n["Alive"]]))
+
+    placed = set()
+
+    @cstorch.step_closure
+    def where(loss):
+        for info in ray._private.state.actors().values():
+            if (info.get("Name") or "").startswith("cstream-csx") and info["State"] == "ALIVE":
+                placed.add(info["Address"]["NodeID"])
+
+    real_record = test_csx_ray.train
+    losses, _ = test_csx_ray.train("CSX", cstorch.utils.CSConfig(num_workers_per_csx=4),
+                                   steps=6, address=cluster.address, on_step=where)
+    print("losses", len(losses))
+    print("worker nodes", len(placed))
+    ray.shutdown()
+    cluster.shutdown()
+""")
+
+
+def test_workers_spread_over_a_two_node_ray_cluster_and_train(tmp_path):
+    script = tmp_path / "two_nodes.py"
+    script.write_text(TWO_NODES)
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}",
+           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    out = subprocess.run([sys.executable, str(script), str(REPO / "tests")], capture_output=True,
+                         text=True, env=env, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "nodes 2" in out.stdout
+    assert "losses 6" in out.stdout
+    assert "worker nodes 2" in out.stdout
+
+
+def test_ctrl_c_ends_a_run_within_seconds_and_leaves_no_ray_process(tmp_path):
+    script = tmp_path / "interrupt.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, time, torch
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+        import cstream as cstorch
+
+        def slow_input_fn():
+            class Slow(torch.utils.data.IterableDataset):
+                def __iter__(self):
+                    while True:
+                        time.sleep(0.05)
+                        yield torch.ones(4, 2)
+            return torch.utils.data.DataLoader(Slow(), batch_size=None)
+
+        backend = cstorch.backend("CSX")
+        executor = cstorch.utils.data.DataExecutor(
+            cstorch.utils.data.DataLoader(slow_input_fn), num_steps=100000,
+            cs_config=cstorch.utils.CSConfig(num_workers_per_csx=2))
+        try:
+            for i, _ in enumerate(executor):
+                if i == 5:
+                    print("running", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+        # a second run in the same process works
+        executor = cstorch.utils.data.DataExecutor(
+            cstorch.utils.data.DataLoader(slow_input_fn), num_steps=3)
+        print("second run", sum(1 for _ in executor), flush=True)
+        backend.shutdown()
+    """))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    line = ""
+    deadline = time.time() + 120
+    while "running" not in line and time.time() < deadline:
+        line = proc.stdout.readline()
+    assert "running" in line
+    t0 = time.time()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert "interrupted" in out and "second run 3" in out
+    assert time.time() - t0 < 60
+    # nothing of that process's Ray is left
+    time.sleep(1)
+    left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True)
+    assert left.stdout.strip() == ""
