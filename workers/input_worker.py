@@ -21,7 +21,8 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import ray
@@ -48,7 +49,7 @@ class PackedTensor:
     ``"bytes"`` (any other dtype, as raw uint8 bytes).
     """
 
-    __slots__ = ("array", "dtype", "shape", "how")
+    __slots__ = ("array", "dtype", "how", "shape")
 
     def __init__(self, array: np.ndarray, dtype: str, shape: tuple, how: str):
         self.array = array
@@ -170,7 +171,8 @@ def restartable_part(loader):
     if getattr(bs, "sampler", None) is not None:
         names.setdefault(id(bs.sampler), "batch_sampler.sampler")
     for o in _candidates(loader):
-        if callable(getattr(o, "state_dict", None)) and callable(getattr(o, "load_state_dict", None)):
+        if callable(getattr(o, "state_dict", None)) and callable(
+                getattr(o, "load_state_dict", None)):
             return names.get(id(o), type(o).__name__), o
     return None
 
@@ -353,7 +355,7 @@ class InputWorkerImpl:
                 loader = self.dataloader.build(info)
                 source = _Source(self.dataloader, loader, int(start.get("epoch", 0)),
                                  int(start.get("batch_in_epoch", 0)), start.get("loader_state"))
-            except BaseException as e:  # reported to the consumer with its traceback
+            except BaseException as e:  # noqa: BLE001 (sent to the consumer)
                 self._fail(e, "while building its dataloader")
                 return
             part = source.restartable[0] if source.restartable else None
@@ -385,7 +387,7 @@ class InputWorkerImpl:
                         "fingerprint": batch_fingerprint(payload) if index == 0 else None,
                         "produce_s": time.perf_counter() - t0,
                     }
-                except BaseException as e:  # reported to the consumer with its traceback
+                except BaseException as e:  # noqa: BLE001 (sent to the consumer)
                     self._fail(e, f"while producing batch {index} of this worker")
                     return
                 del batch

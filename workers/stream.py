@@ -10,6 +10,7 @@ duplicated; an exception from ``input_fn`` stops the stream with :class:`InputWo
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import time
@@ -39,7 +40,7 @@ __all__ = ["BatchInfo", "CsxInputStream"]
 logger = logging.getLogger(__name__)
 
 _NUM_CPUS = 0.01
-_NAME_RELEASE_S = 10.0
+_NAME_RELEASE_S = 5.0  # a name freed by close() or ray.kill is released within moments
 _DUMP_STACK_TIMEOUT_S = 5.0
 _MAX_STRAGGLER_RECORDS = 100
 
@@ -67,7 +68,8 @@ def _position_of(state: DataLoaderCheckpoint) -> dict:
     """The ``after`` dict (as carried in replies) described by a saved checkpoint."""
     usd = dict(state.user_state_dict or {})
     if "epoch" in usd or "batch_in_epoch" in usd:
-        pos = {"epoch": int(usd.get("epoch", 0)), "batch_in_epoch": int(usd.get("batch_in_epoch", 0))}
+        pos = {"epoch": int(usd.get("epoch", 0)),
+               "batch_in_epoch": int(usd.get("batch_in_epoch", 0))}
         for k in ("loader_state", "loader_state_of"):
             if k in usd:
                 pos[k] = usd[k]
@@ -191,7 +193,7 @@ class CsxInputStream:
         self._t_first: float | None = None
         try:
             for wk in self._workers:
-                wk.actor = self._spawn(wk, wait_for_name=False)
+                wk.actor = self._spawn(wk)
             for wk in self._workers:
                 self._top_up(wk)
         except BaseException:
@@ -253,9 +255,9 @@ class CsxInputStream:
         self._unshard_checked = self._unshard_checked or not all(
             wk.started_fresh for wk in self._workers)
 
-    def _spawn(self, wk: _Worker, wait_for_name: bool):
+    def _spawn(self, wk: _Worker):
         start = _start_of(wk.received_after)
-        deadline = time.perf_counter() + (_NAME_RELEASE_S if wait_for_name else 0.0)
+        deadline = time.perf_counter() + _NAME_RELEASE_S
         while True:
             try:
                 return InputWorker.options(
@@ -359,13 +361,11 @@ class CsxInputStream:
             "CS-X %d, input worker %d died (%s); restarting it from batch %d (restart %d of at "
             "most %d).", self.wse_id, wk.info.local_worker_id, cause_text, wk.received,
             wk.restarts, self.cs_config.max_worker_restarts)
-        try:
-            ray.kill(wk.actor, no_restart=True)
-        except Exception:
-            pass
+        with contextlib.suppress(Exception):
+            ray.kill(wk.actor, no_restart=True)  # it may be gone already
         wk.pending.clear()
         wk.next_request = wk.received
-        wk.actor = self._spawn(wk, wait_for_name=True)
+        wk.actor = self._spawn(wk)
         self._top_up(wk)
 
     def _report_straggler(self, wk: _Worker, waited: float) -> None:
@@ -527,10 +527,8 @@ class CsxInputStream:
         for wk in getattr(self, "_workers", []):
             wk.pending.clear()
             if wk.actor is not None:
-                try:
+                with contextlib.suppress(Exception):
                     ray.kill(wk.actor, no_restart=True)
-                except Exception:
-                    pass
                 wk.actor = None
         self._dataloader_ref = None
 
