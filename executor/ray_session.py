@@ -31,6 +31,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
         # workers import the user's modules (input_fn, models) the way this process does
         paths = [os.getcwd()] + [p for p in sys.path if p and os.path.isdir(p)]
         ray.init(
+            address="local",  # start our own; never join a cluster found on this machine
             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}},
             num_cpus=num_cpus,  # None: Ray sizes it to the machine
             _node_ip_address="127.0.0.1",
