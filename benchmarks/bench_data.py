@@ -39,5 +39,5 @@ class SlowBatches(torch.utils.data.Dataset):
         if self.nbytes:
             if self._payload is None:
                 self._payload = torch.randn(self.nbytes // 4 // 1024, 1024)
-            return self._payload.clone(), torch.full((1,), i, dtype=torch.int64)
+            return self._payload, torch.full((1,), i, dtype=torch.int64)  # transport only
         return torch.randn(BATCH, 64), torch.full((BATCH,), i, dtype=torch.int64)
