@@ -1,0 +1,137 @@
+"""Failures end runs clearly: bad batches, a dead driver, and Ray's security defaults."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+import torch
+
+import cstream as cstorch
+from executor.driver import BatchSpecError, DriverError
+
+
+def _linear_step(backend):
+    compiled = cstorch.compile(torch.nn.Linear(4, 2), backend)
+
+    @cstorch.trace
+    def step(batch):
+        return compiled(batch[0]).sum()
+
+    return step
+
+
+def _run(input_fn, steps=5, workers=1, **options):
+    backend = cstorch.backend("CSX", **options)
+    step = _linear_step(backend)
+    executor = cstorch.utils.data.DataExecutor(
+        cstorch.utils.data.DataLoader(input_fn), num_steps=steps,
+        cs_config=cstorch.utils.CSConfig(num_workers_per_csx=workers))
+    try:
+        for batch in executor:
+            step(batch)
+    finally:
+        backend.shutdown()
+
+
+def short_last_batch():
+    return [(torch.ones(3, 4),)] * 3 + [(torch.ones(2, 4),)]
+
+
+def changing_dtype():
+    return [(torch.ones(3, 4),)] * 2 + [(torch.ones(3, 4, dtype=torch.float64),)]
+
+
+def non_tensor_leaf():
+    return [(torch.ones(3, 4), "label")] * 3
+
+
+def empty_batch():
+    return [(torch.ones(0, 4),)] * 3
+
+
+@pytest.mark.parametrize("in_process", [True, False])
+def test_a_batch_whose_shape_differs_from_the_traced_spec_names_step_worker_and_shapes(
+        in_process, request):
+    if not in_process:
+        request.getfixturevalue("ray_session")
+    with pytest.raises(BatchSpecError) as info:
+        _run(short_last_batch, in_process=in_process)
+    msg = str(info.value)
+    assert "step 4, CS-X 0, worker 0" in msg
+    assert "(2, 4) torch.float32" in msg and "expects (3, 4) torch.float32" in msg
+    assert "drop_last=True" in msg
+
+
+def test_a_batch_whose_dtype_changes_is_refused():
+    with pytest.raises(BatchSpecError, match=r"step 3, .*torch.float64.*expects \(3, 4\) torch.float32"):
+        _run(changing_dtype, in_process=True)
+
+
+def test_a_non_tensor_leaf_is_refused_before_anything_is_traced():
+    with pytest.raises(BatchSpecError, match=r"leaf 1 of the batch is a str \('label'\), not a tensor"):
+        _run(non_tensor_leaf, in_process=True)
+
+
+def test_an_empty_batch_is_refused():
+    with pytest.raises(BatchSpecError, match=r"leaf 0 of the batch is empty \(shape \(0, 4\)\)"):
+        _run(empty_batch, in_process=True)
+
+
+def test_an_input_fn_that_yields_nothing_says_so_and_suggests_batch_size():
+    with pytest.raises(cstorch.utils.data.EmptyDataLoaderError, match="yields no batch.*batch_size"):
+        _run(lambda: [], in_process=True)
+
+
+def test_the_driver_actor_dying_mid_run_ends_the_run_with_a_clear_error(ray_session):
+    ray = ray_session
+    backend = cstorch.backend("CSX")
+    step = _linear_step(backend)
+
+    def endless():
+        class Stream(torch.utils.data.IterableDataset):
+            def __iter__(self):
+                while True:
+                    yield (torch.ones(3, 4),)
+        return torch.utils.data.DataLoader(Stream(), batch_size=None)
+
+    seen = []
+
+    @cstorch.step_closure
+    def record(out):
+        seen.append(out.item())
+
+    executor = cstorch.utils.data.DataExecutor(
+        cstorch.utils.data.DataLoader(endless), num_steps=10_000)
+    t0 = time.time()
+    with pytest.raises(DriverError, match="wafer driver actor died"):
+        for i, batch in enumerate(executor):
+            record(step(batch))
+            if i == 20:
+                ray.kill(backend.driver().actor)
+    assert time.time() - t0 < 60
+    assert len(seen) >= 20
+    backend.shutdown()
+
+
+def test_ray_listens_on_loopback_only_with_the_dashboard_off(ray_session):
+    ray = ray_session
+    assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
+    pids = set()
+    for line in subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True
+                               ).stdout.splitlines():
+        if "ray" in line and ("gcs_server" in line or "raylet" in line):
+            pids.add(line.split()[0])
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip("ss is not available")
+    ours = [line for line in out.stdout.splitlines()
+            if any(f"pid={p}," in line for p in pids)]
+    assert ours, "found no listening socket of this session's Ray"
+    for line in ours:
+        local = line.split()[3]
+        assert local.startswith(("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:")), line
+    assert not any("dashboard" in line for line in ours)
+    assert os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") == "0"
