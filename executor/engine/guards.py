@@ -28,9 +28,21 @@ READS = {
 SCALAR_KWARGS = ("alpha", "value")
 
 _HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+def _package_dirs(*names):
+    import importlib.util
+
+    dirs = []
+    for name in names:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            dirs += [os.path.join(p, "") for p in spec.submodule_search_locations]
+    return tuple(dirs)
+
+
+# frames in these never are the user's own line (ray wraps print() once it is initialised)
 _INTERNAL = tuple(
     os.path.join(_HERE, d) + os.sep for d in ("executor", "cstream", "workers")
-) + (os.path.dirname(torch.__file__) + os.sep,)
+) + _package_dirs("ray") + (os.path.dirname(torch.__file__) + os.sep,)
 
 
 def user_frame(skip_internal: bool = True):
