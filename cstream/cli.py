@@ -1,0 +1,56 @@
+"""The ``cstream`` command.
+
+    cstream ckpt inspect FILE          what a checkpoint holds
+    cstream ckpt convert FILE.h5 FILE.pt   to PyTorch's pickle format
+
+Other command groups register themselves in :data:`SUBCOMMANDS` (name -> module path); each module
+has ``add_parser(subparsers)`` which sets ``func(args) -> int`` on its parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "ckpt": "cstream.cli_ckpt",
+}
+
+
+class CLIError(Exception):
+    """A user-facing error: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="cstream", description="cstream: the Cerebras PyTorch API, runnable.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name, module in SUBCOMMANDS.items():
+        importlib.import_module(module).add_parser(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except CLIError as e:
+        print(f"cstream {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, ValueError, TypeError) as e:
+        print(f"cstream {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
