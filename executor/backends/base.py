@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import os
+import weakref
 from collections import deque
 from pathlib import Path
 from typing import Optional
@@ -100,6 +101,7 @@ class Backend:
         self.device = Device(self, torch_device)
         self._checkpoints: deque[Path] = deque()
         self._alive = True
+        self._stateful: "weakref.WeakSet" = weakref.WeakSet()
         runtime.set_backend(self)
 
     # -- the interface -------------------------------------------------------------------
@@ -123,6 +125,15 @@ class Backend:
 
     def state_tensor(self, tensor):
         return tensor
+
+    def register_stateful(self, obj) -> None:
+        """Objects whose state must exist before a step is traced (optimizers): the engine
+        calls their ``_ensure_preinitialized()`` first."""
+        self._stateful.add(obj)
+
+    def preinitialize_all(self) -> None:
+        for obj in list(self._stateful):
+            obj._ensure_preinitialized()
 
     # -- checkpoint retention ------------------------------------------------------------
     def register_checkpoint(self, path) -> None:

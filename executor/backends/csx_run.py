@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import Optional
 
 import torch
@@ -28,12 +29,14 @@ log = logging.getLogger("cstream")
 
 class CSXRun:
     def __init__(self, backend, executor):
+        self._t_created = time.perf_counter()
         self.backend = backend
         self.executor = executor
         self.store = backend.store
         self.driver = backend.driver()
         resume = getattr(executor.dataloader, "_resume_states", None)
         spec = self.driver.call("open_input", executor.dataloader, executor.cs_config, resume)
+        self._open_input_s = time.perf_counter() - self._t_created
         self.spec_leaves, self.spec = tree_flatten(spec)
         tensors = [t for t in self.spec_leaves if isinstance(t, torch.Tensor)]
         self.samples = int(tensors[0].shape[0]) if tensors and tensors[0].dim() else 1
@@ -82,6 +85,7 @@ class CSXRun:
                 del ex._closures[mark:]
                 return taken
 
+            self.backend.preinitialize_all()  # optimizer state exists before tracing (seed 003)
             new = capture(self.store, traced.fn, args, kwargs, take, self.backend.param_handles())
             if cap is not None and new.ops != cap.ops:
                 raise CompileError(
@@ -221,12 +225,24 @@ class CSXRun:
     def worker_states(self, step: int) -> list:
         return self.driver.call("worker_states", step)
 
+    def progress_stats(self, step: int) -> Optional[dict]:
+        """The wafer's newest per-step figures, fetched now (waits for ``step``, the step being
+        run by the client, to finish on the wafer); None before the wafer started."""
+        if not (self.started and self.executes):
+            return None
+        _, stats = self.driver.call("fetch", step, [])
+        self._add_stats(stats)
+        self.known_done = max(self.known_done, step)
+        return self._stats[max(self._stats)] if self._stats else None
+
     def close(self, ok: bool) -> dict:
         summary = {}
         try:
             if self.started and self.executes:
                 summary = self.driver.call("finish", wait=ok)
+                t_finished = time.perf_counter()
                 self._add_stats(summary.pop("stats", []))
+                summary["startup"] = self._startup(summary, t_finished)
             else:
                 self.driver.call("finish", wait=False)
         finally:
@@ -239,3 +255,14 @@ class CSXRun:
                 records[step].update({k: v for k, v in s.items() if k != "step"})
         summary["compile"] = self.report
         return summary
+
+    def _startup(self, summary: dict, t_finished: float) -> dict:
+        """Tracing, compile, input start-up and the time from the start of the run to the end
+        of the first step on the wafer (the wafer's clock mapped onto this process's)."""
+        startup = {"trace_s": self.report.get("trace_s"), "compile_s": self.report.get("compile_s"),
+                   "open_input_s": self._open_input_s}
+        first = self._stats.get(1)
+        if first is not None and summary.get("wafer_wall_s") is not None:
+            wafer_start = t_finished - summary["wafer_wall_s"]
+            startup["time_to_first_step_s"] = wafer_start + first["wafer_t"] - self._t_created
+        return startup

@@ -183,6 +183,18 @@ class Store:
 
     # -- creating state ----------------------------------------------------------------------
     def new_slot(self, kind, value, program=None, name=None) -> Slot:
+        if self.capturing and kind in ("lazy", "host"):
+            from executor.engine.errors import TracingError
+            from executor.engine.guards import user_frame
+
+            fn, line, src = user_frame()
+            raise TracingError(
+                f"a state tensor was created inside the traced step at {fn}:{line}"
+                + (f" (`{src}`)" if src else "") + ". State (cstream.zeros/ones/full/*_like, "
+                "optimizer state, metric state) lives on the wafer and is fed from one step to "
+                "the next, so it must exist before the step is traced: create it outside the "
+                "step, e.g. in the optimizer's preinitialize() or the metric's constructor."
+            )
         slot = Slot(self, kind, value, program, name)
         if kind in ("lazy", "host", "remote", "dropped"):
             self._slots[slot.key] = slot

@@ -1,0 +1,188 @@
+"""The base class of cstream's traceable optimizers.
+
+A Cerebras-compliant optimizer creates every state tensor in :meth:`Optimizer.preinitialize`
+(with cstream's creation ops, so the state is lazy on the CSX backend), keeps each group's learning
+rate as a 0-d tensor the schedulers write, and updates state only in place, with tensor ops: no
+Python branches on tensor values, no ``.item()``. Then the whole step traces into a static graph.
+"""
+
+from __future__ import annotations
+
+import functools
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from typing import Callable, Iterable, Optional
+
+import torch
+
+import cstream
+
+
+def _wrap_step(step: Callable) -> Callable:
+    @functools.wraps(step)
+    def wrapper(self, *args, **kwargs):
+        self._ensure_preinitialized()
+        out = step(self, *args, **kwargs)
+        self._check_state_keys()
+        return out
+
+    wrapper.__cstream_wrapped__ = True
+    return wrapper
+
+
+class Optimizer(ABC):
+    """Base class: ``Optimizer(params, defaults, enable_global_step=False)``.
+
+    Subclasses implement :meth:`preinitialize` (create state), :meth:`step` (update in place) and
+    :meth:`state_names_to_sparsify`. ``param_groups[i]["lr"]`` is a 0-d tensor; with
+    ``enable_global_step`` every parameter gets a ``"step"`` state tensor.
+    """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        step = cls.__dict__.get("step")
+        if step is not None and not getattr(step, "__cstream_wrapped__", False):
+            cls.step = _wrap_step(step)
+
+    def __init__(self, params: Iterable, defaults: dict, enable_global_step: bool = False):
+        if isinstance(params, torch.Tensor):
+            raise TypeError(
+                f"{type(self).__name__}: params should be an iterable of tensors or of dicts "
+                f"(param groups), got a single {type(params).__name__}; pass model.parameters()."
+            )
+        self.defaults = dict(defaults)
+        self.enable_global_step = enable_global_step
+        self.state: defaultdict = defaultdict(dict)
+        self.param_groups: list[dict] = []
+        groups = list(params)
+        if not groups:
+            raise ValueError(f"{type(self).__name__} got an empty parameter list.")
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        for g in groups:
+            self.add_param_group(g)
+        self._preinitialized = False
+        self._state_keys: Optional[dict] = None
+        from executor import runtime
+
+        backend = runtime.current_backend()
+        if backend is not None:
+            backend.register_stateful(self)
+
+    def add_param_group(self, group: dict) -> None:
+        group = dict(group)
+        params = group["params"]
+        group["params"] = [params] if isinstance(params, torch.Tensor) else list(params)
+        for name, value in self.defaults.items():
+            group.setdefault(name, value)
+        lr = group.get("lr")
+        if lr is not None and not isinstance(lr, torch.Tensor):
+            if isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr < 0:
+                raise ValueError(f"{type(self).__name__}: lr must be a number >= 0, got {lr!r}.")
+            group["lr"] = cstream.full((), float(lr), dtype=torch.float32)
+        self.param_groups.append(group)
+
+    # -- the contract -------------------------------------------------------------------------
+    @abstractmethod
+    def preinitialize(self) -> None:
+        """Create every state tensor (``self.state[p][name] = cstream.zeros_like(p)`` ...)."""
+
+    @abstractmethod
+    def step(self, closure=None):
+        """Update the parameters in place, with tensor ops only."""
+
+    def state_names_to_sparsify(self) -> list[str]:
+        """Names of state tensors shaped like their parameter (sparsified with it)."""
+        return []
+
+    def _ensure_preinitialized(self) -> None:
+        if self._preinitialized:
+            return
+        self._preinitialized = True
+        if self.enable_global_step:
+            for group in self.param_groups:
+                for p in group["params"]:
+                    self.state[p]["step"] = cstream.zeros((), dtype=torch.float32)
+        self.preinitialize()
+        self._state_keys = {id(p): set(s) for p, s in self.state.items()}
+
+    def _check_state_keys(self) -> None:
+        for p, s in self.state.items():
+            known = self._state_keys.get(id(p), set())
+            extra = set(s) - known
+            if extra:
+                name = sorted(extra)[0]
+                raise RuntimeError(
+                    f"{type(self).__name__}.step created the state tensor {name!r}, but optimizer "
+                    "state must be created in preinitialize(): on the wafer the state is "
+                    "resident and fed from one step to the next, so a tensor created inside the "
+                    "step would be re-initialised every step. Create it in preinitialize() with "
+                    f"cstream's creation ops, e.g. self.state[p][{name!r}] = cstream.zeros_like(p)."
+                )
+
+    # -- torch-compatible helpers ---------------------------------------------------------------
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if set_to_none:
+                    p.grad = None
+                else:
+                    p.grad.detach_()
+                    p.grad.zero_()
+
+    def state_dict(self) -> dict:
+        """torch's layout: ``{"state": {index: {...}}, "param_groups": [{..., "params": [...]}]}``."""
+        self._ensure_preinitialized()
+        index, groups = {}, []
+        for group in self.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params"}
+            packed["params"] = []
+            for p in group["params"]:
+                index.setdefault(id(p), len(index))
+                packed["params"].append(index[id(p)])
+            groups.append(packed)
+        state = {index[id(p)]: dict(s) for p, s in self.state.items() if id(p) in index}
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Write a saved state into this optimizer's (already created) state tensors in place."""
+        self._ensure_preinitialized()
+        groups = state_dict.get("param_groups")
+        if groups is None or "state" not in state_dict:
+            raise ValueError(
+                f"{type(self).__name__}.load_state_dict expects a dict with 'state' and "
+                "'param_groups' (what state_dict() returns)."
+            )
+        if len(groups) != len(self.param_groups):
+            raise ValueError(
+                f"loaded state has {len(groups)} parameter groups, the optimizer has "
+                f"{len(self.param_groups)}.")
+        params = [p for g in self.param_groups for p in g["params"]]
+        saved_ids = [i for g in groups for i in g["params"]]
+        if len(saved_ids) != len(params):
+            raise ValueError(
+                f"loaded state has {len(saved_ids)} parameters, the optimizer has {len(params)}.")
+        by_id = dict(zip(saved_ids, params))
+        with torch.no_grad():
+            for group, saved in zip(self.param_groups, groups):
+                for k, v in saved.items():
+                    if k == "params":
+                        continue
+                    if isinstance(group.get(k), torch.Tensor):
+                        group[k].copy_(torch.as_tensor(v, dtype=group[k].dtype))
+                    else:
+                        group[k] = v
+            for i, saved in state_dict["state"].items():
+                p = by_id[int(i)]
+                for name, value in saved.items():
+                    current = self.state[p].get(name)
+                    if isinstance(current, torch.Tensor):
+                        current.copy_(torch.as_tensor(value, dtype=current.dtype))
+                    else:
+                        self.state[p][name] = value
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({len(self.param_groups)} groups)"
+
