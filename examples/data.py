@@ -19,6 +19,8 @@ def digits(split: str) -> TensorDataset:
     x, y = load_digits(return_X_y=True)
     x = torch.tensor(x, dtype=torch.float32) / 16.0  # pixel values are 0..16
     y = torch.tensor(y, dtype=torch.int64)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))  # mix the writers
+    x, y = x[order], y[order]
     if split == "train":
         x, y = x[:-TEST_SIZE], y[:-TEST_SIZE]
     elif split == "test":

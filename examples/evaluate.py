@@ -83,9 +83,10 @@ def main(argv=None):
 
     print(f"checkpoint {checkpoint} (step {state_dict.get('global_step')})")
     print(f"Eval loss: {total_loss / total_steps:.4f}")
-    print(f"Eval Accuracy: {float(accuracy):.4f}")
+    eval_accuracy = float(accuracy)
+    print(f"Eval Accuracy: {eval_accuracy:.4f}")
     backend.shutdown()
-    return float(accuracy)
+    return eval_accuracy
 
 
 if __name__ == "__main__":

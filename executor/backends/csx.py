@@ -249,6 +249,7 @@ class CSXBackend(Backend):
             self._run = None
 
     def shutdown(self) -> None:
+        self.store.closed = True
         if self._driver is not None:
             with contextlib.suppress(Exception):
                 self._driver.close()

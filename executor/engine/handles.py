@@ -169,6 +169,7 @@ class Store:
         self._slots: "weakref.WeakValueDictionary[int, Slot]" = weakref.WeakValueDictionary()
         self._keepalive: dict[int, Slot] = {}
         self.capturing = False
+        self.closed = False
         self.running = False           # a run is streaming: weights are on the wafer
         self.read_context: Optional[Callable[[list], dict]] = None  # checkpoint-closure reader
         self.fetch: Optional[Callable[[list], dict]] = None
@@ -259,6 +260,11 @@ class Store:
             raise RuntimeError(
                 "this tensor's data was dropped (the backend was created with drop_data, "
                 "compile_only or validate_only); load a checkpoint with load_state_dict first."
+            )
+        if self.closed:
+            raise RuntimeError(
+                "this tensor's value lived on the wafer of a backend that was shut down; read "
+                "what you need (metrics, state_dict) before backend.shutdown()."
             )
         if self.read_context is not None:
             return self.read_context([slot])[slot.key]
