@@ -15,6 +15,7 @@ import sys
 
 SUBCOMMANDS = {
     "ckpt": "cstream.cli_ckpt",
+    "run": "cstream.cli_run",  # run, sweep and report
 }
 
 

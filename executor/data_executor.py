@@ -122,6 +122,7 @@ class DataExecutor:
         self.run_dir: Optional[Path] = None
         self.step_records: list[dict] = []
         self.summary: dict = {}
+        self.report: dict = {}
 
     # -- step bookkeeping ----------------------------------------------------------------
     @property
@@ -250,6 +251,10 @@ class DataExecutor:
             {**r, "time": (r["time"] - t_first) if t_first is not None else 0.0}
             for r in self.step_records
         ]
+        startup = self.summary.setdefault("startup", {})
+        if t_first is not None and "time_to_first_step_s" not in startup:
+            run_start = time.perf_counter() - self.summary["wall_s"]
+            startup["time_to_first_step_s"] = t_first - run_start
         profile = {
             "num_steps": self.num_steps,
             "steps_run": len(self.step_records),
@@ -262,6 +267,13 @@ class DataExecutor:
             "summary": self.summary,
             "steps": steps,
         }
+        from executor import report
+
+        self.report = report.summarize_profile(profile)
+        profile["report"] = self.report
         tmp = self.run_dir / "profile.json.tmp"
         tmp.write_text(json.dumps(profile, indent=1, default=float))
         os.replace(tmp, self.run_dir / "profile.json")
+        report.write_steps_parquet(self.run_dir / "steps.parquet", steps)
+        if self.writer is not None:
+            report.write_scalars(self.writer, steps, self.report)
