@@ -45,7 +45,7 @@ class LRScheduler(ABC):
         saved = self.last_epoch
         self.last_epoch = step
         try:
-            return torch.as_tensor(self._get_closed_form_lr(), dtype=torch.float32)
+            return torch.as_tensor(self._get_closed_form_lr(), dtype=torch.float64)
         finally:
             self.last_epoch = saved
 
@@ -78,7 +78,7 @@ class LRScheduler(ABC):
 
 
 def _t(step):
-    return step.to(torch.float32)
+    return step.to(torch.float64)  # schedules in double precision, stored as float32
 
 
 class ConstantLR(LRScheduler):
@@ -287,20 +287,20 @@ class MultiplicativeLR(LRScheduler):
 
     def __init__(self, optimizer, initial_learning_rate, lr_lambda: Callable, last_epoch=-1):
         self.initial_learning_rate, self.lr_lambda = float(initial_learning_rate), lr_lambda
-        self.current = cstream.full((), float(initial_learning_rate), dtype=torch.float32)
+        self.current = cstream.full((), float(initial_learning_rate), dtype=torch.float64)
         super().__init__(optimizer, None, last_epoch)
 
     @torch.no_grad()
     def _step_lr(self):
         self.last_epoch.add_(1)
         step = _t(self.last_epoch)
-        factor = torch.as_tensor(self.lr_lambda(step), dtype=torch.float32)
+        factor = torch.as_tensor(self.lr_lambda(step), dtype=torch.float64)
         self.current.copy_(torch.where(step > 0, self.current * factor, self.current))
         for group in self.optimizer.param_groups:
-            group["lr"].copy_(self.current)
+            group["lr"].copy_(self.current.to(torch.float32))
 
     def _get_closed_form_lr(self):
-        return self.current
+        return self.current.to(torch.float32)
 
     def state_dict(self):
         return {"last_epoch": self.last_epoch, "current": self.current}

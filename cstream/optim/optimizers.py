@@ -67,7 +67,7 @@ class SGD(Optimizer):
                     buf.copy_(torch.where(seen > 0, updated, grad))
                     seen.fill_(1.0)
                     grad = grad + buf * mom if nesterov else buf
-                p.sub_(grad * lr)
+                p.addcmul_(grad, lr, value=-1)  # one rounding, as torch's add_(alpha=-lr)
         return loss
 
 
@@ -121,10 +121,12 @@ class Adam(Optimizer):
                         grad = grad.add(p, alpha=wd)
                 exp_avg.lerp_(grad, 1 - beta1)
                 exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                bias_correction1 = 1 - torch.pow(beta1, step_t)
-                bias_correction2 = 1 - torch.pow(beta2, step_t)
-                step_size = lr / bias_correction1
-                bias_correction2_sqrt = bias_correction2.sqrt()
+                # bias corrections in float64, as torch computes them in Python floats
+                step_d = step_t.to(torch.float64)
+                bias_correction1 = 1 - torch.pow(beta1, step_d)
+                bias_correction2 = 1 - torch.pow(beta2, step_d)
+                step_size = (lr.to(torch.float64) / bias_correction1).to(p.dtype)
+                bias_correction2_sqrt = bias_correction2.sqrt().to(p.dtype)
                 if group["amsgrad"]:
                     max_sq = st["max_exp_avg_sq"]
                     torch.maximum(max_sq, exp_avg_sq, out=max_sq)
@@ -181,7 +183,7 @@ class Adagrad(Optimizer):
                 clr = group["lr"] / (1 + (st["step"] - 1) * group["lr_decay"])
                 st["sum"].addcmul_(grad, grad, value=1)
                 std = st["sum"].sqrt().add_(group["eps"])
-                p.sub_(grad / std * clr)
+                p.addcmul_(grad / std, clr, value=-1)
         return loss
 
 
@@ -233,9 +235,9 @@ class RMSprop(Optimizer):
                 if group["momentum"] > 0:
                     buf = st["momentum_buffer"]
                     buf.mul_(group["momentum"]).addcdiv_(grad, avg)
-                    p.sub_(buf * group["lr"])
+                    p.addcmul_(buf, group["lr"], value=-1)
                 else:
-                    p.sub_(grad / avg * group["lr"])
+                    p.addcmul_(grad / avg, group["lr"], value=-1)
         return loss
 
 

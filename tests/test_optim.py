@@ -1,0 +1,481 @@
+"""cstream.optim and cstream.amp against torch and against the papers' update rules."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import cstream as cstorch
+from cstream.optim import lr_scheduler as lrs
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+
+
+def batches(n=100, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(6, 5, generator=g), torch.randn(6, 2, generator=g)) for _ in range(n)]
+
+
+def run(opt_factory, model, data):
+    opt = opt_factory(model.parameters())
+    for x, y in data:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+TORCH_PAIRS = {
+    "SGD": [dict(lr=0.05), dict(lr=0.05, momentum=0.9), dict(lr=0.05, momentum=0.9, dampening=0.3),
+            dict(lr=0.05, momentum=0.9, nesterov=True), dict(lr=0.05, weight_decay=0.01)],
+    "Adam": [dict(lr=0.01), dict(lr=0.01, amsgrad=True), dict(lr=0.01, weight_decay=0.01)],
+    "AdamW": [dict(lr=0.01), dict(lr=0.01, amsgrad=True), dict(lr=0.01, weight_decay=0.1)],
+    "Adagrad": [dict(lr=0.05), dict(lr=0.05, lr_decay=0.01, weight_decay=0.01,
+                                    initial_accumulator_value=0.1)],
+    "RMSprop": [dict(lr=0.01), dict(lr=0.01, momentum=0.9), dict(lr=0.01, centered=True),
+                dict(lr=0.01, weight_decay=0.01)],
+}
+
+
+@pytest.mark.parametrize("name,kwargs", [(n, k) for n, ks in TORCH_PAIRS.items() for k in ks])
+def test_optimizer_matches_torch_over_100_steps(name, kwargs):
+    data = batches()
+    ours = run(lambda p: getattr(cstorch.optim, name)(p, **kwargs), make_model(), data)
+    theirs = run(lambda p: getattr(torch.optim, name)(p, foreach=False, **kwargs),
+                 make_model(), data)
+    for a, b in zip(ours, theirs):
+        assert torch.allclose(a, b, atol=1e-6, rtol=0), (a - b).abs().max()
+
+
+def test_lion_follows_the_papers_update_rule():
+    data, lr, b1, b2, wd = batches(30), 1e-3, 0.9, 0.99, 0.1
+    ours = run(lambda p: cstorch.optim.Lion(p, lr=lr, betas=(b1, b2), weight_decay=wd),
+               make_model(), data)
+    model = make_model()
+    m = [torch.zeros_like(p) for p in model.parameters()]
+    for x, y in data:
+        model.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        with torch.no_grad():
+            for p, mi in zip(model.parameters(), m):
+                c = b1 * mi + (1 - b1) * p.grad          # interpolate
+                p.mul_(1 - lr * wd)                      # decoupled weight decay
+                p.sub_(lr * torch.sign(c))               # sign update
+                mi.copy_(b2 * mi + (1 - b2) * p.grad)    # momentum update
+    for a, b in zip(ours, model.parameters()):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_configure_optimizer_is_case_insensitive_and_lists_valid_names_and_arguments():
+    p = [torch.nn.Parameter(torch.ones(2))]
+    assert type(cstorch.optim.configure_optimizer("adamw", p, lr=0.1)).__name__ == "AdamW"
+    with pytest.raises(ValueError, match="unknown optimizer_type 'Adamm'.*Adam, AdamW"):
+        cstorch.optim.configure_optimizer("Adamm", p)
+    with pytest.raises(TypeError, match="SGD has no argument 'momentun'. Did you mean 'momentum'"):
+        cstorch.optim.configure_optimizer("SGD", p, lr=0.1, momentun=0.9)
+
+
+def test_state_created_outside_preinitialize_is_refused():
+    class Bad(cstorch.optim.Optimizer):
+        def __init__(self, params):
+            super().__init__(params, dict(lr=0.1))
+
+        def preinitialize(self):
+            pass
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            for g in self.param_groups:
+                for p in g["params"]:
+                    self.state[p]["velocity"] = torch.zeros_like(p)
+
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = Bad([w])
+    w.sum().backward()
+    with pytest.raises(RuntimeError, match="created the state tensor 'velocity'.*preinitialize"):
+        opt.step()
+
+
+def test_optimizer_state_dict_round_trips_in_torch_layout():
+    model = make_model()
+    opt = cstorch.optim.Adam(model.parameters(), lr=0.01)
+    run(lambda p: opt, model, batches(3))
+    sd = opt.state_dict()
+    assert sorted(sd["state"][0]) == ["exp_avg", "exp_avg_sq", "step"]
+    assert sd["param_groups"][0]["params"] == [0, 1, 2, 3]
+    other = cstorch.optim.Adam(make_model(5).parameters(), lr=0.5)
+    other.load_state_dict(sd)
+    assert float(other.param_groups[0]["lr"]) == pytest.approx(0.01)
+    assert torch.equal(other.state_dict()["state"][2]["exp_avg"], sd["state"][2]["exp_avg"])
+
+
+# -- schedulers ----------------------------------------------------------------------------------
+def _lrs(ours_factory, steps=300):
+    opt = cstorch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1.0)
+    sched = ours_factory(opt)
+    out = []
+    for _ in range(steps):
+        out.append(sched.get_last_lr()[0])
+        sched.step()
+    return out
+
+
+def _torch_lrs(factory, base=1.0, steps=300):
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=base)
+    sched = factory(opt)
+    out = []
+    for _ in range(steps):
+        out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return out
+
+
+TORCH_SCHEDULES = {
+    "StepLR": (lambda o: lrs.StepLR(o, 0.5, step_size=30, gamma=0.7),
+               lambda o: torch.optim.lr_scheduler.StepLR(o, 30, 0.7), 0.5),
+    "MultiStepLR": (lambda o: lrs.MultiStepLR(o, 0.5, milestones=[50, 120, 200], gamma=0.3),
+                    lambda o: torch.optim.lr_scheduler.MultiStepLR(o, [50, 120, 200], 0.3), 0.5),
+    "CosineAnnealingLR": (lambda o: lrs.CosineAnnealingLR(o, 0.5, T_max=100, eta_min=0.01),
+                          lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 100, 0.01), 0.5),
+    "CosineAnnealingWarmRestarts": (
+        lambda o: lrs.CosineAnnealingWarmRestarts(o, 0.5, T_0=20, T_mult=2, eta_min=0.01),
+        lambda o: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(o, 20, 2, 0.01), 0.5),
+    "CosineAnnealingWarmRestarts_T1": (
+        lambda o: lrs.CosineAnnealingWarmRestarts(o, 0.5, T_0=30),
+        lambda o: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(o, 30), 0.5),
+    "LambdaLR": (lambda o: lrs.LambdaLR(o, 0.5, lambda s: 1.0 / (1.0 + 0.01 * s)),
+                 lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (1.0 + 0.01 * s)),
+                 0.5),
+    "MultiplicativeLR": (lambda o: lrs.MultiplicativeLR(o, 0.5, lambda s: 0.99 + 0 * s),
+                         lambda o: torch.optim.lr_scheduler.MultiplicativeLR(o, lambda s: 0.99),
+                         0.5),
+    "CyclicLR": (lambda o: lrs.CyclicLR(o, 0.01, 0.1, step_size_up=25, mode="triangular2"),
+                 lambda o: torch.optim.lr_scheduler.CyclicLR(
+                     o, 0.01, 0.1, step_size_up=25, mode="triangular2", cycle_momentum=False),
+                 0.01),
+    "OneCycleLR": (lambda o: lrs.OneCycleLR(o, 0.1 / 25, 0.1, total_steps=300),
+                   lambda o: torch.optim.lr_scheduler.OneCycleLR(
+                       o, 0.1, total_steps=300, cycle_momentum=False, three_phase=False), 0.1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TORCH_SCHEDULES))
+def test_scheduler_matches_torch_at_every_one_of_300_steps(name):
+    ours_f, theirs_f, base = TORCH_SCHEDULES[name]
+    ours = _lrs(ours_f)
+    theirs = _torch_lrs(theirs_f, base)
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        assert a == pytest.approx(b, rel=1e-6, abs=1e-9), (i, a, b)
+
+
+CLOSED_FORMS = {
+    "ConstantLR": (lambda o: lrs.ConstantLR(o, 0.3), lambda s: 0.3),
+    "LinearLR": (lambda o: lrs.LinearLR(o, 0.1, 0.5, 100),
+                 lambda s: 0.1 + 0.4 * min(s, 100) / 100),
+    "PolynomialLR": (lambda o: lrs.PolynomialLR(o, 0.5, 0.01, 200, power=2.0),
+                     lambda s: 0.49 * (1 - min(s, 200) / 200) ** 2 + 0.01),
+    "CosineDecayLR": (lambda o: lrs.CosineDecayLR(o, 0.5, 0.01, 200),
+                      lambda s: 0.01 + 0.49 * 0.5 * (1 + math.cos(math.pi * min(s, 200) / 200))),
+    "ExponentialLR": (lambda o: lrs.ExponentialLR(o, 0.5, 50, 0.5, staircase=True),
+                      lambda s: 0.5 * 0.5 ** (s // 50)),
+    "InverseExponentialTimeDecayLR": (
+        lambda o: lrs.InverseExponentialTimeDecayLR(o, 0.5, 10, 300, 0.2),
+        lambda s: 0.5 / (1 + 0.2 * s / 10)),
+    "InverseSquareRootDecayLR": (lambda o: lrs.InverseSquareRootDecayLR(o, 2.0, 1.0, 16.0),
+                                 lambda s: 2.0 / math.sqrt(max(s, 16))),
+    "PiecewiseConstantLR": (lambda o: lrs.PiecewiseConstantLR(o, [0.3, 0.2, 0.1], [10, 100]),
+                            lambda s: 0.3 if s < 10 else (0.2 if s < 100 else 0.1)),
+    "SequentialLR": (
+        lambda o: lrs.SequentialLR(o, [lrs.LinearLR(o, 0.0, 0.5, 20),
+                                       lrs.CosineDecayLR(o, 0.5, 0.0, 280)], [20]),
+        lambda s: 0.5 * s / 20 if s < 20 else 0.25 * (1 + math.cos(math.pi * (s - 20) / 280))),
+    "ChainedLR": (
+        lambda o: lrs.ChainedLR(o, [lrs.ConstantLR(o, 0.4), lrs.StepLR(o, 1.0, 100, 0.5)]),
+        lambda s: 0.4 * 0.5 ** (s // 100)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CLOSED_FORMS))
+def test_scheduler_follows_its_closed_form(name):
+    factory, formula = CLOSED_FORMS[name]
+    for s, lr in enumerate(_lrs(factory)):
+        assert lr == pytest.approx(formula(s), rel=1e-6, abs=1e-8), (s, lr)
+
+
+def test_configure_lr_scheduler_in_its_three_forms_and_errors():
+    def opt():
+        return cstorch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1.0)
+
+    s = cstorch.optim.configure_lr_scheduler(opt(), 0.02)
+    assert isinstance(s, lrs.ConstantLR) and s.get_last_lr() == [pytest.approx(0.02)]
+    for name in ("Linear", "LinearLR", "linearlr", "linear"):
+        s = cstorch.optim.configure_lr_scheduler(opt(), {
+            "scheduler": name, "initial_learning_rate": 0.1, "end_learning_rate": 0.2,
+            "total_iters": 10})
+        assert isinstance(s, lrs.LinearLR)
+    s = cstorch.optim.configure_lr_scheduler(opt(), {"scheduler": "cosinedecay",
+                                                     "initial_learning_rate": 1.0,
+                                                     "end_learning_rate": 0.0, "total_iters": 4})
+    assert isinstance(s, lrs.CosineDecayLR)
+    seq = cstorch.optim.configure_lr_scheduler(opt(), [
+        {"scheduler": "Constant", "learning_rate": 0.1, "total_iters": 3},
+        {"scheduler": "Constant", "learning_rate": 0.2}])
+    assert isinstance(seq, lrs.SequentialLR) and seq.milestones == [3]
+    chained = cstorch.optim.configure_lr_scheduler(opt(), [
+        {"scheduler": "Constant", "learning_rate": 0.1, "main_scheduler": "ChainedLR"},
+        {"scheduler": "Step", "initial_learning_rate": 1.0, "step_size": 2, "gamma": 0.5}])
+    assert isinstance(chained, lrs.ChainedLR)
+    with pytest.raises(ValueError, match=r"learning_rate\[0\] \(Constant\) needs 'total_iters'"):
+        cstorch.optim.configure_lr_scheduler(opt(), [
+            {"scheduler": "Constant", "learning_rate": 0.1}, {"scheduler": "Constant",
+                                                              "learning_rate": 0.2}])
+    with pytest.raises(ValueError, match="unknown scheduler 'Linaer'"):
+        cstorch.optim.configure_lr_scheduler(opt(), {"scheduler": "Linaer"})
+    with pytest.raises(ValueError, match="needs a 'scheduler' key"):
+        cstorch.optim.configure_lr_scheduler(opt(), {"initial_learning_rate": 0.1})
+    with pytest.raises(TypeError, match="LinearLR has no argument 'end_lr'"):
+        cstorch.optim.configure_lr_scheduler(opt(), {"scheduler": "Linear", "end_lr": 0.1})
+    with pytest.raises(TypeError, match="expected a number, a dict or a list"):
+        cstorch.optim.configure_lr_scheduler(opt(), "0.1")
+
+
+# -- loss scaling --------------------------------------------------------------------------------
+def test_dynamic_loss_scaling_skips_an_inf_step_and_lowers_then_raises_the_scale():
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = cstorch.optim.Adam([w], lr=0.1)
+    scaler = cstorch.amp.GradScaler("dynamic", init_scale=8.0, steps_per_increase=2,
+                                    min_loss_scale=1.0, max_loss_scale=16.0)
+
+    def step(bad):
+        loss = (w * torch.tensor([1.0, float("inf") if bad else 2.0, 3.0])).sum()
+        cstorch.amp.optimizer_step(loss, opt, scaler)
+
+    before = w.detach().clone()
+    step(bad=True)
+    assert torch.equal(w.detach(), before)                     # the update was skipped
+    assert float(opt.state[w]["step"]) == 0.0                  # and so was the optimizer state
+    assert scaler.get_scale() == 4.0
+    step(bad=False)
+    assert not torch.equal(w.detach(), before)
+    assert scaler.get_scale() == 4.0
+    step(bad=False)
+    assert scaler.get_scale() == 8.0                           # 2 clean steps: doubled
+    for _ in range(6):
+        step(bad=False)
+    assert scaler.get_scale() == 16.0                          # bounded by max_loss_scale
+    for _ in range(8):
+        step(bad=True)
+    assert scaler.get_scale() == 1.0                           # bounded by min_loss_scale
+
+
+def test_float16_training_with_loss_scaling_avoids_the_underflow_of_the_unscaled_run():
+    def train(scaler):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+        opt = cstorch.optim.SGD(model.parameters(), lr=1e6)  # makes ~1e-9 gradients visible
+        x, y = torch.randn(8, 4), torch.zeros(8, 1)
+        for _ in range(3):
+            with cstorch.amp.autocast():  # float16 activations and their gradients
+                out = model(x)
+            loss = ((out.float() - y) ** 2).mean() * 1e-9  # gradients below float16's range
+            cstorch.amp.optimizer_step(loss, opt, scaler)
+            assert torch.isfinite(loss)
+        return model[0].weight.detach().clone()
+
+    torch.manual_seed(0)
+    initial = torch.nn.Linear(4, 4).weight.detach().clone()
+    unscaled = train(None)
+    scaled = train(cstorch.amp.GradScaler("dynamic", init_scale=2.0 ** 20))
+    assert torch.equal(unscaled, initial)            # every gradient underflowed to zero
+    assert not torch.equal(scaled, initial)          # scaled gradients survived
+    assert torch.isfinite(scaled).all()
+
+
+def test_clipping_by_norm_and_by_value_together_is_an_error():
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = cstorch.optim.SGD([w], lr=0.1)
+    with pytest.raises(ValueError, match="max_gradient_norm or max_gradient_val, not both"):
+        cstorch.amp.optimizer_step(w.sum(), opt, None, max_gradient_norm=1.0,
+                                   max_gradient_val=1.0)
+
+
+def test_use_bfloat16_switches_autocast_to_bfloat16():
+    try:
+        cstorch.amp.use_bfloat16(True)
+        with cstorch.amp.autocast():
+            out = torch.nn.Linear(3, 3)(torch.randn(2, 3))
+        assert out.dtype == torch.bfloat16
+    finally:
+        cstorch.amp.use_bfloat16(False)
+    with cstorch.amp.autocast():
+        assert torch.nn.Linear(3, 3)(torch.randn(2, 3)).dtype == torch.float16
+
+
+# -- the seed's skeletons, and tracing ------------------------------------------------------------
+class CustomOptimizer(cstorch.optim.Optimizer):
+    """Seed 000's skeleton, filled in: SGD with a decaying trust factor."""
+
+    def __init__(self, params, lr=0.1, decay=0.9):
+        super().__init__(params, dict(lr=lr, decay=decay), enable_global_step=True)
+
+    def preinitialize(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["trust"] = cstorch.ones((), dtype=torch.float32)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                st = self.state[p]
+                st["step"].add_(1)
+                st["trust"].mul_(group["decay"])
+                p.sub_(p.grad * group["lr"] * (0.5 + st["trust"]))
+
+    def state_names_to_sparsify(self):
+        return []
+
+
+class CustomScheduler(cstorch.optim.lr_scheduler.LRScheduler):
+    """Seed 000's skeleton, filled in: linear warm-up then 1/sqrt decay, in closed form."""
+
+    def __init__(self, optimizer, peak=0.1, warmup=5):
+        self.peak, self.warmup = peak, warmup
+        super().__init__(optimizer, total_iters=None, last_epoch=-1)
+
+    def _get_closed_form_lr(self):
+        step = self.last_epoch
+        return torch.where(step < self.warmup, self.peak * (step + 1) / self.warmup,
+                           self.peak * (self.warmup / (step + 1)) ** 0.5)
+
+
+def _train_loop(kind, make_opt, make_sched=None, scaler=None, steps=12, **options):
+    torch.manual_seed(0)
+    backend = cstorch.backend(kind, **options)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    compiled = cstorch.compile(model, backend)
+    opt = make_opt(model.parameters())
+    sched = make_sched(opt) if make_sched else None
+    losses = []
+
+    @cstorch.trace
+    def step(batch):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(compiled(x), y)
+        cstorch.amp.optimizer_step(loss, opt, scaler, max_gradient_norm=1.0)
+        if sched is not None:
+            sched.step()
+        return loss
+
+    @cstorch.step_closure
+    def record(loss):
+        losses.append(loss.item())
+
+    executor = cstorch.utils.data.DataExecutor(
+        cstorch.utils.data.DataLoader(lambda: batches(6)), num_steps=steps)
+    for batch in executor:
+        record(step(batch))
+    weights = [p.to("cpu").clone() for p in model.parameters()]
+    backend.shutdown()
+    return losses, weights
+
+
+def test_the_seeds_custom_optimizer_and_scheduler_work_with_configure_and_train_on_cpu():
+    losses, _ = _train_loop("CPU", lambda p: CustomOptimizer(p), lambda o: CustomScheduler(o))
+    assert len(losses) == 12 and losses[-1] < losses[0]
+    cstorch.optim.OPTIMIZERS["CustomOptimizer"] = CustomOptimizer
+    try:
+        opt = cstorch.optim.configure_optimizer("customoptimizer", [torch.nn.Parameter(
+            torch.ones(1))], lr=0.2)
+        assert isinstance(opt, CustomOptimizer)
+    finally:
+        del cstorch.optim.OPTIMIZERS["CustomOptimizer"]
+
+
+TRACED = {
+    "SGD": lambda p: cstorch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True),
+    "Adam": lambda p: cstorch.optim.Adam(p, lr=0.01, amsgrad=True),
+    "AdamW": lambda p: cstorch.optim.AdamW(p, lr=0.01),
+    "Adagrad": lambda p: cstorch.optim.Adagrad(p, lr=0.05, lr_decay=0.01),
+    "RMSprop": lambda p: cstorch.optim.RMSprop(p, lr=0.01, centered=True, momentum=0.5),
+    "Lion": lambda p: cstorch.optim.Lion(p, lr=0.01, weight_decay=0.1),
+    "Custom": lambda p: CustomOptimizer(p),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRACED))
+def test_every_optimizer_traces_into_a_static_graph_with_eager_numbers(name):
+    make = TRACED[name]
+    sched = (lambda o: CustomScheduler(o)) if name == "Custom" else (
+        lambda o: lrs.SequentialLR(o, [lrs.LinearLR(o, 0.001, 0.01, 4),
+                                       lrs.CosineDecayLR(o, 0.01, 0.001, 8)], [4]))
+    eager = _train_loop("CPU", make, sched)
+    traced = _train_loop("CSX", make, sched, in_process=True)
+    for a, b in zip(eager[0], traced[0]):
+        assert a == pytest.approx(b, abs=1e-6)
+    for a, b in zip(eager[1], traced[1]):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(set(CLOSED_FORMS) | set(TORCH_SCHEDULES)))
+def test_every_scheduler_traces_with_eager_numbers(name):
+    factory = (CLOSED_FORMS.get(name) or TORCH_SCHEDULES[name])[0]
+    eager = _train_loop("CPU", lambda p: cstorch.optim.SGD(p, lr=1.0), factory, steps=6)
+    traced = _train_loop("CSX", lambda p: cstorch.optim.SGD(p, lr=1.0), factory, steps=6,
+                         in_process=True)
+    for a, b in zip(eager[0], traced[0]):
+        assert a == pytest.approx(b, abs=1e-6)
+
+
+def test_the_dynamic_scaler_traces_with_eager_numbers():
+    def scaler():
+        return cstorch.amp.GradScaler("dynamic", init_scale=4.0, steps_per_increase=3)
+
+    eager = _train_loop("CPU", lambda p: cstorch.optim.Adam(p, lr=0.01), scaler=None)
+    _ = eager
+    results = []
+    for kind, opts in (("CPU", {}), ("CSX", {"in_process": True})):
+        torch.manual_seed(0)
+        backend = cstorch.backend(kind, **opts)
+        s = scaler()
+        backend.shutdown()
+        results.append(s)
+    cpu = _train_loop_with_scaler("CPU")
+    csx = _train_loop_with_scaler("CSX", in_process=True)
+    assert cpu[0] == pytest.approx(csx[0], abs=1e-6)
+    assert cpu[2] == csx[2]
+
+
+def _train_loop_with_scaler(kind, **options):
+    torch.manual_seed(0)
+    backend = cstorch.backend(kind, **options)
+    model = torch.nn.Linear(5, 2)
+    compiled = cstorch.compile(model, backend)
+    opt = cstorch.optim.Adam(model.parameters(), lr=0.01)
+    scaler = cstorch.amp.GradScaler("dynamic", init_scale=4.0, steps_per_increase=3)
+    losses = []
+
+    @cstorch.trace
+    def step(batch):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(compiled(x), y)
+        cstorch.amp.optimizer_step(loss, opt, scaler)
+        return loss
+
+    @cstorch.step_closure
+    def record(loss):
+        losses.append(loss.item())
+
+    for batch in cstorch.utils.data.DataExecutor(
+            cstorch.utils.data.DataLoader(lambda: batches(10)), num_steps=10):
+        record(step(batch))
+    weights = [p.to("cpu").clone() for p in model.parameters()]
+    scale = scaler.get_scale()
+    backend.shutdown()
+    return losses, weights, scale
