@@ -29,6 +29,21 @@ from cstream.creation import state_tensor
 class Metric(torch.nn.Module):
     """Base class: ``Metric(name)``; subclasses implement ``reset``, ``update``, ``compute``."""
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        reset = cls.__dict__.get("reset")
+        if reset is not None and not getattr(reset, "__cstream_wrapped__", False):
+            def wrapped(self, *a, _reset=reset, **k):
+                _reset(self, *a, **k)
+                counter = self._buffers.get("_num_updates")
+                if counter is not None:
+                    with torch.no_grad():
+                        counter.zero_()
+
+            wrapped.__cstream_wrapped__ = True
+            wrapped.__doc__ = reset.__doc__
+            cls.reset = wrapped
+
     def __init__(self, name: str, compute_on_system: Optional[bool] = None):
         super().__init__()
         if not isinstance(name, str) or not name:
