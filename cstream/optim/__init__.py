@@ -8,9 +8,14 @@ from typing import Any
 
 from cstream.optim import lr_scheduler
 from cstream.optim.optimizer import Optimizer
-from cstream.optim.optimizers import SGD, Adagrad, Adam, AdamW, Lion, RMSprop
+from cstream.optim.optimizers import (
+    ASGD, SGD, Adadelta, Adafactor, Adagrad, Adam, Adamax, AdamW, Lamb, Lion, NAdam, RAdam,
+    RMSprop, Rprop,
+)
 
-OPTIMIZERS = {cls.__name__: cls for cls in (SGD, Adam, AdamW, Adagrad, RMSprop, Lion)}
+OPTIMIZERS = {cls.__name__: cls for cls in (
+    SGD, Adam, AdamW, Adagrad, Adadelta, Adamax, ASGD, NAdam, RAdam, RMSprop, Rprop, Lamb, Lion,
+    Adafactor)}
 
 __all__ = ["Optimizer", "configure_lr_scheduler", "configure_optimizer", "lr_scheduler",
            *OPTIMIZERS]

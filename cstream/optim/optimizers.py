@@ -275,3 +275,383 @@ class Lion(Optimizer):
                 p.sub_(update * lr)
                 m.lerp_(p.grad, 1 - beta2)
         return loss
+
+
+class Adadelta(Optimizer):
+    """Adadelta (``torch.optim.Adadelta``'s rule)."""
+
+    def __init__(self, params, lr=1.0, rho=0.9, eps=1e-6, weight_decay=0.0):
+        for n, v in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
+            _check(n, v, owner="Adadelta")
+        _check("rho", rho, 0.0, 1.0000001, "Adadelta")
+        super().__init__(params, dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay))
+
+    def preinitialize(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["square_avg"] = cstream.zeros_like(p)
+                self.state[p]["acc_delta"] = cstream.zeros_like(p)
+
+    def state_names_to_sparsify(self):
+        return ["square_avg", "acc_delta"]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            rho, eps = group["rho"], group["eps"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad, st = p.grad, self.state[p]
+                if group["weight_decay"] != 0:
+                    grad = grad.add(p, alpha=group["weight_decay"])
+                sq, acc = st["square_avg"], st["acc_delta"]
+                sq.mul_(rho).addcmul_(grad, grad, value=1 - rho)
+                std = sq.add(eps).sqrt_()
+                delta = acc.add(eps).sqrt_().div_(std).mul_(grad)
+                acc.mul_(rho).addcmul_(delta, delta, value=1 - rho)
+                p.addcmul_(delta, group["lr"], value=-1)
+        return loss
+
+
+class Adamax(Optimizer):
+    """Adamax (``torch.optim.Adamax``'s rule)."""
+
+    def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        _check("lr", lr, owner="Adamax")
+        _check("betas[0]", betas[0], 0.0, 1.0, "Adamax")
+        _check("betas[1]", betas[1], 0.0, 1.0, "Adamax")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay))
+
+    def preinitialize(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                st = self.state[p]
+                st["step"] = cstream.zeros((), dtype=torch.float32)
+                st["exp_avg"] = cstream.zeros_like(p)
+                st["exp_inf"] = cstream.zeros_like(p)
+
+    def state_names_to_sparsify(self):
+        return ["exp_avg", "exp_inf"]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad, st = p.grad, self.state[p]
+                st["step"].add_(1)
+                if group["weight_decay"] != 0:
+                    grad = grad.add(p, alpha=group["weight_decay"])
+                st["exp_avg"].lerp_(grad, 1 - beta1)
+                norm_buf = torch.cat([st["exp_inf"].mul(beta2).unsqueeze(0),
+                                      grad.abs().add(group["eps"]).unsqueeze(0)], 0)
+                st["exp_inf"].copy_(torch.amax(norm_buf, 0))
+                bias_correction = 1 - torch.pow(beta1, st["step"].to(torch.float64))
+                clr = (group["lr"].to(torch.float64) / bias_correction).to(p.dtype)
+                p.addcmul_(st["exp_avg"] / st["exp_inf"], clr, value=-1)
+        return loss
+
+
+class ASGD(Optimizer):
+    """Averaged SGD (``torch.optim.ASGD``'s rule)."""
+
+    def __init__(self, params, lr=1e-2, lambd=1e-4, alpha=0.75, t0=1e6, weight_decay=0.0):
+        _check("lr", lr, owner="ASGD")
+        super().__init__(params, dict(lr=lr, lambd=lambd, alpha=alpha, t0=t0,
+                                      weight_decay=weight_decay))
+
+    def preinitialize(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                st = self.state[p]
+                st["step"] = cstream.zeros((), dtype=torch.float32)
+                st["eta"] = cstream.full((), float(group["lr"]), dtype=torch.float32)
+                st["mu"] = cstream.ones((), dtype=torch.float32)
+                st["ax"] = cstream.zeros_like(p)
+
+    def state_names_to_sparsify(self):
+        return ["ax"]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            lambd, alpha, t0 = group["lambd"], group["alpha"], group["t0"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad, st = p.grad, self.state[p]
+                st["step"].add_(1)
+                if group["weight_decay"] != 0:
+                    grad = grad.add(p, alpha=group["weight_decay"])
+                eta = st["eta"]
+                p.mul_(1 - lambd * eta)
+                p.addcmul_(grad, eta, value=-1)
+                mu = st["mu"]
+                ax = st["ax"]
+                ax.copy_(torch.where(mu != 1, ax + (p - ax) * mu, p))
+                step = st["step"].to(torch.float64)
+                lr = group["lr"].to(torch.float64)
+                eta.copy_((lr / torch.pow(1 + lambd * lr * step, alpha)).to(torch.float32))
+                mu.copy_((1 / torch.clamp(step - t0, min=1.0)).to(torch.float32))
+        return loss
+
+
+class NAdam(Optimizer):
+    """NAdam (``torch.optim.NAdam``'s rule)."""
+
+    def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 momentum_decay=4e-3):
+        _check("lr", lr, owner="NAdam")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay, momentum_decay=momentum_decay))
+
+    def preinitialize(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                st = self.state[p]
+                st["step"] = cstream.zeros((), dtype=torch.float32)
+                st["mu_product"] = cstream.ones((), dtype=torch.float64)
+                st["exp_avg"] = cstream.zeros_like(p)
+                st["exp_avg_sq"] = cstream.zeros_like(p)
+
+    def state_names_to_sparsify(self):
+        return ["exp_avg", "exp_avg_sq"]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad, st = p.grad, self.state[p]
+                st["step"].add_(1)
+                step = st["step"].to(torch.float64)
+                if group["weight_decay"] != 0:
+                    grad = grad.add(p, alpha=group["weight_decay"])
+                bias_correction2 = 1 - torch.pow(beta2, step)
+                mu = beta1 * (1.0 - 0.5 * torch.pow(0.96, step * group["momentum_decay"]))
+                mu_next = beta1 * (1.0 - 0.5 * torch.pow(0.96, (step + 1)
+                                                         * group["momentum_decay"]))
+                st["mu_product"].mul_(mu)
+                mu_product = st["mu_product"]
+                st["exp_avg"].lerp_(grad, 1 - beta1)
+                st["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                denom = st["exp_avg_sq"].div(bias_correction2.to(p.dtype)).sqrt().add_(group["eps"])
+                lr = group["lr"].to(torch.float64)
+                c1 = (lr * (1.0 - mu) / (1.0 - mu_product)).to(p.dtype)
+                c2 = (lr * mu_next / (1.0 - mu_product * mu_next)).to(p.dtype)
+                p.addcmul_(grad / denom, c1, value=-1)
+                p.addcmul_(st["exp_avg"] / denom, c2, value=-1)
+        return loss
+
+
+class RAdam(Optimizer):
+    """RAdam (``torch.optim.RAdam``'s rule): the rectification chosen with ``torch.where``."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        _check("lr", lr, owner="RAdam")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay))
+
+    def preinitialize(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                st = self.state[p]
+                st["step"] = cstream.zeros((), dtype=torch.float32)
+                st["exp_avg"] = cstream.zeros_like(p)
+                st["exp_avg_sq"] = cstream.zeros_like(p)
+
+    def state_names_to_sparsify(self):
+        return ["exp_avg", "exp_avg_sq"]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad, st = p.grad, self.state[p]
+                st["step"].add_(1)
+                step = st["step"].to(torch.float64)
+                if group["weight_decay"] != 0:
+                    grad = grad.add(p, alpha=group["weight_decay"])
+                st["exp_avg"].lerp_(grad, 1 - beta1)
+                st["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                bias_correction1 = 1 - torch.pow(beta1, step)
+                bias_correction2 = 1 - torch.pow(beta2, step)
+                bias_corrected_exp_avg = st["exp_avg"] / bias_correction1.to(p.dtype)
+                rho_inf = 2 / (1 - beta2) - 1
+                rho_t = rho_inf - 2 * step * torch.pow(beta2, step) / bias_correction2
+                rect = torch.sqrt(torch.clamp((rho_t - 4) * (rho_t - 2) * rho_inf, min=0.0)
+                                  / ((rho_inf - 4) * (rho_inf - 2) * rho_t))
+                adaptive = (st["exp_avg_sq"].sqrt().add_(group["eps"])).reciprocal_().mul_(
+                    bias_correction2.sqrt().to(p.dtype))
+                rectified = bias_corrected_exp_avg * group["lr"] * adaptive * rect.to(p.dtype)
+                plain = bias_corrected_exp_avg * group["lr"]
+                p.sub_(torch.where(rho_t > 5.0, rectified, plain))
+        return loss
+
+
+class Rprop(Optimizer):
+    """Rprop (``torch.optim.Rprop``'s rule), sign logic with ``torch.where``."""
+
+    def __init__(self, params, lr=1e-2, etas=(0.5, 1.2), step_sizes=(1e-6, 50.0)):
+        _check("lr", lr, owner="Rprop")
+        super().__init__(params, dict(lr=lr, etas=tuple(etas), step_sizes=tuple(step_sizes)))
+
+    def preinitialize(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                st = self.state[p]
+                st["step"] = cstream.zeros((), dtype=torch.float32)
+                st["prev"] = cstream.zeros_like(p)
+                st["step_size"] = cstream.zeros_like(p)
+                st["initialized"] = cstream.zeros((), dtype=torch.float32)
+
+    def state_names_to_sparsify(self):
+        return ["prev", "step_size"]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            etaminus, etaplus = group["etas"]
+            lo, hi = group["step_sizes"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad, st = p.grad, self.state[p]
+                st["step"].add_(1)
+                # the first step starts every step size at lr (torch fills it on first use)
+                first = st["initialized"] == 0
+                st["step_size"].copy_(torch.where(first, torch.zeros_like(p) + group["lr"],
+                                                  st["step_size"]))
+                st["initialized"].fill_(1.0)
+                sign = (grad * st["prev"]).sign()
+                factor = torch.where(sign > 0, torch.full_like(p, etaplus),
+                                     torch.where(sign < 0, torch.full_like(p, etaminus),
+                                                 torch.ones_like(p)))
+                st["step_size"].mul_(factor).clamp_(lo, hi)
+                grad = torch.where(sign < 0, torch.zeros_like(grad), grad)
+                p.addcmul_(grad.sign(), st["step_size"], value=-1)
+                st["prev"].copy_(grad)
+        return loss
+
+
+class Lamb(Optimizer):
+    """LAMB (You et al. 2019): Adam's update scaled by the trust ratio ``||w|| / ||update||``."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0):
+        _check("lr", lr, owner="Lamb")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay))
+
+    def preinitialize(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                st = self.state[p]
+                st["step"] = cstream.zeros((), dtype=torch.float32)
+                st["exp_avg"] = cstream.zeros_like(p)
+                st["exp_avg_sq"] = cstream.zeros_like(p)
+
+    def state_names_to_sparsify(self):
+        return ["exp_avg", "exp_avg_sq"]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad, st = p.grad, self.state[p]
+                st["step"].add_(1)
+                step = st["step"]
+                st["exp_avg"].mul_(beta1).add_(grad * (1 - beta1))
+                st["exp_avg_sq"].mul_(beta2).add_(grad * grad * (1 - beta2))
+                m_hat = st["exp_avg"] / (1 - torch.pow(beta1, step))
+                v_hat = st["exp_avg_sq"] / (1 - torch.pow(beta2, step))
+                update = m_hat / (v_hat.sqrt() + group["eps"]) + group["weight_decay"] * p
+                w_norm, u_norm = p.norm(), update.norm()
+                trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm,
+                                    torch.ones_like(w_norm))
+                p.sub_(update * (group["lr"] * trust))
+        return loss
+
+
+class Adafactor(Optimizer):
+    """Adafactor (Shazeer & Stern 2018) with factored second moments for matrices, relative
+    step size off: ``lr`` given, ``beta2_t = 1 - t ** decay_rate``, update clipping by RMS."""
+
+    def __init__(self, params, lr=1e-2, eps=(1e-30, 1e-3), clip_threshold=1.0, decay_rate=-0.8,
+                 beta1=None, weight_decay=0.0, scale_parameter=True):
+        _check("lr", lr, owner="Adafactor")
+        super().__init__(params, dict(lr=lr, eps=tuple(eps), clip_threshold=clip_threshold,
+                                      decay_rate=decay_rate, beta1=beta1,
+                                      weight_decay=weight_decay, scale_parameter=scale_parameter))
+
+    def preinitialize(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                st = self.state[p]
+                st["step"] = cstream.zeros((), dtype=torch.float32)
+                if p.dim() >= 2:
+                    st["exp_avg_sq_row"] = cstream.zeros(p.shape[:-1], dtype=p.dtype)
+                    st["exp_avg_sq_col"] = cstream.zeros(p.shape[:-2] + p.shape[-1:],
+                                                         dtype=p.dtype)
+                else:
+                    st["exp_avg_sq"] = cstream.zeros_like(p)
+                if group["beta1"] is not None:
+                    st["exp_avg"] = cstream.zeros_like(p)
+
+    def state_names_to_sparsify(self):
+        return ["exp_avg", "exp_avg_sq"]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            eps1, eps2 = group["eps"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad, st = p.grad, self.state[p]
+                st["step"].add_(1)
+                beta2t = 1.0 - torch.pow(st["step"], group["decay_rate"])
+                sq = grad * grad + eps1
+                if p.dim() >= 2:
+                    row, col = st["exp_avg_sq_row"], st["exp_avg_sq_col"]
+                    row.mul_(beta2t).add_(sq.mean(-1) * (1 - beta2t))
+                    col.mul_(beta2t).add_(sq.mean(-2) * (1 - beta2t))
+                    r = (row / row.mean(-1, keepdim=True)).rsqrt().unsqueeze(-1)
+                    c = col.unsqueeze(-2).rsqrt()
+                    update = grad * r * c
+                else:
+                    v = st["exp_avg_sq"]
+                    v.mul_(beta2t).add_(sq * (1 - beta2t))
+                    update = grad * v.rsqrt()
+                rms = update.pow(2).mean().sqrt()
+                update = update / torch.clamp(rms / group["clip_threshold"], min=1.0)
+                lr = group["lr"]
+                if group["scale_parameter"]:
+                    lr = lr * torch.clamp(p.pow(2).mean().sqrt(), min=eps2)
+                if group["beta1"] is not None:
+                    m = st["exp_avg"]
+                    m.mul_(group["beta1"]).add_(update * (1 - group["beta1"]))
+                    update = m
+                if group["weight_decay"] != 0:
+                    p.mul_(1 - group["weight_decay"] * lr)
+                p.sub_(update * lr)
+        return loss
