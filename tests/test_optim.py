@@ -503,7 +503,7 @@ def test_the_dynamic_scaler_traces_with_eager_numbers():
     assert cpu[0] == pytest.approx(csx[0], abs=1e-6)
     for a, b in zip(cpu[1], csx[1]):
         assert torch.allclose(a, b, atol=1e-6)
-    assert cpu[2] == csx[2] == 16.0  # 10 clean steps, doubled every 3
+    assert cpu[2] == csx[2] == 32.0  # 10 clean steps from 4: doubled after steps 3, 6 and 9
 
 
 def _train_loop_with_scaler(kind, **options):
