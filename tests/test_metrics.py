@@ -1,238 +1,471 @@
-"""cstream.metrics against independent references (scikit-learn or written out here)."""
+"""cstream.metrics: values against independent references, seed 004's example and custom
+metric on the CPU backend, traced updates on CSX, and clear errors for wrong input."""
 
 from __future__ import annotations
 
 import math
+import re
 import warnings
 
 import numpy as np
 import pytest
 import torch
-from sklearn import metrics as sk
+from sklearn import metrics as skm
 
 import cstream as cstorch
-import cstream.experimental.metrics as exp_metrics
-from cstream import metrics as M
+from cstream import metrics
 
-K = 5
+UPDATES = 4
 
 
-def batches(n=4, size=40, seed=0):
+def batches(seed, n=UPDATES, size=40, k=5):
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randint(0, K, (size,), generator=g), torch.randint(0, K, (size,), generator=g),
-             torch.rand(size, generator=g)) for _ in range(n)]
+    out = []
+    for _ in range(n):
+        labels = torch.randint(0, k, (size,), generator=g)
+        noisy = torch.randint(0, k, (size,), generator=g)
+        keep = torch.rand(size, generator=g) < 0.5
+        predictions = torch.where(keep, labels, noisy).int()
+        weights = torch.rand(size, generator=g) * (torch.rand(size, generator=g) < 0.8)
+        out.append((labels, predictions, weights.double()))
+    return out
 
 
-def concat(data):
-    return (torch.cat([d[0] for d in data]).numpy(), torch.cat([d[1] for d in data]).numpy(),
-            torch.cat([d[2] for d in data]).numpy())
+def cat(bs, i):
+    return torch.cat([b[i] for b in bs]).numpy()
 
 
-def test_the_experimental_path_is_the_same_module():
-    assert exp_metrics is M and cstorch.experimental.metrics is M
+def feed(metric, bs, weighted=True):
+    for y, p, w in bs:
+        metric(labels=y, predictions=p, weights=w if weighted else None)
+    return float(metric)
 
 
-def test_accuracy_with_weights_equals_sklearn():
-    m = M.AccuracyMetric("acc")
-    data = batches()
-    for y, p, w in data:
-        m(labels=y, predictions=p, weights=w)
-    y, p, w = concat(data)
-    assert float(m) == pytest.approx(sk.accuracy_score(y, p, sample_weight=w), abs=1e-6)
-    assert m.num_updates == 4
+# -- values against references -----------------------------------------------------------------
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_accuracy_equals_sklearn_weighted_accuracy_over_several_updates(weighted):
+    bs = batches(0)
+    got = feed(metrics.AccuracyMetric("acc"), bs, weighted)
+    want = skm.accuracy_score(cat(bs, 0), cat(bs, 1),
+                              sample_weight=cat(bs, 2) if weighted else None)
+    assert got == pytest.approx(want, abs=1e-6)
 
 
-def test_mean_equals_numpy_weighted_average():
-    m = M.MeanMetric("mean")
-    vals, ws = [], []
-    for i in range(3):
-        v, w = torch.randn(10), torch.rand(10)
+def test_mean_equals_the_weighted_average_of_every_value():
+    g = torch.Generator().manual_seed(1)
+    m = metrics.MeanMetric("mean")
+    values, weights = [], []
+    for _ in range(UPDATES):
+        v, w = torch.randn(3, 7, generator=g), torch.rand(7, generator=g)
         m(v, weights=w)
-        vals.append(v), ws.append(w)
-    ref = np.average(torch.cat(vals).numpy(), weights=torch.cat(ws).numpy())
-    assert float(m) == pytest.approx(ref, abs=1e-6)
+        values.append(v.numpy())
+        weights.append(np.broadcast_to(w.numpy(), (3, 7)))
+    m(torch.tensor(2.5))
+    values.append(np.array([[2.5]]))
+    weights.append(np.array([[1.0]]))
+    want = np.average(np.concatenate([v.ravel() for v in values]),
+                      weights=np.concatenate([w.ravel() for w in weights]))
+    assert float(m) == pytest.approx(want, abs=1e-6)
 
 
-def test_perplexity_is_exp_of_the_token_weighted_mean_loss():
-    m = M.PerplexityMetric("ppl")
-    total, tokens = 0.0, 0.0
-    for i in range(3):
-        labels = torch.zeros(4, 7)
-        mask = (torch.rand(4, 7) > 0.3).float()
-        loss = torch.tensor(1.0 + 0.3 * i)
-        m(labels=labels, loss=loss, weights=mask)
-        total += float(loss) * float(mask.sum())
-        tokens += float(mask.sum())
-    assert float(m) == pytest.approx(math.exp(total / tokens), rel=1e-6)
+def test_perplexity_is_exp_of_summed_token_loss_over_unmasked_tokens():
+    g = torch.Generator().manual_seed(2)
+    ppl = metrics.PerplexityMetric("ppl")
+    token_losses, mask_all = [], []
+    for _ in range(UPDATES):
+        logits = torch.randn(2, 6, 11, generator=g)
+        labels = torch.randint(0, 11, (2, 6), generator=g)
+        mask = (torch.rand(2, 6, generator=g) < 0.7).long()
+        per_token = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, 11), labels.reshape(-1), reduction="none").reshape(2, 6)
+        ppl(labels=labels, loss=(per_token * mask).sum(), weights=mask)
+        token_losses.append(per_token[mask.bool()].numpy())
+        mask_all.append(mask.numpy())
+    all_losses = np.concatenate(token_losses)
+    assert float(ppl) == pytest.approx(math.exp(all_losses.mean()), abs=1e-6)
+    unmasked = metrics.PerplexityMetric("ppl")
+    unmasked(labels=torch.zeros(4, dtype=torch.long), loss=torch.tensor(4 * 1.5))
+    assert float(unmasked) == pytest.approx(math.exp(1.5), abs=1e-12)
 
 
 @pytest.mark.parametrize("average", ["micro", "macro"])
-def test_fbeta_equals_sklearn(average):
-    m = M.FBetaScoreMetric("f", num_classes=K, beta=2.0, average_type=average)
-    data = batches()
-    for y, p, _ in data:
-        m(labels=y, predictions=p)
-    y, p, _ = concat(data)
-    ref = sk.fbeta_score(y, p, beta=2.0, average=average, labels=list(range(K)), zero_division=0)
-    assert float(m) == pytest.approx(ref, abs=1e-6)
+@pytest.mark.parametrize("beta,ignore", [(1.0, None), (0.5, [2]), (2.0, [0, 4])])
+def test_fbeta_equals_sklearn_fbeta_score(average, beta, ignore):
+    bs = batches(3)
+    got = feed(metrics.FBetaScoreMetric("f", 5, beta=beta, average_type=average,
+                                        ignore_labels=ignore), bs)
+    kept = [c for c in range(5) if c not in (ignore or [])]
+    want = skm.fbeta_score(cat(bs, 0), cat(bs, 1), beta=beta, labels=kept, average=average,
+                           sample_weight=cat(bs, 2), zero_division=0)
+    assert got == pytest.approx(want, abs=1e-6)
 
 
-def test_fbeta_ignores_ignored_labels_like_sklearn_restricted_to_the_other_classes():
-    m = M.FBetaScoreMetric("f", num_classes=K, average_type="macro", ignore_labels=[0])
-    data = batches()
-    for y, p, _ in data:
-        m(labels=y, predictions=p)
-    y, p, _ = concat(data)
-    keep = y != 0
-    ref = sk.fbeta_score(y[keep], p[keep], beta=1.0, average="macro", labels=[1, 2, 3, 4],
-                         zero_division=0)
-    assert float(m) == pytest.approx(ref, abs=1e-6)
+def per_class_reference(bs, score_fn, ignore, present_in):
+    y, p, w = cat(bs, 0), cat(bs, 1), cat(bs, 2)
+    scores = score_fn(y, p, labels=list(range(6)), average=None, sample_weight=w,
+                      zero_division=0)
+    present = [c for c in range(6) if c not in ignore
+               and any(w[(y == c) | ((p == c) if present_in == "either" else False)] > 0)]
+    return float(np.mean(scores[present]))
 
 
-def _confusion(y, p, w=None):
-    return sk.confusion_matrix(y, p, labels=list(range(K)), sample_weight=w)
+@pytest.mark.parametrize("ignore", [[], [1]])
+def test_mean_iou_dice_and_mean_per_class_accuracy_equal_sklearn_per_class_means(ignore):
+    # six classes, labels and predictions in 0..4: class 5 never occurs and must not count
+    bs = batches(4)
+    cases = [
+        (metrics.MeanIOUMetric("miou", 6, ignore_classes=ignore), skm.jaccard_score, "either"),
+        (metrics.DiceCoefficientMetric("dice", 6, ignore_classes=ignore), skm.f1_score, "either"),
+        (metrics.MeanPerClassAccuracyMetric("mpca", 6, ignore_classes=ignore), skm.recall_score,
+         "labels"),
+    ]
+    for metric, fn, present_in in cases:
+        got = feed(metric, bs)
+        assert got == pytest.approx(per_class_reference(bs, fn, ignore, present_in), abs=1e-6), \
+            metric
+    if not ignore:
+        mpca = metrics.MeanPerClassAccuracyMetric("mpca", 6)
+        want = skm.balanced_accuracy_score(cat(bs, 0), cat(bs, 1), sample_weight=cat(bs, 2))
+        assert feed(mpca, bs) == pytest.approx(want, abs=1e-6)
 
 
-def test_mean_iou_dice_and_per_class_accuracy_equal_their_definitions():
-    data = batches()
-    iou, dice, mpca = (M.MeanIOUMetric("iou", K), M.DiceCoefficientMetric("dice", K),
-                       M.MeanPerClassAccuracyMetric("mpca", K))
-    for y, p, w in data:
-        for m in (iou, dice, mpca):
-            m(labels=y, predictions=p, weights=w)
-    y, p, w = concat(data)
-    cm = _confusion(y, p, w)
-    tp = np.diag(cm)
-    assert float(iou) == pytest.approx(np.mean(tp / (cm.sum(0) + cm.sum(1) - tp)), abs=1e-6)
-    assert float(dice) == pytest.approx(np.mean(2 * tp / (cm.sum(0) + cm.sum(1))), abs=1e-6)
-    assert float(mpca) == pytest.approx(sk.balanced_accuracy_score(y, p, sample_weight=w),
-                                        abs=1e-6)
+def at_k_reference(samples, k, kind):
+    num = den = 0.0
+    for labels, scores, w in samples:
+        for row_labels, row_scores, weight in zip(labels.tolist(), scores.numpy(), w.tolist()):
+            top = set(np.argsort(-row_scores)[:k].tolist())
+            hits = sum(1 for lab in row_labels if lab in top)
+            num += weight * hits
+            den += weight * (k if kind == "precision" else len(row_labels))
+    return num / den
 
 
-def test_precision_and_recall_at_k_equal_their_definitions():
-    g = torch.Generator().manual_seed(3)
-    prec, rec = M.PrecisionAtKMetric("p@3", k=3), M.RecallAtKMetric("r@3", k=3)
-    ps, rs = [], []
-    for _ in range(3):
-        labels = torch.stack([torch.randperm(10, generator=g)[:4] for _ in range(6)])
-        labels[:, 3] = -1  # padding
-        preds = torch.stack([torch.randperm(10, generator=g)[:5] for _ in range(6)])
-        prec(labels=labels, predictions=preds)
-        rec(labels=labels, predictions=preds)
-        for lab, pr in zip(labels.tolist(), preds.tolist()):
-            relevant = {x for x in lab if x >= 0}
-            hits = len(set(pr[:3]) & relevant)
-            ps.append(hits / 3)
-            rs.append(hits / len(relevant))
-    assert float(prec) == pytest.approx(np.mean(ps), abs=1e-6)
-    assert float(rec) == pytest.approx(np.mean(rs), abs=1e-6)
+@pytest.mark.parametrize("kind", ["precision", "recall"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_precision_and_recall_at_k_equal_a_loop_over_the_top_k_scores(kind, k):
+    g = torch.Generator().manual_seed(5)
+    cls = metrics.PrecisionAtKMetric if kind == "precision" else metrics.RecallAtKMetric
+    metric = cls(f"{kind}@{k}", k)
+    samples = []
+    for _ in range(UPDATES):
+        scores = torch.randn(16, 10, generator=g)
+        labels = torch.stack([torch.randperm(10, generator=g)[:3] for _ in range(16)])
+        w = torch.rand(16, generator=g)
+        metric(labels=labels, predictions=scores, weights=w)
+        samples.append((labels, scores, w))
+    assert float(metric) == pytest.approx(at_k_reference(samples, k, kind), abs=1e-6)
 
 
-def test_auc_equals_the_thresholded_trapezoid_and_approaches_sklearn():
-    g = torch.Generator().manual_seed(4)
-    m = M.AUCMetric("auc", num_thresholds=200)
-    ys, ps = [], []
-    for _ in range(4):
-        y = torch.randint(0, 2, (50,), generator=g)
-        p = torch.clamp(y * 0.3 + torch.rand(50, generator=g) * 0.7, 0, 1)
-        m(labels=y, predictions=p)
-        ys.append(y), ps.append(p)
-    y, p = torch.cat(ys).double(), torch.cat(ps).double()
-    thr = [-1e-7] + [(i + 1) / 199 for i in range(198)] + [1 + 1e-7]
-    tpr, fpr = [], []
-    for t in thr:
-        pred = p > t
-        tp, fp = float((pred & (y == 1)).sum()), float((pred & (y == 0)).sum())
-        tpr.append(tp / float((y == 1).sum()))
-        fpr.append(fp / float((y == 0).sum()))
-    ref = sum((fpr[i] - fpr[i + 1]) * (tpr[i] + tpr[i + 1]) / 2 for i in range(len(thr) - 1))
-    assert float(m) == pytest.approx(ref, abs=1e-6)
-    assert float(m) == pytest.approx(sk.roc_auc_score(y, p), abs=5e-3)
+def auc_batches(n_thresholds, seed=6):
+    """Predictions on the midpoints of the threshold grid's bins, where thresholded counts are
+    exact, so the ROC area must equal scikit-learn's exact roc_auc_score."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(UPDATES):
+        bins = torch.randint(0, n_thresholds - 1, (50,), generator=g)
+        preds = (bins.double() + 0.5) / (n_thresholds - 1)
+        labels = (torch.rand(50, generator=g) < preds * 0.6 + 0.2).long()
+        out.append((labels, preds, torch.rand(50, generator=g).double()))
+    return out
 
 
-def test_a_shape_mismatch_is_a_clear_error():
-    m = M.AccuracyMetric("acc")
-    with pytest.raises(ValueError, match=r"labels has shape \(4,\) but predictions has shape \(5,\)"):
-        m(labels=torch.zeros(4), predictions=torch.zeros(5))
+@pytest.mark.parametrize("n", [200, 11])
+def test_roc_auc_equals_sklearn_roc_auc_score_when_predictions_fall_on_distinct_bins(n):
+    bs = auc_batches(n)
+    got = feed(metrics.AUCMetric("auc", num_thresholds=n), bs)
+    want = skm.roc_auc_score(cat(bs, 0), cat(bs, 1), sample_weight=cat(bs, 2))
+    assert got == pytest.approx(want, abs=1e-6)
 
 
-def test_labels_out_of_range_are_ignored_with_the_documented_warning():
-    m = M.MeanIOUMetric("iou", num_classes=3)
-    m(labels=torch.tensor([0, 1, 7, -1]), predictions=torch.tensor([0, 1, 1, 1]))
-    with pytest.warns(UserWarning, match=r"iou: 2 .*outside \[0, 3\) and were ignored"):
-        value = float(m)
-    assert value == pytest.approx(1.0)  # only the two valid samples count, both right
+def test_pr_auc_equals_the_trapezoid_over_thresholded_precision_and_recall():
+    g = torch.Generator().manual_seed(7)
+    bs = [((torch.rand(30, generator=g) < 0.4).long(), torch.rand(30, generator=g).double(),
+           torch.rand(30, generator=g).double()) for _ in range(UPDATES)]
+    got = feed(metrics.AUCMetric("pr", num_thresholds=50, curve="PR"), bs)
+    y, p, w = cat(bs, 0), cat(bs, 1), cat(bs, 2)
+    thresholds = [-1e-7] + [i / 49 for i in range(1, 49)] + [1 + 1e-7]
+    rec, prec = [], []
+    for t in thresholds:
+        tp = sum(wi for yi, pi, wi in zip(y, p, w) if pi > t and yi == 1)
+        fp = sum(wi for yi, pi, wi in zip(y, p, w) if pi > t and yi == 0)
+        rec.append(tp / sum(wi for yi, wi in zip(y, w) if yi == 1))
+        prec.append(tp / (tp + fp) if tp + fp > 0 else 0.0)
+    want = sum((rec[i] - rec[i + 1]) * (prec[i] + prec[i + 1]) / 2 for i in range(49))
+    assert got == pytest.approx(want, abs=1e-6)
 
 
-def test_reset_starts_a_new_evaluation():
-    m = M.AccuracyMetric("acc")
-    m(labels=torch.tensor([1, 1]), predictions=torch.tensor([0, 0]))
-    m.reset()
-    m(labels=torch.tensor([1, 1]), predictions=torch.tensor([1, 1]))
-    assert float(m) == 1.0
+# -- the base class ----------------------------------------------------------------------------
 
+class SumOfSquares(metrics.Metric):
+    """A custom metric written from seed 004's skeleton."""
 
-class CustomMetric(cstorch.metrics.Metric):
-    """Seed 004's skeleton, filled in: the fraction of predictions above a threshold."""
-
-    def __init__(self, name, threshold=0.5):
-        self.threshold = threshold
+    def __init__(self, name: str):
         super().__init__(name)
 
     def reset(self):
-        self.register_state("above", torch.tensor(0.0))
-        self.register_state("total", torch.tensor(0.0))
+        self.register_state("total", torch.zeros((), dtype=torch.float64))
 
-    def update(self, predictions):
-        self.above.add_((predictions > self.threshold).float().sum())
-        self.total.add_(predictions.numel())
+    def update(self, values):
+        self.total.add_((values.double() ** 2).sum())
 
     def compute(self):
-        return float(self.above / self.total)
+        return float(self.total)
 
 
-def _evaluate(kind, **options):
-    """Seed 004's example: a traced eval step with AccuracyMetric and a custom metric."""
+def test_num_updates_counts_calls_and_update_calls_and_reset_zeroes_it_and_the_state():
+    m = SumOfSquares("ss")
+    m(torch.tensor([1.0, 2.0]))
+    m.update(torch.tensor([3.0]))
+    assert (float(m), m.num_updates, m.compute()) == (14.0, 2, 14.0)
+    m.reset()
+    assert (float(m), m.num_updates) == (0.0, 0)
+
+
+def test_an_update_that_calls_super_update_counts_once():
+    class Twice(SumOfSquares):
+        def update(self, values):
+            super().update(values)
+            super().update(values)
+
+    m = Twice("twice")
+    m(torch.tensor([2.0]))
+    assert (float(m), m.num_updates) == (8.0, 1)
+
+
+def test_metric_states_are_buffers_outside_the_state_dict_and_update_builds_no_graph():
+    m = SumOfSquares("ss")
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    m(x * 2)
+    assert dict(m.named_buffers()).keys() == {"_num_updates", "total"}
+    assert m.state_dict() == {}
+    assert not m.total.requires_grad
+
+
+def test_metric_without_the_abstract_methods_cannot_be_created():
+    class Incomplete(metrics.Metric):
+        def reset(self):
+            pass
+
+    with pytest.raises(TypeError, match="abstract"):
+        Incomplete("x")
+
+
+def test_reregistering_a_state_with_another_shape_is_refused():
+    m = SumOfSquares("ss")
+    with pytest.raises(ValueError, match=re.escape(
+            "ss: state 'total' was registered with shape () and dtype torch.float64, now with "
+            "(2,) and torch.float64")):
+        m.register_state("total", torch.zeros(2, dtype=torch.float64))
+
+
+def test_metric_name_must_be_a_nonempty_string():
+    with pytest.raises(TypeError, match="name must be a non-empty string, got 3"):
+        metrics.AccuracyMetric(3)
+
+
+def test_experimental_metrics_is_the_same_module():
+    import cstream.experimental.metrics as exp_metrics
+
+    assert exp_metrics is metrics
+    assert exp_metrics.AccuracyMetric is metrics.AccuracyMetric
+
+
+# -- seed 004 and seed 000 on the CPU backend ---------------------------------------------------
+
+def eval_input_fn():
+    g = torch.Generator().manual_seed(11)
+    return [(torch.randn(8, 4, generator=g), torch.randint(0, 3, (8,), generator=g))
+            for _ in range(3)]
+
+
+def evaluate(kind, runs=2, **options):
     torch.manual_seed(0)
     backend = cstorch.backend(kind, **options)
-    model = torch.nn.Linear(6, 3)
-    compiled = cstorch.compile(model, backend)
-    accuracy = cstorch.metrics.AccuracyMetric("accuracy")
-    custom = CustomMetric("above")
+    model = torch.nn.Linear(4, 3)
+    compiled_model = cstorch.compile(model, backend)
+    accuracy = cstorch.metrics.AccuracyMetric("accuracy", compute_on_system=True)
+    custom = SumOfSquares("sum_of_squares")
+    f1 = cstorch.metrics.FBetaScoreMetric("f1", num_classes=3, average_type="macro")
 
     @cstorch.trace
     def eval_step(batch):
         inputs, targets = batch
-        outputs = compiled(inputs)
+        outputs = compiled_model(inputs)
         accuracy(labels=targets.clone(), predictions=outputs.argmax(-1).int())
-        custom(torch.softmax(outputs, -1).max(-1).values)
+        custom(outputs)
+        f1(labels=targets, predictions=outputs.argmax(-1))
+        return outputs
 
-    def input_fn():
-        g = torch.Generator().manual_seed(9)
-        return [(torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g))
-                for _ in range(5)]
-
-    results = []
-    for _ in range(2):  # two evaluation runs, reset between them
-        accuracy.reset()
-        custom.reset()
-        with torch.no_grad():
-            for batch in cstorch.utils.data.DataExecutor(
-                    cstorch.utils.data.DataLoader(input_fn), num_steps=5):
-                eval_step(batch)
-        results.append((float(accuracy), float(custom), accuracy.num_updates))
+    results, outputs = [], []
+    for _ in range(runs):
+        for m in (accuracy, custom, f1):
+            m.reset()
+        executor = cstorch.utils.data.DataExecutor(
+            cstorch.utils.data.DataLoader(eval_input_fn), num_steps=3)
+        for batch in executor:
+            eval_step(batch)
+        results.append((float(accuracy), float(custom), float(f1), accuracy.num_updates))
+    with torch.no_grad():
+        for x, _ in eval_input_fn():
+            outputs.append(model(x).to("cpu") if kind == "CPU" else None)
     backend.shutdown()
-    return results
+    return results, outputs
 
 
-def test_seed_004_example_and_a_custom_metric_give_the_same_values_on_cpu_and_csx():
-    cpu = _evaluate("CPU")
-    csx = _evaluate("CSX", in_process=True)
-    assert cpu[0] == cpu[1]  # reset between runs
-    assert cpu[0][2] == 5
-    for a, b in zip(cpu, csx):
-        assert a[0] == pytest.approx(b[0], abs=1e-6)
-        assert a[1] == pytest.approx(b[1], abs=1e-6)
-        assert a[2] == b[2]
+def test_seed_004_example_and_a_custom_metric_run_on_cpu_and_reset_between_runs():
+    results, outputs = evaluate("CPU")
+    data = eval_input_fn()
+    preds = torch.cat([o.argmax(-1) for o in outputs])
+    labels = torch.cat([y for _, y in data])
+    want = (float((preds == labels).double().mean()),
+            float(sum((o.double() ** 2).sum() for o in outputs)),
+            skm.f1_score(labels.numpy(), preds.numpy(), average="macro", labels=[0, 1, 2],
+                         zero_division=0), 3)
+    for got in results:  # the second run equals the first: reset cleared the state
+        assert got[0] == pytest.approx(want[0], abs=1e-12)
+        assert got[1] == pytest.approx(want[1], rel=1e-12)
+        assert got[2] == pytest.approx(want[2], abs=1e-6)
+        assert got[3] == 3
+
+
+def test_traced_metric_updates_on_csx_equal_the_cpu_backend():
+    cpu, _ = evaluate("CPU")
+    csx, _ = evaluate("CSX", in_process=True)
+    assert csx == cpu
+
+
+# -- wrong input ---------------------------------------------------------------------------------
+
+def test_shape_mismatch_names_both_shapes_and_the_rule():
+    acc = metrics.AccuracyMetric("accuracy")
+    with pytest.raises(ValueError, match=re.escape(
+            "AccuracyMetric 'accuracy': labels has shape (4,) but predictions has shape (4, 3); "
+            "they must have the same shape (one predicted class per label; pass "
+            "logits.argmax(-1), not the logits).")):
+        acc(labels=torch.zeros(4, dtype=torch.long), predictions=torch.zeros(4, 3))
+    assert acc.num_updates == 0
+
+
+def test_weights_that_do_not_broadcast_are_refused():
+    miou = metrics.MeanIOUMetric("miou", 3)
+    with pytest.raises(ValueError, match=re.escape(
+            "MeanIOUMetric 'miou': weights has shape (3,), which does not broadcast to labels' "
+            "shape (2, 4)")):
+        miou(labels=torch.zeros(2, 4, dtype=torch.long),
+             predictions=torch.zeros(2, 4, dtype=torch.long), weights=torch.ones(3))
+
+
+def test_float_predictions_for_a_class_metric_are_refused():
+    f1 = metrics.FBetaScoreMetric("f1", 3)
+    with pytest.raises(TypeError, match=re.escape(
+            "FBetaScoreMetric 'f1': predictions must hold class ids (an integer tensor), got "
+            "dtype torch.float32; for logits pass logits.argmax(-1).")):
+        f1(labels=torch.zeros(4, dtype=torch.long), predictions=torch.zeros(4))
+
+
+@pytest.mark.parametrize("cls", [metrics.FBetaScoreMetric, metrics.MeanIOUMetric,
+                                 metrics.DiceCoefficientMetric,
+                                 metrics.MeanPerClassAccuracyMetric])
+def test_labels_out_of_range_are_ignored_counted_and_reported_by_compute(cls):
+    y = torch.tensor([0, 1, 2, 7, -1, 1])
+    p = torch.tensor([0, 1, 1, 1, 0, 2])
+    w = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 0.0])  # the last one is masked padding
+    clean = cls("m", 3)
+    clean(labels=y[[0, 1, 2, 5]], predictions=p[[0, 1, 2, 5]], weights=w[[0, 1, 2, 5]])
+    dirty = cls("m", 3)
+    dirty(labels=y, predictions=p, weights=w)
+    with pytest.warns(UserWarning) as record:
+        value = float(dirty)
+    assert value == float(clean)
+    assert [str(r.message) for r in record] == [(
+        f"{cls.__name__} 'm': 2 labels were outside the valid range [0, 3) (num_classes=3) since "
+        "the last reset(); those samples were ignored (left out of the result). Values cannot "
+        "be checked inside the traced step, so they are counted and reported here.")]
+
+
+def test_masked_out_of_range_labels_and_predictions_do_not_warn():
+    miou = metrics.MeanIOUMetric("miou", 3)
+    miou(labels=torch.tensor([0, -100]), predictions=torch.tensor([0, 9]),
+         weights=torch.tensor([1, 0]))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        assert float(miou) == 1.0
+
+
+def test_predictions_out_of_range_are_reported_separately():
+    dice = metrics.DiceCoefficientMetric("dice", 2)
+    dice(labels=torch.tensor([0, 1, 1]), predictions=torch.tensor([0, 1, 5]))
+    with pytest.warns(UserWarning, match=r"'dice': 1 predictions were outside the valid range "
+                                         r"\[0, 2\)"):
+        assert float(dice) == 1.0
+
+
+def test_recall_at_k_ignores_and_reports_labels_outside_the_scored_classes():
+    r = metrics.RecallAtKMetric("r", 1)
+    r(labels=torch.tensor([[0, 12]]), predictions=torch.tensor([[0.9, 0.1, 0.0]]))
+    with pytest.warns(UserWarning, match=r"RecallAtKMetric 'r': 1 labels were outside the valid "
+                                         r"range \[0, num_classes\)"):
+        assert float(r) == 1.0
+
+
+def test_auc_ignores_and_reports_labels_that_are_not_binary_and_predictions_outside_0_1():
+    auc = metrics.AUCMetric("auc")
+    auc(labels=torch.tensor([0, 1, 2, 1]), predictions=torch.tensor([0.2, 0.8, 0.5, 1.5]))
+    with pytest.warns(UserWarning, match=r"AUCMetric 'auc': 2 samples had a label other than "
+                                         r"0/1 or a prediction outside the valid range \[0, 1\]"):
+        assert float(auc) == 1.0
+
+
+def test_a_metric_with_no_data_warns_and_gives_nan():
+    acc = metrics.AccuracyMetric("accuracy")
+    with pytest.warns(UserWarning, match=r"AccuracyMetric 'accuracy': no samples \(or only "
+                                         r"samples of weight 0\) were seen since the last reset"):
+        assert math.isnan(float(acc))
+
+
+INVALID_CONSTRUCTORS = [
+    (lambda: metrics.FBetaScoreMetric("f", 1),
+     "FBetaScoreMetric: num_classes must be an int >= 2, got 1."),
+    (lambda: metrics.FBetaScoreMetric("f", 3, average_type="weighted"),
+     "FBetaScoreMetric: average_type must be 'micro' or 'macro', got 'weighted'."),
+    (lambda: metrics.FBetaScoreMetric("f", 3, beta=0),
+     "FBetaScoreMetric: beta must be a positive number, got 0."),
+    (lambda: metrics.FBetaScoreMetric("f", 3, ignore_labels=[3]),
+     "FBetaScoreMetric: ignore_labels=[3] holds [3], not class ids in [0, 3)."),
+    (lambda: metrics.MeanIOUMetric("m", 2, ignore_classes=[0, 1]),
+     "MeanIOUMetric: ignore_classes=[0, 1] ignores every class; nothing would be measured."),
+    (lambda: metrics.PrecisionAtKMetric("p", 0),
+     "PrecisionAtKMetric: k must be a positive int, got 0."),
+    (lambda: metrics.AUCMetric("a", curve="DET"),
+     "AUCMetric: curve must be 'ROC' or 'PR', got 'DET'."),
+    (lambda: metrics.AUCMetric("a", num_thresholds=1),
+     "AUCMetric: num_thresholds must be an int >= 2, got 1."),
+]
+
+
+@pytest.mark.parametrize("make,message", INVALID_CONSTRUCTORS)
+def test_invalid_constructor_arguments_are_refused(make, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make()
+
+
+def test_k_larger_than_the_number_of_classes_and_bad_shapes_are_refused():
+    p = metrics.PrecisionAtKMetric("p", 5)
+    with pytest.raises(ValueError, match=re.escape(
+            "PrecisionAtKMetric 'p': k=5 but predictions score only 3 classes")):
+        p(labels=torch.tensor([0]), predictions=torch.rand(1, 3))
+    with pytest.raises(ValueError, match=re.escape(
+            "labels has shape (2, 1) and predictions has shape (3, 6); labels must be")):
+        p(labels=torch.tensor([[0], [1]]), predictions=torch.rand(3, 6))
+    with pytest.raises(ValueError, match=re.escape(
+            "weights has shape (2,); it must be a scalar or one weight per sample, shape (3,).")):
+        p(labels=torch.tensor([0, 1, 2]), predictions=torch.rand(3, 6), weights=torch.ones(2))
+
+
+def test_perplexity_refuses_a_per_token_loss():
+    ppl = metrics.PerplexityMetric("ppl")
+    with pytest.raises(ValueError, match=re.escape(
+            "PerplexityMetric 'ppl': loss has shape (2, 3); it must be the batch's loss summed "
+            "over its tokens (one number). Pass loss.sum() for per-token losses.")):
+        ppl(labels=torch.zeros(2, 3, dtype=torch.long), loss=torch.ones(2, 3))

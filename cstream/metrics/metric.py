@@ -6,7 +6,6 @@ import functools
 import math
 import warnings
 from abc import ABC, abstractmethod
-from typing import Optional
 
 import torch
 
@@ -90,7 +89,7 @@ class Metric(torch.nn.Module, ABC):
                                                    False):
             cls.reset = _resetting(cls.__dict__["reset"])
 
-    def __init__(self, name: str, compute_on_system: Optional[bool] = None):
+    def __init__(self, name: str, compute_on_system: bool | None = None):
         super().__init__()
         if not isinstance(name, str) or not name:
             raise TypeError(
