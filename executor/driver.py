@@ -56,6 +56,51 @@ def _check_leaves(leaves, where: str) -> None:
         raise BatchSpecError(f"{where}: the batch holds no tensor.")
 
 
+def remap_worker_states(states: list, cs_config) -> list:
+    """Resume states for ``cs_config``'s topology.
+
+    States saved with the same topology are used as they are. Otherwise they can be mapped only
+    when the workers' loaders keep a position in global-batch units (``ShardedSampler``): every
+    new worker then starts at the saved global batch and the round-robin continues from there.
+    """
+    from workers.context import DataLoaderCheckpoint
+
+    states = [s if isinstance(s, DataLoaderCheckpoint) else DataLoaderCheckpoint(**s)
+              for s in states]
+    C, W = cs_config.num_csx, cs_config.num_workers_per_csx
+    saved = {(s.num_csx, s.num_workers_per_csx) for s in states}
+    if saved == {(C, W)}:
+        return states
+    old = sorted(saved)[0]
+    positions = []
+    for s in states:
+        usd = s.user_state_dict or {}
+        ls = usd.get("loader_state")
+        if not (isinstance(ls, dict) and "next_global_batch" in ls):
+            raise ValueError(
+                f"the dataloader state was saved with num_csx={old[0]}, "
+                f"num_workers_per_csx={old[1]}, and this run has num_csx={C}, "
+                f"num_workers_per_csx={W}; the saved positions are per worker (the input_fn does "
+                "not use cstream.utils.data.ShardedSampler), so they cannot be mapped onto "
+                "another topology. Resume with the saved CSConfig, or shard with ShardedSampler.")
+        positions.append((int(usd.get("epoch", 0)), int(ls["next_global_batch"]), s))
+    epoch, nxt, ref = max(positions, key=lambda p: (p[0], p[1]))
+    total = sum(s.worker_step for s in states if s.wse_id == 0)
+    part = (ref.user_state_dict or {}).get("loader_state_of")
+    out = []
+    for c in range(C):
+        for w in range(W):
+            usd = {"epoch": epoch, "batch_in_epoch": 1 if nxt else 0,
+                   "loader_state": {"next_global_batch": nxt, "epoch": epoch}}
+            if part:
+                usd["loader_state_of"] = part
+            out.append(DataLoaderCheckpoint(
+                local_worker_id=w, num_workers_per_csx=W, num_csx=C, wse_id=c,
+                appliance_step=ref.appliance_step, worker_step=(total - w + W - 1) // W,
+                user_state_dict=usd))
+    return out
+
+
 def rss_bytes() -> int:
     """Resident set size of this process (Linux), 0 where unknown."""
     try:
@@ -172,6 +217,8 @@ class WaferDriver:
         else:
             from workers.local_stream import LocalInputStream as Stream
         self.cs_config = cs_config
+        if resume_states:
+            resume_states = remap_worker_states(resume_states, cs_config)
         for c in range(cs_config.num_csx):
             states = None
             if resume_states is not None:

@@ -243,3 +243,52 @@ def test_ctrl_c_ends_a_run_within_seconds_and_leaves_no_ray_process(tmp_path):
     time.sleep(1)
     left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True)
     assert left.stdout.strip() == ""
+
+
+def ids_sharded_input_fn(n=24, batch=2):
+    """Global batches of sample ids, ShardedSampler over a BatchSampler: restartable."""
+    ids = torch.arange(n * batch)
+    batches = BatchSampler(SequentialSampler(range(n * batch)), batch_size=batch, drop_last=True)
+    return torch.utils.data.DataLoader(
+        TensorDataset(ids), batch_sampler=cstorch.utils.data.ShardedSampler(batches))
+
+
+def _ids_run(steps, workers, resume=None, checkpoint_steps=None):
+    backend = cstorch.backend("CSX")
+    seen, states = [], {}
+    loader = cstorch.utils.data.DataLoader(ids_sharded_input_fn)
+    if resume is not None:
+        loader.load_state_dict(resume)
+
+    @cstorch.checkpoint_closure
+    def checkpoint(i):
+        states[i] = loader.state_dict()
+
+    executor = cstorch.utils.data.DataExecutor(
+        loader, num_steps=steps, checkpoint_steps=checkpoint_steps,
+        cs_config=cstorch.utils.CSConfig(num_workers_per_csx=workers))
+    compiled = cstorch.compile(torch.nn.Linear(1, 1), backend)
+
+    @cstorch.trace
+    def step(batch):
+        return batch[0] + compiled.weight.sum().to(torch.int64) * 0
+
+    @cstorch.step_closure
+    def record(ids):
+        seen.extend(ids.tolist())
+
+    for i, batch in enumerate(executor):
+        record(step(batch))
+        checkpoint(i)
+    backend.shutdown()
+    return seen, states
+
+
+def test_on_ray_a_resume_continues_the_sequence_also_with_another_worker_count(ray_session):
+    full = list(range(48)) + list(range(8))  # 24 global batches of 2 ids, then a new epoch
+    first, states = _ids_run(9, workers=2, checkpoint_steps=5)
+    assert first == full[:18]
+    second, states2 = _ids_run(10, workers=3, resume=states[4], checkpoint_steps=10)
+    assert first[:10] + second == full[:30]
+    third, _ = _ids_run(8, workers=4, resume=states2[9])      # crosses the epoch boundary
+    assert first[:10] + second + third == full[:46]
