@@ -1,8 +1,8 @@
 """``cstream run``, ``cstream sweep`` and ``cstream report``: experiments from the command line.
 
 ``add_parser(subparsers)`` adds the three subcommands to the ``cstream`` command's parser
-(:mod:`cstream.cli`); each subcommand's function returns the process exit status (0 ok, 1 the run or its files failed,
-2 bad arguments or a bad experiment file).
+(:mod:`cstream.cli`); each subcommand's function returns the process exit status (0 ok, 1 the
+run or its files failed, 2 bad arguments or a bad experiment file).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _fail(command: str, message: str, status: int) -> int:
     return status
 
 
-# -- arguments ---------------------------------------------------------------------------------------
+# -- arguments -------------------------------------------------------------------------------------
 def _int_list(text: str) -> list[int]:
     values = []
     for part in text.split(","):
@@ -110,8 +110,10 @@ def add_parser(subparsers) -> None:
                     "print samples/s, wafer utilisation and input starvation per point, and\n"
                     "write sweep.png (samples/s and utilisation against the worker count) and\n"
                     "sweep.json into --out. The smallest worker count that keeps the wafer\n"
-                    f"utilisation >= {UTILISATION_TARGET:.0%} is marked (*) in the table and the plot.",
-        epilog="example:\n  cstream sweep configs/input_sleep_20ms.yaml --num-workers-per-csx 1,2,4,8")
+                    f"utilisation >= {UTILISATION_TARGET:.0%} is marked (*) in the table and the "
+                    "plot.",
+        epilog="example:\n  cstream sweep configs/input_sleep_150ms.yaml "
+               "--num-workers-per-csx 1,2,4,8")
     p.add_argument("config", metavar="CONFIG", help="experiment YAML file")
     p.add_argument("--num-workers-per-csx", type=_int_list, required=True, metavar="LIST",
                    help="comma-separated worker counts per CS-X, e.g. 1,2,4,8")
@@ -138,10 +140,11 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=cmd_report)
 
 
-# -- shared ------------------------------------------------------------------------------------------
+# -- shared ----------------------------------------------------------------------------------------
 def _experiment(args, command: str):
-    from cstream.experiment import ExperimentError, load_experiment, with_layout
     import dataclasses
+
+    from cstream.experiment import ExperimentError, load_experiment, with_layout
 
     exp = load_experiment(args.config)
     changes = {}
@@ -192,7 +195,7 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0]
 
 
-# -- progress ----------------------------------------------------------------------------------------
+# -- progress --------------------------------------------------------------------------------------
 class _ProgressDisplay:
     """A rich progress bar on a terminal; elsewhere a plain line every tenth of the run."""
 
@@ -203,8 +206,13 @@ class _ProgressDisplay:
         self._bar = None
         self._next_line = 0
         if self.tty:
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                       TimeElapsedColumn)
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
 
             self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                                  MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
@@ -232,7 +240,7 @@ class _ProgressDisplay:
             self._bar.stop()
 
 
-# -- run ---------------------------------------------------------------------------------------------
+# -- run -------------------------------------------------------------------------------------------
 def cmd_run(args) -> int:
     from cstream.experiment import run_experiment
     from executor.report import format_summary
@@ -266,7 +274,7 @@ def _layout(cs) -> str:
     return (f"{cs.num_csx} CS-X x {cs.num_workers_per_csx} workers, wafer {wafer}")
 
 
-# -- sweep -------------------------------------------------------------------------------------------
+# -- sweep -----------------------------------------------------------------------------------------
 def sweep_points(exp, workers: list[int], csx: list[int]) -> list:
     """The experiments of a sweep grid, CS-X count outer, worker count inner."""
     from cstream.experiment import with_layout
@@ -314,7 +322,9 @@ def _num(v, digits: int = 1) -> str:
 
 
 def _pct(v) -> str:
-    return "-" if v is None else f"{100 * v:.1f}%"
+    from executor.report import pct
+
+    return "-" if v is None else pct(v)
 
 
 def plot_sweep(rows: list[dict], target: float, path: Path, title: str) -> Path:
@@ -325,6 +335,7 @@ def plot_sweep(rows: list[dict], target: float, path: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
 
     best = best_counts(rows, target)
+    xs = sorted({r["num_workers_per_csx"] for r in rows})
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     ax2 = ax.twinx()
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -338,13 +349,15 @@ def plot_sweep(rows: list[dict], target: float, path: Path, title: str) -> Path:
                  alpha=0.7, label=f"utilisation, {c} CS-X")
         if best[c] is not None:
             ax.axvline(best[c], color=colour, linestyle=":", linewidth=1.5)
+            left = best[c] == xs[-1] and len(xs) > 1
             ax2.annotate(f"{best[c]} workers/CS-X\nreach {target:.0%}",
-                         (best[c], 100 * target), textcoords="offset points", xytext=(6, -28),
+                         (best[c], 100 * target), textcoords="offset points",
+                         xytext=(-6 if left else 6, -30), ha="right" if left else "left",
                          fontsize=8, color=colour)
     ax2.axhline(100 * target, color="grey", linewidth=0.8, linestyle="-.")
     ax.set_xscale("log", base=2)
-    xs = sorted({r["num_workers_per_csx"] for r in rows})
     ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_xlim(xs[0] / 1.25, xs[-1] * 1.25)
     ax.set_xlabel("input workers per CS-X")
     ax.set_ylabel("samples/s (wafer)")
     ax2.set_ylabel("wafer utilisation (%)")
@@ -419,7 +432,7 @@ def cmd_sweep(args) -> int:
     return 0
 
 
-# -- report ------------------------------------------------------------------------------------------
+# -- report ----------------------------------------------------------------------------------------
 def plot_run(profile: dict, report: dict, path: Path, title: str) -> Path:
     """Per step: wafer utilisation and input-buffer occupancy; samples/s over a moving window."""
     import matplotlib

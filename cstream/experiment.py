@@ -22,7 +22,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Union, get_args, get_origin, get_type_hints
+from typing import Callable, Optional, Union, get_args, get_origin, get_type_hints
 
 import torch
 
@@ -59,7 +59,7 @@ def _mapping(name, value):
                               f"{_show(value)}.")
 
 
-# -- built-ins ------------------------------------------------------------------------------------
+# -- built-ins -------------------------------------------------------------------------------------
 def _builtin_mlp(in_features: int = 64, hidden: int = 128, out_features: int = 10,
                  layers: int = 2) -> torch.nn.Module:
     mods: list[torch.nn.Module] = []
@@ -123,7 +123,8 @@ class InputConfig:
 
         fn = resolve(BUILTIN_INPUTS.get(self.fn, self.fn), "input.fn")
         if not callable(fn):
-            raise ExperimentError(f"input.fn: {self.fn!r} is a {type(fn).__name__}, not a function.")
+            raise ExperimentError(
+                f"input.fn: {self.fn!r} is a {type(fn).__name__}, not a function.")
         return DataLoader(fn, **self.kwargs)
 
 
@@ -253,7 +254,7 @@ class Experiment:
         return dataclasses.asdict(self)
 
 
-# -- filling the dataclasses from mappings ----------------------------------------------------------
+# -- filling the dataclasses from mappings ---------------------------------------------------------
 def _did_you_mean(name: str, valid) -> str:
     close = difflib.get_close_matches(name, list(valid), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
@@ -288,7 +289,8 @@ def _fill(cls, data, path: str):
     for key, value in data.items():
         tp = hints[key]
         sub = f"{path}.{key}" if path else key
-        inner = [a for a in get_args(tp) if a is not type(None)] if get_origin(tp) is Union else [tp]
+        inner = ([a for a in get_args(tp) if a is not type(None)]
+                 if get_origin(tp) is Union else [tp])
         target = next((a for a in inner if _is_dataclass_type(a)), None)
         if target is not None and value is not None:
             value = _fill(target, value, sub)
@@ -323,7 +325,8 @@ def load_experiment(path) -> Experiment:
 
     >>> import tempfile, os
     >>> f = os.path.join(tempfile.mkdtemp(), "bad.yaml")
-    >>> _ = open(f, "w").write("input: synthetic\\nsteps: 5\\ncs_config: {num_workers_per_csx: four}\\n")
+    >>> text = "input: synthetic\\nsteps: 5\\ncs_config: {num_workers_per_csx: four}\\n"
+    >>> _ = open(f, "w").write(text)
     >>> load_experiment(f)
     Traceback (most recent call last):
     ...
@@ -359,7 +362,7 @@ def with_layout(exp: Experiment, **changes) -> Experiment:
     return dataclasses.replace(exp, cs_config=cs)
 
 
-# -- running ----------------------------------------------------------------------------------------
+# -- running ---------------------------------------------------------------------------------------
 @dataclass
 class RunResult:
     """What :func:`run_experiment` returns."""

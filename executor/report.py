@@ -63,7 +63,8 @@ def has_wafer_figures(records: list[dict]) -> bool:
 
 def step_rows(records: list[dict]) -> list[dict]:
     """Per-step rows: the records plus ``step_wall_s`` (wafer time since the previous step ended)
-    and the step's ``utilisation`` (compute / step wall). Rows without wafer figures pass through."""
+    and the step's ``utilisation`` (compute / step wall). Rows without wafer figures pass
+    through."""
     rows = []
     prev_end = None
     for r in sorted(records, key=lambda r: r["step"]):
@@ -89,6 +90,16 @@ def warmup_steps(records: list[dict]) -> int:
                 seen.add((c, w))
                 last_new = i
     return last_new
+
+
+def _whole_rounds(records: list[dict]) -> int:
+    """The longest prefix of ``records`` made of whole round-robin rounds of every CS-X's
+    workers, so that per-worker counts are not skewed by a round cut short."""
+    per_csx = max((len(r.get("workers") or []) for r in records), default=0)
+    widths = [1 + max((int(r["workers"][c]) for r in records if len(r.get("workers") or []) > c),
+                      default=0) for c in range(per_csx)]
+    period = max(widths, default=1)
+    return (len(records) // period) * period
 
 
 def _worker_figures(records: list[dict], wafer_wall_s: float) -> list[dict]:
@@ -143,7 +154,7 @@ def summarize(records: list[dict], *, global_rate: Optional[float] = None,
     compute = sum(r["compute_s"] for r in steady)
     wait = sum(r.get("input_wait_s", 0.0) for r in steady)
     occupancy = [float(r.get("buffer_occupancy", 0.0)) for r in steady]
-    workers = _worker_figures(steady, wall)
+    workers = _worker_figures(steady[:_whole_rounds(steady)] or steady, wall)
     rates = [w["batches_per_s"] for w in workers]
     mean_rate = sum(rates) / len(rates) if rates else 0.0
     out.update({
@@ -178,7 +189,7 @@ def summarize_profile(profile: dict) -> dict:
                      stream_stats=summary.get("workers"))
 
 
-# -- TensorBoard --------------------------------------------------------------------------------
+# -- TensorBoard -----------------------------------------------------------------------------------
 def write_scalars(writer, records: list[dict], report: dict) -> int:
     """Write the per-step wafer figures (``wafer/<name>``, at their step), the per-worker rates
     (``workers/csx<c>_w<w>/batches_per_s``) and the run summary (``summary/<name>``, at the
@@ -207,7 +218,7 @@ def write_scalars(writer, records: list[dict], report: dict) -> int:
     return n
 
 
-# -- files ----------------------------------------------------------------------------------------
+# -- files -----------------------------------------------------------------------------------------
 def write_steps_parquet(path: Path, records: list[dict]) -> None:
     """One row per step (lists, such as the per-CS-X worker ids, stay list columns)."""
     import pyarrow as pa
@@ -243,12 +254,18 @@ def load_run(run_dir) -> dict:
 
 
 # -- text ------------------------------------------------------------------------------------------
+def pct(value: float) -> str:
+    """A fraction as a percentage with one decimal, rounded down (so 94.98% never reads as a
+    95% target reached)."""
+    return f"{math.floor(1000 * value + 1e-9) / 10:.1f}%"
+
+
 def _fmt(value, unit: str = "") -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
         if unit == "%":
-            return f"{100 * value:.1f}%"
+            return pct(value)
         if unit == "s":
             return f"{value:.3f} s"
         return f"{value:,.1f}"

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from executor.report import pct
+
 REPO = Path(__file__).resolve().parents[1]
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -92,7 +94,7 @@ def test_run_shows_progress_a_summary_table_and_writes_profile_and_tensorboard(
     run_dir = tmp_path / "art" / "executors" / "000001"
     assert lines[-1] == "run directory: art/executors/000001"
     profile = json.loads((run_dir / "profile.json").read_text())
-    assert rows["wafer utilisation"] == f"{100 * profile['report']['utilisation']:.1f}%"
+    assert rows["wafer utilisation"] == pct(profile["report"]["utilisation"])
     tags = scalar_tags(run_dir / "tensorboard")
     assert tags["rate"] == list(range(1, 13)) and tags["global_rate"] == list(range(1, 13))
     assert tags["wafer/utilisation"] == list(range(1, 13))
@@ -140,7 +142,7 @@ def test_sweep_on_ray_prints_a_table_writes_the_plot_and_report_reprints_it(
     doc = json.loads((tmp_path / "sw" / "sweep.json").read_text())
     assert [r["num_workers_per_csx"] for r in doc["rows"]] == [1, 2]
     for r, row in zip(doc["rows"], body):
-        assert row[3] == f"{100 * r['utilisation']:.1f}%"
+        assert row[3] == pct(r["utilisation"])
         w = r["num_workers_per_csx"]
         assert r["run_dir"] == f"sw/csx1-w{w}/executors/000001"
         assert (tmp_path / r["run_dir"] / "profile.json").is_file()

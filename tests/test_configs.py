@@ -6,8 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from cstream.experiment import (BackendConfig, Experiment, ExperimentError, InputConfig,
-                                ModelConfig, experiment_from_dict, load_experiment, with_layout)
+from cstream.experiment import (
+    BackendConfig,
+    Experiment,
+    ExperimentError,
+    InputConfig,
+    ModelConfig,
+    experiment_from_dict,
+    load_experiment,
+    with_layout,
+)
 from workers.config import CSConfig
 
 REPO = Path(__file__).resolve().parents[1]

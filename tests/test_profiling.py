@@ -7,9 +7,7 @@ import json
 
 import pandas as pd
 import pytest
-import torch
 
-import cstream
 from cstream.cli_run import best_counts, sweep_points
 from cstream.experiment import experiment_from_dict, run_experiment
 from executor.report import format_summary, step_rows, summarize, warmup_steps
@@ -35,7 +33,7 @@ def scalars(event_dir):
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
-# -- summaries from records -----------------------------------------------------------------------
+# -- summaries from records ------------------------------------------------------------------------
 def test_summary_leaves_worker_start_up_out_and_splits_wall_time_into_compute_wait_and_client():
     # two workers: steps 1-2 are the warm-up (each worker's first batch); steps 3-5 are steady
     records = [
@@ -60,10 +58,24 @@ def test_summary_leaves_worker_start_up_out_and_splits_wall_time_into_compute_wa
     assert s["max_buffer_occupancy"] == 3.0
     assert s["samples"] == 40 and s["steps"] == 5 and s["global_rate"] == 123.0
     assert (s["time_to_first_step_s"], s["trace_s"], s["compile_s"]) == (0.75, 0.25, 0.5)
-    assert [(w["worker"], w["batches"]) for w in s["workers"]] == [(0, 2), (1, 1)]
-    assert s["workers"][0]["batches_per_s"] == pytest.approx(2 / 0.045)
-    assert s["workers"][0]["input_wait_s"] == pytest.approx(0.010)
-    assert s["worker_rate_spread"] == pytest.approx((2 - 1) / 1.5)
+    # per-worker counts cover whole round-robin rounds (steps 3-4), not the cut-short round
+    assert [(w["worker"], w["batches"]) for w in s["workers"]] == [(0, 1), (1, 1)]
+    assert s["workers"][0]["batches_per_s"] == pytest.approx(1 / 0.045)
+    assert [w["input_wait_s"] for w in s["workers"]] == pytest.approx([0.010, 0.0])
+    assert s["worker_rate_spread"] == 0.0
+
+
+def test_worker_rates_and_their_spread_count_each_cs_x_and_worker_separately():
+    # 2 CS-X x 2 workers; on CS-X 1 worker 1 delivered twice in a row (a restart replays it)
+    records = [rec(1, 0.01, 0.0, 0.01, 1, [0, 0]), rec(2, 0.01, 0.0, 0.02, 1, [1, 1]),
+               rec(3, 0.01, 0.01, 0.04, 1, [0, 1]), rec(4, 0.01, 0.0, 0.05, 1, [1, 1])]
+    s = summarize(records)
+    assert s["warmup_steps"] == 2 and s["steady_wall_s"] == pytest.approx(0.03)
+    assert [(w["csx"], w["worker"], w["batches"]) for w in s["workers"]] == [
+        (0, 0, 1), (0, 1, 1), (1, 1, 2)]
+    assert s["workers"][2]["batches_per_s"] == pytest.approx(2 / 0.03)
+    assert s["workers"][0]["input_wait_s"] == pytest.approx(0.005)  # shared by both CS-Xs
+    assert s["worker_rate_spread"] == pytest.approx((2 - 1) / (4 / 3))
 
 
 def test_per_step_rows_carry_the_step_wall_time_and_utilisation():
@@ -149,7 +161,7 @@ def test_a_cpu_run_reports_time_to_first_step_and_rates_without_wafer_figures(tm
     assert not [t for t in tb if t.startswith("wafer/")]
 
 
-# -- the sweep on Ray, against theory ---------------------------------------------------------------
+# -- the sweep on Ray, against theory --------------------------------------------------------------
 WAFER_S = 0.040   # the simulated wafer: 40 ms per step
 COST_MS = 70      # each batch costs its worker 70 ms (sleep: overlaps across workers)
 TARGET = 0.90     # Ray's transport costs a few ms per batch on this 2-core machine: 95% of a 40 ms
