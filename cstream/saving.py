@@ -87,7 +87,6 @@ def _tensor_to_numpy(t: torch.Tensor) -> tuple[np.ndarray, str]:
 
 
 def _write(group, name: str, value, path: str) -> None:
-    import h5py
 
     if isinstance(value, torch.Tensor):
         array, dtype = _tensor_to_numpy(value)

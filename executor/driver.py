@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 import torch._higher_order_ops.triton_kernel_wrap  # noqa: F401  (unpickling captured graphs)
-from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from executor.engine.compiler import compile_step
 from executor.engine.handles import LazyInit

@@ -52,10 +52,11 @@ class Profiler:
         t = self._clock() if t is None else t
         self.total_samples += num_samples
         self.last_step_end = t
-        if self.first_step_end is None:
-            self.first_step_end = t
+        if self.first_step_end is None:  # the first step opens the windows; its samples
+            self.first_step_end = t        # were produced before them (global_rate counts them)
             self._window_start = t
             self._log_last_t = t
+            return
         self._window_samples += num_samples
         self._log_samples += num_samples
 

@@ -41,7 +41,7 @@ class DataLoader:
             raise TypeError(
                 f"DataLoader expects input_fn to be a callable that returns a "
                 f"torch.utils.data.DataLoader (or any iterable of batches), got "
-                f"{type(input_fn).__name__}: {input_fn!r}. Each input worker calls input_fn to "
+                f"{type(input_fn).__name__}: {repr(input_fn)[:80]}. Each input worker calls input_fn to "
                 f"build its own dataloader, so pass the function itself, e.g. "
                 f"cstream.utils.data.DataLoader(input_fn, batch_size=64), not input_fn(...)."
             )

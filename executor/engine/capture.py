@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from executor.engine.errors import CompileError, TracingError
+from executor.engine.errors import TracingError
 from executor.engine.guards import ReadGuard, user_frame_of
 from executor.engine.handles import Slot, StateHandle, Store
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import weakref
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 from torch.utils._pytree import tree_map_only

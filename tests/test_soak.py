@@ -1,0 +1,26 @@
+"""Soak: memory stays flat and buffers bounded over a long run (short version in CI)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from soak import soak  # noqa: E402
+
+
+def _check(r):
+    assert r["client_rss_growth"] < 0.05, r["client_rss_growth"]
+    assert r["driver_rss_growth"] < 0.05, r["driver_rss_growth"]
+    assert r["max_outputs_kept"] <= 9  # the bounded look-ahead (8) plus the step in hand
+
+
+def test_a_short_soak_keeps_memory_flat_and_buffers_bounded(ray_session):
+    _check(soak(steps=2500, workers=8, sample_every=250, wafer_s=0.001))
+
+
+@pytest.mark.slow
+def test_a_20000_step_soak_keeps_memory_flat_and_buffers_bounded(ray_session):
+    _check(soak(steps=20000, workers=8, sample_every=1000, wafer_s=0.001))
