@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -147,6 +148,8 @@ def _experiment(args, command: str):
     from cstream.experiment import ExperimentError, load_experiment, with_layout
 
     exp = load_experiment(args.config)
+    if os.getcwd() not in sys.path:  # import paths in the file resolve from here, as python -m
+        sys.path.insert(0, os.getcwd())
     changes = {}
     if getattr(args, "num_csx", None) is not None and command == "run":
         changes["num_csx"] = args.num_csx
@@ -185,12 +188,10 @@ def _user_errors():
 def _run_errors():
     from executor.driver import DriverError
 
-    return (ValueError, TypeError, RuntimeError, DriverError, KeyboardInterrupt)
+    return (ValueError, TypeError, RuntimeError, DriverError)
 
 
 def _first_line(e: BaseException) -> str:
-    if isinstance(e, KeyboardInterrupt):
-        return "interrupted"
     text = str(e).strip() or type(e).__name__
     return text.splitlines()[0]
 
@@ -223,8 +224,9 @@ class _ProgressDisplay:
     @staticmethod
     def _info(p) -> str:
         loss = "-" if p.loss is None else f"{p.loss:.4f}"
-        fill = "-" if p.buffer_fill is None else f"{p.buffer_fill:.1f}/{p.buffer_capacity}"
-        return f"loss {loss}  rate {p.rate:,.1f} samples/s  buffer {fill}"
+        rate = "-" if p.rate is None else f"{p.rate:,.1f}"
+        fill = "-" if p.buffer_fill is None else f"{p.buffer_fill:.1f}"
+        return f"loss {loss}  rate {rate} samples/s  buffer {fill} batches ready"
 
     def __call__(self, p) -> None:
         if not self.enabled:
@@ -400,6 +402,9 @@ def cmd_sweep(args) -> int:
     title = f"{exp.name}: {_layout(points[0].cs_config).split(', ', 1)[1]}"
     rows = []
     ray_started = False
+    if exp.backend.options.get("in_process"):
+        print("note: in_process runs every input worker in this process, one after another, so "
+              "more workers cannot deliver faster; sweep on Ray to measure the input side.")
     try:
         if exp.backend.type == "CSX" and not exp.backend.options.get("in_process"):
             from executor.ray_session import ensure_ray

@@ -382,9 +382,11 @@ class Progress:
     step: int
     num_steps: int
     loss: Optional[float]
-    rate: float
+    """The loss of the step last refreshed (None without a model)."""
+    rate: Optional[float]
+    """The client's smoothed samples/s at the last refresh (None before the second step)."""
     buffer_fill: Optional[float]
-    buffer_capacity: int
+    """Batches ready per CS-X when the wafer began the step last refreshed (CSX only)."""
 
 
 def _split_batch(batch):
@@ -437,9 +439,8 @@ def run_experiment(exp: Experiment, *, artifact_dir=None, progress: Optional[Cal
         executor = cstream.utils.data.DataExecutor(
             dataloader, num_steps=exp.steps, checkpoint_steps=exp.checkpoint_steps,
             cs_config=exp.cs_config)
-        last_loss, last_show, rate = None, 0.0, 0.0
+        last_loss, last_show, rate = None, 0.0, None
         fill = None
-        capacity = exp.cs_config.input_buffer_batches
         for i, batch in enumerate(executor):
             if i == 0 and tensorboard:
                 from torch.utils.tensorboard import SummaryWriter
@@ -460,8 +461,8 @@ def run_experiment(exp: Experiment, *, artifact_dir=None, progress: Optional[Cal
                 if poll is not None:
                     stats = poll(i)
                     fill = None if stats is None else stats.get("buffer_occupancy")
-                rate = executor.profiler.rate()
-            progress(Progress(i + 1, executor.num_steps, last_loss, rate, fill, capacity))
+                rate = executor.profiler.rate() if i > 0 else None
+            progress(Progress(i + 1, executor.num_steps, last_loss, rate, fill))
     finally:
         if writer is not None:
             writer.close()

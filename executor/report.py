@@ -50,7 +50,7 @@ from typing import Any, Optional
 SUMMARY_SCALARS = (
     "samples_per_s", "global_rate", "utilisation", "starved_fraction", "client_bound_fraction",
     "mean_buffer_occupancy", "worker_rate_spread", "time_to_first_step_s", "wafer_wall_s",
-    "utilisation_incl_warmup", "warmup_s",
+    "utilisation_incl_warmup", "warmup_s", "trace_s", "compile_s",
 )
 #: per-step keys written as TensorBoard scalars (under ``wafer/``)
 STEP_SCALARS = ("compute_s", "input_wait_s", "buffer_occupancy", "utilisation", "step_wall_s")

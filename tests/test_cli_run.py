@@ -198,3 +198,12 @@ def test_a_wrong_key_in_the_experiment_file_is_one_line_naming_the_key_and_the_v
         "'num_workers_per_csx'?). Valid keys: num_csx, num_workers_per_csx, "
         "wafer_samples_per_sec, wafer_seconds_per_step, input_buffer_batches, "
         "max_worker_restarts, straggler_timeout_s.\n")
+
+
+def test_an_input_function_that_fails_ends_the_run_with_its_message_and_exit_status_1(
+        tmp_path):
+    (tmp_path / "fails.yaml").write_text(SMALL.replace("cost_ms: 0", "cost_ms: 0, cost_kind: gpu"))
+    out = cstream("run", "fails.yaml", "--in-process", cwd=tmp_path)
+    assert out.returncode == 1
+    assert out.stderr == ("cstream run: error: synthetic_input_fn: cost_kind must be one of "
+                          "('sleep', 'cpu'), got 'gpu'.\n")
