@@ -462,7 +462,8 @@ def plot_run(profile: dict, report: dict, path: Path, title: str) -> Path:
         ax2.set_ylabel("batches ready")
         h1, l1 = ax.get_legend_handles_labels()
         h2, l2 = ax2.get_legend_handles_labels()
-        ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="lower right")
+        ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper center", ncol=3,
+                  bbox_to_anchor=(0.5, -0.14))
     else:
         times = [r["time"] for r in rows]
         rates = [r["samples"] / (t1 - t0) if t1 > t0 else 0.0
@@ -503,7 +504,7 @@ def cmd_report(args) -> int:
         return _fail("report", str(e), 2)
     cs = profile.get("cs_config") or {}
     title = f"run {run_dir.resolve().name}"
-    if cs:
+    if cs and report.get("utilisation") is not None:  # a wafer run
         from workers.config import CSConfig
 
         title += f": {_layout(CSConfig(**cs))}"
