@@ -12,6 +12,7 @@ The same class runs in-process (tests, debugging) or as a Ray actor (``ray.remot
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 import traceback
@@ -27,6 +28,11 @@ from executor.engine.handles import LazyInit
 
 
 warnings.filterwarnings("ignore", message=r".*LeafSpec.*deprecated", category=FutureWarning)
+
+
+class _Failure:
+    def __init__(self, exc: BaseException, tb: str):
+        self.exc, self.tb = exc, tb
 
 
 class DriverError(RuntimeError):
@@ -195,6 +201,8 @@ class WaferDriver:
     # -- a run ---------------------------------------------------------------------------------
     def _reset_run(self):
         self._streams = []
+        self._buffers = []
+        self._feeders = []
         self._thread = None
         self._done = -1
         self._acked = -1
@@ -255,8 +263,56 @@ class WaferDriver:
                              lookahead=lookahead)
         self._started = True
         self._t_start = time.perf_counter()
+        # one feeder per CS-X fills that CS-X's bounded input buffer from its workers, so the
+        # wafer takes ready batches without paying the transport on its own time
+        capacity = max(int(getattr(self.cs_config, "input_buffer_batches", 4)), 1)
+        self._buffers = [queue.Queue(maxsize=capacity) for _ in self._streams]
+        self._feeders = [
+            threading.Thread(target=self._feed, args=(c, s, self._buffers[c], num_steps,
+                                                      self._run_cfg["checkpoint_steps"]),
+                             name=f"feeder-csx{c}", daemon=True)
+            for c, s in enumerate(self._streams)]
+        for f in self._feeders:
+            f.start()
         self._thread = threading.Thread(target=self._loop, name="wafer", daemon=True)
         self._thread.start()
+
+    def _feed(self, c: int, stream, buf: "queue.Queue", num_steps: int, checkpoints: set):
+        """Pull CS-X ``c``'s batches in step order; keep the input position for checkpoints."""
+        try:
+            for step in range(num_steps):
+                if self._stop:
+                    return
+                b, info = stream.next()
+                self._check_batch(step, c, b, info)
+                states = stream.worker_states() if step in checkpoints else None
+                item = (b, info, states)
+                while not self._stop:
+                    try:
+                        buf.put(item, timeout=0.2)
+                        break
+                    except queue.Full:
+                        continue
+        except BaseException as e:  # handed to the wafer loop, which reports it
+            while not self._stop:
+                try:
+                    buf.put(_Failure(e, traceback.format_exc()), timeout=0.2)
+                    return
+                except queue.Full:
+                    continue
+
+    def _take(self, c: int):
+        buf = self._buffers[c]
+        while True:
+            try:
+                item = buf.get(timeout=0.2)
+            except queue.Empty:
+                if self._stop:
+                    raise DriverError("the run was stopped") from None
+                continue
+            if isinstance(item, _Failure):
+                raise item.exc
+            return item
 
     def _loop(self):
         cfg = self._run_cfg
@@ -268,14 +324,14 @@ class WaferDriver:
                         self._lock.wait(0.5)
                     if self._stop:
                         return
+                occupancy = sum(b.qsize() for b in self._buffers) / len(self._buffers)
                 t0 = time.perf_counter()
-                occupancy = sum(s.ready_count() for s in self._streams) / max(len(self._streams), 1)
-                parts, infos = [], []
-                for c, s in enumerate(self._streams):
-                    b, info = s.next()
-                    self._check_batch(step, c, b, info)
+                parts, infos, states = [], [], []
+                for c in range(len(self._streams)):
+                    b, info, st = self._take(c)
                     parts.append(b)
                     infos.append(info)
+                    states.extend(st or [])
                 batch = _concat(parts)
                 t1 = time.perf_counter()
                 leaves, _ = tree_flatten(batch)
@@ -300,8 +356,7 @@ class WaferDriver:
                     if step in cfg["checkpoint_steps"]:
                         self._snapshots[step] = {k: self.state[k].detach().to("cpu", copy=True)
                                                  for k in order or self.state}
-                        self._worker_states[step] = [
-                            st for s in self._streams for st in s.worker_states()]
+                        self._worker_states[step] = states
                     self._stats.append({
                         "step": step + 1, "samples": samples, "compute_s": t2 - t1,
                         "wafer_t": t2 - self._t_start,
@@ -387,12 +442,23 @@ class WaferDriver:
                     self._stop = True
                     self._lock.notify_all()
                 self._thread.join(timeout=30)
+        with self._lock:
+            self._stop = True  # feeders still prefetching (after an error) stop
+            self._lock.notify_all()
+        for f in self._feeders:
+            f.join(timeout=2)
         summary = {"steps": self._done + 1, "stats": self._take_stats(), "workers": []}
         for s in self._streams:
             try:
                 summary["workers"].append(s.stats())
             finally:
-                s.close()
+                try:
+                    s.close()
+                except Exception:  # a feeder blocked in the stream: closing is best effort
+                    pass
+        for f in self._feeders:
+            f.join(timeout=10)
+        self._feeders, self._buffers = [], []
         self._streams = []
         if self._t_start is not None:
             summary["wafer_wall_s"] = time.perf_counter() - self._t_start
