@@ -22,7 +22,7 @@ $(STAMP): $(PY) pyproject.toml
 setup: $(STAMP)
 
 demo: setup
-	$(PY) examples/train.py --artifact-dir demo_run
+	$(PY) examples/train.py --artifact-dir demo_run --log-every 1
 	$(PY) examples/evaluate.py --checkpoint-dir demo_run/checkpoints --artifact-dir demo_run
 
 test: setup

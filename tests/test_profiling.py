@@ -164,8 +164,7 @@ def test_a_cpu_run_reports_time_to_first_step_and_rates_without_wafer_figures(tm
 # -- the sweep on Ray, against theory --------------------------------------------------------------
 WAFER_S = 0.040   # the simulated wafer: 40 ms per step
 COST_MS = 70      # each batch costs its worker 70 ms (sleep: overlaps across workers)
-TARGET = 0.90     # Ray's transport costs a few ms per batch on this 2-core machine: 95% of a 40 ms
-                  # step leaves too little for it, so the test asks for 90%
+TARGET = 0.95     # the bar: the smallest count that keeps the wafer >= 95% busy
 LOOKAHEAD = 2
 
 
