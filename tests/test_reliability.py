@@ -135,3 +135,104 @@ def test_ray_listens_on_loopback_only_with_the_dashboard_off(ray_session):
         assert local.startswith(("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:")), line
     assert not any("dashboard" in line for line in ours)
     assert os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") == "0"
+
+
+def _sharded_ids_input_fn(n=16, batch=2):
+    from torch.utils.data import BatchSampler, SequentialSampler, TensorDataset
+
+    x = torch.arange(n * batch, dtype=torch.float32)[:, None]
+    batches = BatchSampler(SequentialSampler(range(n * batch)), batch_size=batch, drop_last=True)
+    return torch.utils.data.DataLoader(
+        TensorDataset(x), batch_sampler=cstorch.utils.data.ShardedSampler(batches))
+
+
+def _training_run(steps, ckpt_dir, resume=None, kill_at=None, workers=2):
+    ckpt_dir.mkdir(exist_ok=True)
+    torch.manual_seed(0)
+    backend = cstorch.backend("CSX")
+    model = torch.nn.Linear(1, 1)
+    compiled = cstorch.compile(model, backend)
+    opt = cstorch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loader = cstorch.utils.data.DataLoader(_sharded_ids_input_fn)
+    if resume is not None:
+        state = cstorch.load(resume)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        loader.load_state_dict(state["dataloader"])
+    seen = []
+
+    @cstorch.trace
+    def step(batch):
+        (x,) = batch
+        loss = (compiled(x) - x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss, x
+
+    @cstorch.step_closure
+    def record(loss, x):
+        seen.append((loss.item(), x.flatten().tolist()))
+
+    @cstorch.checkpoint_closure
+    def save(i):
+        cstorch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                      "dataloader": loader.state_dict()}, ckpt_dir / f"ckpt_{i + 1}.h5")
+
+    executor = cstorch.utils.data.DataExecutor(
+        loader, num_steps=steps, checkpoint_steps=4,
+        cs_config=cstorch.utils.CSConfig(num_workers_per_csx=workers))
+    try:
+        for i, batch in enumerate(executor):
+            record(*step(batch))
+            save(i)
+            if kill_at is not None and i == kill_at:
+                import ray
+
+                ray.kill(backend.driver().actor)
+    finally:
+        backend.shutdown()
+    return seen
+
+
+def test_after_the_driver_dies_a_new_run_resumes_from_the_last_checkpoint_exactly(
+        ray_session, tmp_path):
+    reference = _training_run(12, tmp_path / "ref")
+    (tmp_path / "run").mkdir()
+    with pytest.raises(DriverError, match="resume from the newest one"):
+        _training_run(12, tmp_path / "run", kill_at=9)
+    newest = tmp_path / "run" / "ckpt_8.h5"
+    assert newest.exists() and not (tmp_path / "run" / "ckpt_12.h5").exists()
+    assert not list((tmp_path / "run").glob(".*.tmp"))  # nothing partial left
+    resumed = _training_run(4, tmp_path / "run", resume=newest)
+    assert resumed == reference[8:]
+
+
+def test_a_resume_that_cannot_honour_the_saved_topology_names_both(tmp_path):
+    def per_worker_ids():
+        info = cstorch.distributed.get_worker_info()
+        return [torch.full((2,), float(i)) for i in range(info.local_worker_id, 12,
+                                                             info.num_workers_per_csx)]
+
+    states = {}
+    backend = cstorch.backend("CSX", in_process=True)
+    loader = cstorch.utils.data.DataLoader(per_worker_ids)
+
+    @cstorch.checkpoint_closure
+    def save():
+        states["dl"] = loader.state_dict()
+
+    for _ in cstorch.utils.data.DataExecutor(
+            loader, num_steps=4, checkpoint_steps=4,
+            cs_config=cstorch.utils.CSConfig(num_workers_per_csx=2)):
+        save()
+    backend.shutdown()
+    backend = cstorch.backend("CSX", in_process=True)
+    loader = cstorch.utils.data.DataLoader(per_worker_ids)
+    loader.load_state_dict(states["dl"])
+    with pytest.raises(ValueError, match=r"saved with num_csx=1, num_workers_per_csx=2, and this "
+                                         r"run has num_csx=1, num_workers_per_csx=3"):
+        for _ in cstorch.utils.data.DataExecutor(
+                loader, num_steps=2, cs_config=cstorch.utils.CSConfig(num_workers_per_csx=3)):
+            pass
+    backend.shutdown()
