@@ -232,7 +232,8 @@ class WaferDriver:
             if resume_states is not None:
                 states = [s for s in resume_states if s.wse_id == c]
             self._streams.append(Stream(dataloader, cs_config, c, resume_states=states,
-                                        in_flight_per_worker=in_flight_per_worker))
+                                        in_flight_per_worker=in_flight_per_worker,
+                                        zero_copy=True))
         specs = [s.peek_spec() for s in self._streams]
         self._part_specs = [tree_flatten(sp) for sp in specs]
         for c, (leaves, _) in enumerate(self._part_specs):

@@ -16,6 +16,7 @@ tensors); :func:`unpack_batch` rebuilds torch tensors on memory the consumer own
 from __future__ import annotations
 
 import copy
+import warnings
 import hashlib
 import sys
 import threading
@@ -82,13 +83,24 @@ def pack_tensor(t: torch.Tensor) -> Any:
                         "bytes")
 
 
-def unpack_tensor(p: PackedTensor) -> torch.Tensor:
-    """Rebuild the tensor on a private, writable copy of the received array.
+def unpack_tensor(p: PackedTensor, copy: bool = True) -> torch.Tensor:
+    """Rebuild the tensor.
 
-    Arrays received from Ray may be read-only views of shared object-store memory; a tensor on
-    them would let an in-place op change what other readers see, so the data is copied first.
+    ``copy=True``: on a private, writable copy of the received array (arrays received from Ray
+    may be views of shared object-store memory, and an in-place op would change what other
+    readers see). ``copy=False``: directly on the received memory -- for a consumer that is the
+    object's only reader (an input stream: each batch object is fetched once), which saves a
+    copy into freshly faulted pages (the dominant cost of large batches here).
     """
-    t = torch.from_numpy(np.array(p.array, copy=True, order="C"))
+    if copy:
+        t = torch.from_numpy(np.array(p.array, copy=True, order="C"))
+    else:
+        arr = np.asarray(p.array)
+        if not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "array is not writable": sole reader
+            t = torch.from_numpy(arr)
     if p.how == "numpy":
         return t
     dtype = getattr(torch, p.dtype)
@@ -102,9 +114,9 @@ def pack_batch(batch: Any) -> Any:
     return tree_map_only(torch.Tensor, pack_tensor, batch)
 
 
-def unpack_batch(payload: Any) -> Any:
-    """Inverse of :func:`pack_batch`: torch tensors that the caller owns."""
-    return tree_map_only(PackedTensor, unpack_tensor, payload)
+def unpack_batch(payload: Any, copy: bool = True) -> Any:
+    """Inverse of :func:`pack_batch` (see :func:`unpack_tensor` for ``copy``)."""
+    return tree_map_only(PackedTensor, lambda p: unpack_tensor(p, copy), payload)
 
 
 def packed_nbytes(payload: Any) -> int:

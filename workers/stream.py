@@ -126,7 +126,8 @@ class CsxInputStream:
     """
 
     def __init__(self, dataloader, cs_config, wse_id, *, resume_states=None,
-                 in_flight_per_worker=2, name_prefix="cstream"):
+                 in_flight_per_worker=2, name_prefix="cstream", zero_copy=False):
+        self.zero_copy = bool(zero_copy)  # True: the caller is each batch's only reader
         if not isinstance(dataloader, DataLoader):
             raise TypeError(
                 f"CsxInputStream: dataloader must be a cstream DataLoader "
@@ -337,7 +338,8 @@ class CsxInputStream:
         wk.received = index + 1
         wk.received_after = reply["after"]
         self._top_up(wk)
-        batch = unpack_batch(reply["payload"])
+        # this stream is each batch object's only reader: no defensive copy
+        batch = unpack_batch(reply["payload"], copy=not self.zero_copy)
         return reply, batch
 
     def _raise_failure(self, wk: _Worker, reply: dict):
