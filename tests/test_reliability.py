@@ -236,3 +236,42 @@ def test_a_resume_that_cannot_honour_the_saved_topology_names_both(tmp_path):
                 loader, num_steps=2, cs_config=cstorch.utils.CSConfig(num_workers_per_csx=3)):
             pass
     backend.shutdown()
+
+
+PRODUCED = {0: 0, 1: 0}
+
+
+def _one_slow_csx_input_fn():
+    """CS-X 1's worker takes 30 ms a batch; CS-X 0's is instant and counts what it produced."""
+    import time as _time
+
+    info = cstorch.distributed.get_worker_info()
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            while True:
+                if info.wse_id == 1:
+                    _time.sleep(0.03)
+                PRODUCED[info.wse_id] += 1
+                yield torch.ones(2, 3)
+
+    return torch.utils.data.DataLoader(Stream(), batch_size=None)
+
+
+def test_a_slow_csx_never_lets_the_other_csx_run_ahead_beyond_its_bounded_buffer():
+    backend = cstorch.backend("CSX", in_process=True)
+    ahead = []
+
+    @cstorch.step_closure
+    def probe(step):
+        ahead.append(PRODUCED[0] - step)
+
+    cfg = cstorch.utils.CSConfig(num_csx=2, input_buffer_batches=3)
+    for i, _ in enumerate(cstorch.utils.data.DataExecutor(
+            cstorch.utils.data.DataLoader(_one_slow_csx_input_fn), num_steps=25, cs_config=cfg)):
+        probe(i + 1)
+    backend.shutdown()
+    # CS-X 0 produced at most its buffer (3), the batch its feeder holds (1) and the look-ahead
+    # of the client over the wafer (8) beyond the step: bounded, never the whole run
+    assert max(ahead) <= 3 + 1 + 8 + 1
+    assert PRODUCED[1] >= 25
