@@ -18,6 +18,15 @@ class TracedStep:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):
+        from workers.dataloader import DataLoader
+
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, DataLoader):
+                raise TypeError(
+                    f"{self!r} was called with the cstream DataLoader itself; a step takes one "
+                    "batch. Iterate the executor and pass its batch: "
+                    "`for batch in executor: loss = training_step(batch)`."
+                )
         backend = runtime.current_backend(required=True)
         return backend.run_step(self, args, kwargs)
 

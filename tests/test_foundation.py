@@ -311,3 +311,18 @@ def test_a_run_leaves_its_profile_in_the_artifact_dir(tmp_path):
 def test_worker_info_outside_a_worker_is_worker_0_of_1():
     info = cstorch.distributed.get_worker_info()
     assert (info.global_worker_id, info.total_num_workers, info.wse_id) == (0, 1, 0)
+
+
+def test_the_seeds_typos_get_errors_that_name_the_intended_spelling():
+    cstorch.backend("CPU")
+    opt = cstorch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+    with pytest.raises(AttributeError, match="Did you mean 'load_state_dict'"):
+        opt.load_state_dictt({})
+    loader = cstorch.utils.data.DataLoader(tiny_input_fn)
+
+    @cstorch.trace
+    def training_step(batch):
+        return batch
+
+    with pytest.raises(TypeError, match="called with the cstream DataLoader itself"):
+        training_step(loader)

@@ -183,6 +183,16 @@ class Optimizer(ABC):
                     else:
                         self.state[p][name] = value
 
+    def __getattr__(self, name: str):
+        import difflib
+
+        if name.startswith("__"):
+            raise AttributeError(name)
+        close = difflib.get_close_matches(name, [n for n in dir(type(self))
+                                                 if not n.startswith("_")], n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}.{hint}")
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({len(self.param_groups)} groups)"
 
