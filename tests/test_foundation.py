@@ -326,3 +326,9 @@ def test_the_seeds_typos_get_errors_that_name_the_intended_spelling():
 
     with pytest.raises(TypeError, match="called with the cstream DataLoader itself"):
         training_step(loader)
+
+
+def test_the_eval_examples_dataloader_for_dataexecutor_typo_points_to_dataexecutor():
+    loader = cstorch.utils.data.DataLoader(tiny_input_fn)
+    with pytest.raises(TypeError, match=r"build an executor: cstream.utils.data.DataExecutor"):
+        cstorch.utils.data.DataLoader(loader, num_steps=100)

@@ -37,6 +37,12 @@ class DataLoader:
     """
 
     def __init__(self, input_fn: Callable[..., Iterable], *args: Any, **kwargs: Any):
+        if isinstance(input_fn, DataLoader):
+            raise TypeError(
+                "DataLoader was given a cstream DataLoader as its input_fn; to run steps over a "
+                "DataLoader, build an executor: cstream.utils.data.DataExecutor(dataloader, "
+                "num_steps=..., cs_config=...)."
+            )
         if not callable(input_fn):
             raise TypeError(
                 f"DataLoader expects input_fn to be a callable that returns a "
