@@ -403,26 +403,41 @@ class ASGD(Optimizer):
         return loss
 
 
-class NAdam(Optimizer):
-    """NAdam (``torch.optim.NAdam``'s rule)."""
+class _MomentsOptimizer(Optimizer):
+    """Shared by the Adam-like optimizers: a step counter and first and second moments."""
 
-    def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 momentum_decay=4e-3):
-        _check("lr", lr, owner="NAdam")
+    def __init__(self, params, lr, betas, eps, weight_decay, **extra):
+        name = type(self).__name__
+        _check("lr", lr, owner=name)
+        _check("betas[0]", betas[0], 0.0, 1.0, name)
+        _check("betas[1]", betas[1], 0.0, 1.0, name)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
-                                      weight_decay=weight_decay, momentum_decay=momentum_decay))
+                                      weight_decay=weight_decay, **extra))
 
     def preinitialize(self):
         for group in self.param_groups:
             for p in group["params"]:
                 st = self.state[p]
                 st["step"] = cstream.zeros((), dtype=torch.float32)
-                st["mu_product"] = cstream.ones((), dtype=torch.float64)
                 st["exp_avg"] = cstream.zeros_like(p)
                 st["exp_avg_sq"] = cstream.zeros_like(p)
 
     def state_names_to_sparsify(self):
         return ["exp_avg", "exp_avg_sq"]
+
+
+class NAdam(_MomentsOptimizer):
+    """NAdam (``torch.optim.NAdam``'s rule)."""
+
+    def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 momentum_decay=4e-3):
+        super().__init__(params, lr, betas, eps, weight_decay, momentum_decay=momentum_decay)
+
+    def preinitialize(self):
+        super().preinitialize()
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["mu_product"] = cstream.ones((), dtype=torch.float64)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -454,24 +469,11 @@ class NAdam(Optimizer):
         return loss
 
 
-class RAdam(Optimizer):
+class RAdam(_MomentsOptimizer):
     """RAdam (``torch.optim.RAdam``'s rule): the rectification chosen with ``torch.where``."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
-        _check("lr", lr, owner="RAdam")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
-                                      weight_decay=weight_decay))
-
-    def preinitialize(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                st = self.state[p]
-                st["step"] = cstream.zeros((), dtype=torch.float32)
-                st["exp_avg"] = cstream.zeros_like(p)
-                st["exp_avg_sq"] = cstream.zeros_like(p)
-
-    def state_names_to_sparsify(self):
-        return ["exp_avg", "exp_avg_sq"]
+        super().__init__(params, lr, betas, eps, weight_decay)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -549,24 +551,11 @@ class Rprop(Optimizer):
         return loss
 
 
-class Lamb(Optimizer):
+class Lamb(_MomentsOptimizer):
     """LAMB (You et al. 2019): Adam's update scaled by the trust ratio ``||w|| / ||update||``."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0):
-        _check("lr", lr, owner="Lamb")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
-                                      weight_decay=weight_decay))
-
-    def preinitialize(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                st = self.state[p]
-                st["step"] = cstream.zeros((), dtype=torch.float32)
-                st["exp_avg"] = cstream.zeros_like(p)
-                st["exp_avg_sq"] = cstream.zeros_like(p)
-
-    def state_names_to_sparsify(self):
-        return ["exp_avg", "exp_avg_sq"]
+        super().__init__(params, lr, betas, eps, weight_decay)
 
     @torch.no_grad()
     def step(self, closure=None):
