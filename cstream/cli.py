@@ -45,13 +45,16 @@ def main(argv=None) -> int:
     except CLIError as e:
         print(f"cstream {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, ValueError, TypeError) as e:
-        print(f"cstream {args.command}: error: {e}", file=sys.stderr)
+    except (OSError, ValueError, TypeError) as e:
+        message = " ".join(str(e).split())
+        print(f"cstream {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m cstream.cli: run the importable module (one CLIError class)
+    from cstream.cli import main as _main
+
+    sys.exit(_main())

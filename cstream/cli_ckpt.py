@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
+
+from cstream.cli import CLIError
 
 
 def add_parser(subparsers) -> None:
@@ -13,54 +16,38 @@ def add_parser(subparsers) -> None:
     sub.required = True
     ins = sub.add_parser("inspect", help="list a checkpoint's entries",
                          description="Print every entry of a checkpoint: key path, dtype, shape "
-                                     "and size of tensors, and the non-tensor values.")
+                                     "and size of tensors, the other values, and the total size of "
+                                     "the tensors. Reads only the checkpoint's index, not its "
+                                     "tensor values.")
     ins.add_argument("file", help="a checkpoint written by cstream.save")
     ins.set_defaults(func=inspect)
     conv = sub.add_parser("convert", help="convert to PyTorch's torch.save format",
                           description="Load a cstream checkpoint on the CPU and write it with "
-                                      "torch.save (pickle format, loadable with torch.load).")
+                                      "torch.save (pickle format, loadable with torch.load). "
+                                      "The output appears only when complete.")
     conv.add_argument("src", help="a checkpoint written by cstream.save (.h5)")
     conv.add_argument("dst", help="the torch.save file to write (.pt)")
     conv.set_defaults(func=convert)
 
 
-def _walk(obj, path=""):
-    import torch
-
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _walk(v, f"{path}/{k}" if path else str(k))
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield from _walk(v, f"{path}[{i}]")
-    elif isinstance(obj, torch.Tensor):
-        yield path, obj
-    else:
-        yield path, obj
-
-
 def inspect(args: argparse.Namespace) -> int:
-    import torch
+    from cstream.saving import describe
 
-    from cstream.saving import load
-
-    state = load(args.file)
-    rows, total = [], 0
-    for key, value in _walk(state):
-        if isinstance(value, torch.Tensor):
-            nbytes = value.numel() * value.element_size()
-            total += nbytes
-            rows.append((key, str(value.dtype).replace("torch.", ""), str(tuple(value.shape)),
-                         _size(nbytes)))
+    entries = describe(args.file)
+    rows, total, tensors = [], 0, 0
+    for e in entries:
+        if e["type"] == "tensor":
+            total += e["nbytes"]
+            tensors += 1
+            rows.append((e["key"], e["dtype"], str(e["shape"]), _size(e["nbytes"])))
         else:
-            rows.append((key, type(value).__name__, "", repr(value)[:40]))
-    widths = [max(len(r[i]) for r in rows + [("key", "dtype", "shape", "size")]) for i in range(4)]
-    header = ("key", "dtype", "shape", "size/value")
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
-    n = sum(1 for _, v in _walk(state) if isinstance(v, torch.Tensor))
-    print(f"{n} tensors, {_size(total)} in {Path(args.file)}")
+            text = repr(e["value"])
+            rows.append((e["key"], e["type"], "", text if len(text) <= 60 else text[:57] + "..."))
+    header = ("key", "dtype/type", "shape", "size/value")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
+    for r in [header, *rows]:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    print(f"{tensors} tensors, {_size(total)} ({total} bytes) in {Path(args.file)}")
     return 0
 
 
@@ -69,9 +56,21 @@ def convert(args: argparse.Namespace) -> int:
 
     from cstream.saving import load, to_eager
 
-    state = to_eager(load(args.src, map_location="cpu"))
-    torch.save(state, args.dst)
-    print(f"wrote {args.dst} (torch.save format)")
+    src, dst = Path(args.src), Path(args.dst)
+    if dst.exists() and src.exists() and dst.resolve() == src.resolve():
+        raise CLIError(f"the output {dst} is the input checkpoint; name another file, e.g. "
+                       f"{src.with_suffix('.pt')}")
+    if not dst.parent.is_dir():
+        raise CLIError(f"the output directory {dst.parent} does not exist; create it first")
+    state = to_eager(load(src, map_location="cpu"))
+    tmp = dst.parent / f".{dst.name}.{os.getpid()}.tmp"
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, dst)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    print(f"wrote {dst} (torch.save format; load it with torch.load)")
     return 0
 
 

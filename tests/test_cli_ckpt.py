@@ -1,0 +1,118 @@
+"""``cstream ckpt inspect`` / ``cstream ckpt convert``, and the command's error handling."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import cstream
+from cstream.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+CONSOLE_SCRIPT = Path(sys.executable).parent / "cstream"
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    path = tmp_path / "c.h5"
+    cstream.save({"model": {"weight": torch.ones(2, 3, dtype=torch.bfloat16),
+                            "bias": torch.zeros(256)},
+                  "groups": [{"lr": 0.1, "name": None}], "step": 5, "tag": "run-1", "empty": {}},
+                 path)
+    return path
+
+
+def test_inspect_prints_a_table_of_entries_and_the_total_size(checkpoint, capsys):
+    assert main(["ckpt", "inspect", str(checkpoint)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "key             dtype/type  shape   size/value",
+        "model/weight    bfloat16    (2, 3)  12 B",
+        "model/bias      float32     (256,)  1.0 KiB",
+        "groups[0]/lr    float               0.1",
+        "groups[0]/name  NoneType            None",
+        "step            int                 5",
+        "tag             str                 'run-1'",
+        "empty           dict                {}",
+        f"2 tensors, 1.0 KiB (1036 bytes) in {checkpoint}",
+    ]
+
+
+def test_convert_writes_a_torch_save_file_with_the_same_values(checkpoint, tmp_path, capsys):
+    out = tmp_path / "c.pt"
+    assert main(["ckpt", "convert", str(checkpoint), str(out)]) == 0
+    assert capsys.readouterr().out == f"wrote {out} (torch.save format; load it with torch.load)\n"
+    back = torch.load(out)  # weights_only: plain dicts, lists and tensors
+    assert type(back) is dict and type(back["groups"]) is list
+    assert back["model"]["weight"].dtype == torch.bfloat16
+    assert torch.equal(back["model"]["weight"], torch.ones(2, 3, dtype=torch.bfloat16))
+    assert back["groups"] == [{"lr": 0.1, "name": None}] and back["step"] == 5
+    assert back["tag"] == "run-1" and back["empty"] == {}
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["ckpt", "inspect", "{tmp}/missing.h5"], "cstream ckpt: error: no checkpoint at {tmp}/missing.h5"),
+    (["ckpt", "inspect", "{tmp}/text.h5"],
+     "cstream ckpt: error: {tmp}/text.h5 is not a readable cstream checkpoint: it is not a cstream "
+     "checkpoint (an HDF5 file written by cstream.save); it does not start with the checkpoint "
+     "header."),
+    (["ckpt", "convert", "{tmp}/c.h5", "{tmp}/c.h5"],
+     "cstream ckpt: error: the output {tmp}/c.h5 is the input checkpoint; name another file, e.g. "
+     "{tmp}/c.pt"),
+    (["ckpt", "convert", "{tmp}/c.h5", "{tmp}/no/such/dir/c.pt"],
+     "cstream ckpt: error: the output directory {tmp}/no/such/dir does not exist; create it first"),
+    (["ckpt"], "cstream ckpt: error: the following arguments are required: ACTION"),
+    (["ckpt", "inspect"], "cstream ckpt inspect: error: the following arguments are required: file"),
+    (["ckpt", "explode", "x"], "cstream ckpt: error: argument ACTION: invalid choice: 'explode' "
+                               "(choose from 'inspect', 'convert')"),
+])
+def test_bad_arguments_and_files_print_one_error_line_and_exit_2(checkpoint, tmp_path, capsys,
+                                                                   argv, message):
+    (tmp_path / "text.h5").write_text("hello")
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    assert _status(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err == message.format(tmp=tmp_path) + "\n"
+    assert captured.out == ""
+
+
+def _status(argv) -> int:
+    """The exit status of ``cstream ARGV`` (argparse's own errors exit through SystemExit)."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+def test_help_lists_the_ckpt_actions(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["ckpt", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "    inspect   list a checkpoint's entries\n" in out
+    assert "    convert   convert to PyTorch's torch.save format\n" in out
+
+
+def _env():
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def test_the_console_script_converts_and_python_dash_m_reports_errors(checkpoint, tmp_path):
+    done = subprocess.run([str(CONSOLE_SCRIPT), "ckpt", "convert", str(checkpoint),
+                           str(tmp_path / "c.pt")], capture_output=True, text=True, env=_env(),
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert torch.load(tmp_path / "c.pt")["step"] == 5
+    (tmp_path / "bad.h5").write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(100))
+    done = subprocess.run([sys.executable, "-m", "cstream.cli", "ckpt", "inspect",
+                           str(tmp_path / "bad.h5")], capture_output=True, text=True, env=_env(),
+                          timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr == (f"cstream ckpt: error: {tmp_path / 'bad.h5'} is not a readable cstream "
+                           "checkpoint: it is an HDF5 file but not a cstream checkpoint (no "
+                           "'cstream.checkpoint' header); write checkpoints with cstream.save.\n")
