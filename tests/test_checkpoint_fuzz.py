@@ -1,0 +1,107 @@
+"""Fuzzing cstream.save / cstream.load: generated structures round-trip exactly, and damaged files
+either load the original values or raise CheckpointError (never wrong values, a crash or a hang)."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import cstream
+from cstream.saving import CheckpointError, to_eager
+
+DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+          torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64]
+FUZZ = settings(max_examples=200, deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def bits(t: torch.Tensor) -> bytes:
+    return t.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def same(a, b) -> bool:
+    """Equal values of equal types; tensors and floats compared bit for bit."""
+    if isinstance(a, torch.Tensor):
+        return (type(b) is torch.Tensor and a.dtype == b.dtype and a.shape == b.shape
+                and bits(a) == bits(b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
+    if isinstance(a, float):
+        return type(b) is float and struct.pack("<d", a) == struct.pack("<d", b)
+    return type(a) is type(b) and a == b
+
+
+tensors = st.builds(
+    lambda shape, dtype, seed: (torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+                                * 100).to(dtype),
+    st.lists(st.integers(0, 3), max_size=3), st.sampled_from(DTYPES), st.integers(0, 2 ** 16))
+leaves = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=8),
+                   st.binary(max_size=8), tensors)
+keys = st.one_of(st.text(max_size=5), st.text(alphabet="0123%./", max_size=3), st.integers(-3, 9))
+trees = st.recursive(
+    leaves,
+    lambda c: st.one_of(st.lists(c, max_size=3), st.tuples(c, c),
+                        st.dictionaries(keys, c, max_size=4)),
+    max_leaves=12,
+)
+
+
+@FUZZ
+@given(trees)
+def test_generated_structures_round_trip_exactly(tmp_path, obj):
+    cstream.save(obj, tmp_path / "f.h5")
+    assert same(obj, to_eager(cstream.load(tmp_path / "f.h5")))
+
+
+ORIGINAL = {"a": torch.arange(10), "w": torch.randn(4, 4, generator=torch.Generator().manual_seed(0)),
+            "b": {"c": "text", 1: (2.5, None), "1": [True, b"\x00"]}}
+
+
+@pytest.fixture(scope="module")
+def valid_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fuzz") / "valid.h5"
+    cstream.save(ORIGINAL, path)
+    return path.read_bytes()
+
+
+def load_or_error(path) -> object:
+    try:
+        return to_eager(cstream.load(path))  # touches every tensor
+    except CheckpointError as e:
+        assert str(e).startswith(str(path))
+        return e
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.integers(0, 2 ** 20), st.integers(0, 255)), min_size=1, max_size=8),
+       st.integers(0, 2 ** 20))
+def test_mutated_files_load_the_original_values_or_raise_only_the_documented_error(
+        tmp_path, valid_file, flips, cut):
+    data = bytearray(valid_file)
+    for pos, value in flips:
+        data[pos % len(data)] = value
+    if cut % 4 == 0:  # some files are truncated too
+        data = data[: cut % len(data)]
+    path = tmp_path / "mutated.h5"
+    path.write_bytes(bytes(data))
+    result = load_or_error(path)
+    assert isinstance(result, CheckpointError) or same(ORIGINAL, result)
+
+
+def test_every_single_byte_change_is_harmless_or_detected(tmp_path, valid_file):
+    path = tmp_path / "flipped.h5"
+    detected = 0
+    for pos in range(0, len(valid_file), 3):
+        data = bytearray(valid_file)
+        data[pos] ^= 0xA5
+        path.write_bytes(bytes(data))
+        result = load_or_error(path)
+        detected += isinstance(result, CheckpointError)
+        assert isinstance(result, CheckpointError) or same(ORIGINAL, result), pos
+    assert detected > 0
