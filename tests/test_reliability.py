@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import subprocess
 import time
@@ -116,24 +117,87 @@ def test_the_driver_actor_dying_mid_run_ends_the_run_with_a_clear_error(ray_sess
     backend.shutdown()
 
 
+def _descendants(root):
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _socket_inodes(pid):
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        pass
+    return inodes
+
+
+def _listening_tcp():
+    """(address, port) of every listening TCP socket, keyed by inode, from /proc/net."""
+    listening = {}
+    for table, v6 in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if cols[3] != "0A":                      # TCP_LISTEN
+                continue
+            addr, port = cols[1].split(":")
+            raw = bytes.fromhex(addr)
+            # the kernel prints each 32-bit word in host (little-endian) order
+            words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            listening[cols[9]] = (ipaddress.ip_address(words), int(port, 16))
+    return listening
+
+
 def test_ray_listens_on_loopback_only_with_the_dashboard_off(ray_session):
     ray = ray_session
     assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
-    pids = set()
-    for line in subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True
-                               ).stdout.splitlines():
-        if "ray" in line and ("gcs_server" in line or "raylet" in line):
-            pids.add(line.split()[0])
-    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True)
-    if out.returncode != 0:
-        pytest.skip("ss is not available")
-    ours = [line for line in out.stdout.splitlines()
-            if any(f"pid={p}," in line for p in pids)]
+    if not os.path.exists("/proc/net/tcp"):
+        pytest.skip("needs Linux /proc/net")
+    listening = _listening_tcp()
+    ours = {}
+    processes = _descendants(os.getpid())
+    for pid in processes:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "dashboard/dashboard.py" in cmdline:  # Ray's minimal head process: no web UI
+            assert "--minimal" in cmdline and "--disable-frontend" in cmdline, cmdline
+    for pid in processes:
+        for inode in _socket_inodes(pid):
+            if inode in listening:
+                ours[inode] = (pid, *listening[inode])
     assert ours, "found no listening socket of this session's Ray"
-    for line in ours:
-        local = line.split()[3]
-        assert local.startswith(("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:")), line
-    assert not any("dashboard" in line for line in ours)
+    for pid, address, port in ours.values():
+        if address.version == 6 and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        assert address.is_loopback, f"pid {pid} listens on {address}:{port}"
     assert os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") == "0"
 
 
