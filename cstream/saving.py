@@ -311,6 +311,8 @@ class _File:
                                  "header); write checkpoints with cstream.save")
             raise self.error("it is not a cstream checkpoint (an HDF5 file written by "
                              "cstream.save); it does not start with the checkpoint header")
+        if len(head) < len(MAGIC) + 4:
+            raise self.error(f"it is only {size} bytes long (truncated)")
         (version,) = struct.unpack("<I", head[len(MAGIC):])
         if not 2 <= version <= VERSION:
             raise self.error(f"its format version is {version}; this cstream reads version "

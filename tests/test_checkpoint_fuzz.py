@@ -105,3 +105,12 @@ def test_every_single_byte_change_is_harmless_or_detected(tmp_path, valid_file):
         detected += isinstance(result, CheckpointError)
         assert isinstance(result, CheckpointError) or same(ORIGINAL, result), pos
     assert detected > 0
+
+
+def test_every_prefix_of_the_header_is_refused_as_truncated(tmp_path):
+    cstream.save({"w": torch.ones(2)}, tmp_path / "f.h5")
+    data = (tmp_path / "f.h5").read_bytes()
+    for n in range(0, 64):
+        (tmp_path / "cut.h5").write_bytes(data[:n])
+        with pytest.raises(CheckpointError):
+            cstream.load(tmp_path / "cut.h5")
