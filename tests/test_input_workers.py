@@ -299,7 +299,9 @@ def test_mutating_a_returned_tensor_in_place_does_not_change_other_batches(ray_s
         assert b["y"].dtype == torch.bfloat16 and b["y"].tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
-def test_a_producer_never_runs_more_than_a_bounded_number_of_batches_ahead(ray_session, tmp_path):
+@pytest.mark.parametrize("per_fetch,ahead", [(1, 5), (2, 6)])
+def test_a_producer_never_runs_more_than_a_bounded_number_of_batches_ahead(ray_session, tmp_path,
+                                                                          per_fetch, ahead):
     path = str(tmp_path / "produced")
 
     def produced_when_settled():
@@ -319,15 +321,19 @@ def test_a_producer_never_runs_more_than_a_bounded_number_of_batches_ahead(ray_s
         return last
 
     with CsxInputStream(DataLoader(counting_fn, path), CSConfig(), 0, in_flight_per_worker=2,
-                        name_prefix="bp") as s:
-        assert s.max_batches_ahead == 5
+                        batches_per_fetch=per_fetch, name_prefix=f"bp{per_fetch}") as s:
+        # one batch per reply: 2 replies in flight + 2 buffered in the worker + 1 waiting to
+        # be buffered; up to 2 per reply: 1 left of the last reply + 1 reply of up to 2 in
+        # flight + 2 buffered + 1 waiting
+        assert s.max_batches_ahead == ahead
+        # how many of the look-ahead are in the last reply depends on timing
+        slack = per_fetch - 1
         got = [s.next()[0][0].item() for _ in range(3)]
         assert got == [1, 2, 3]
-        # 2 replies in flight + 2 buffered in the worker + 1 waiting to be buffered
-        assert produced_when_settled() == 3 + 5
+        assert 3 + ahead - slack <= produced_when_settled() <= 3 + ahead
         got = [s.next()[0][0].item() for _ in range(10)]
         assert got == list(range(4, 14))
-        assert produced_when_settled() == 13 + 5
+        assert 13 + ahead - slack <= produced_when_settled() <= 13 + ahead
 
 
 @pytest.mark.parametrize("sampler", ["shuffled", "restartable"])
@@ -421,17 +427,21 @@ def test_an_input_fn_that_yields_nothing_is_a_clear_error(ray_session):
     assert wait_actors_gone(ray_session, "empty") == []
 
 
-def test_a_killed_worker_is_restarted_without_losing_or_repeating_a_sample(ray_session):
+@pytest.mark.parametrize("per_fetch", [1, 4])
+def test_a_killed_worker_is_restarted_without_losing_or_repeating_a_sample(ray_session,
+                                                                         per_fetch):
     cfg = CSConfig(num_workers_per_csx=2, max_worker_restarts=2)
-    with CsxInputStream(DataLoader(ids_fn, 16, 2), cfg, 0, in_flight_per_worker=3,
-                        name_prefix="kill") as s:
+    # at the kill worker 1 has delivered at most 2 + 3 (rest of a reply) + 4 (a reply in
+    # flight) of the 16 batches asked of it, so the stream must restart it
+    with CsxInputStream(DataLoader(ids_fn, 64, 2), cfg, 0, in_flight_per_worker=3,
+                        batches_per_fetch=per_fetch, name_prefix=f"kill{per_fetch}") as s:
         got = take_ids(s, 5)
-        ray_session.kill(ray_session.get_actor("kill-csx0-w1"))
-        got += take_ids(s, 11)
+        ray_session.kill(ray_session.get_actor(f"kill{per_fetch}-csx0-w1"))
+        got += take_ids(s, 27)
         stats = s.stats()
-    assert got == expected_ids(16, 2, 2, 16, shuffled=False)
+    assert got == expected_ids(64, 2, 2, 32, shuffled=False)
     assert [w["restarts"] for w in stats["workers"]] == [0, 1]
-    assert [w["worker_step"] for w in stats["workers"]] == [8, 8]
+    assert [w["worker_step"] for w in stats["workers"]] == [16, 16]
 
 
 def test_a_worker_that_keeps_dying_stops_the_stream_with_a_crash_loop_error(ray_session):

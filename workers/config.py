@@ -35,6 +35,9 @@ class CSConfig:
     """Alternative to ``wafer_samples_per_sec``: each step takes at least this long."""
     input_buffer_batches: int = 4
     """Capacity of each CS-X's input buffer, in batches (the bounded look-ahead of the input side)."""
+    batches_per_fetch: int = 4
+    """Batches an input worker sends per transfer (one Ray call and one object): more amortises
+    Ray's per-transfer cost; each worker then runs up to this many times further ahead."""
     max_worker_restarts: int = 3
     """How many times a crashed input worker is restarted before the run fails."""
     straggler_timeout_s: float = 60.0
@@ -44,6 +47,7 @@ class CSConfig:
         _positive_int("num_csx", self.num_csx)
         _positive_int("num_workers_per_csx", self.num_workers_per_csx)
         _positive_int("input_buffer_batches", self.input_buffer_batches)
+        _positive_int("batches_per_fetch", self.batches_per_fetch)
         for name in ("wafer_samples_per_sec", "wafer_seconds_per_step"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):

@@ -2,8 +2,10 @@
 
 An ``InputWorker`` builds its dataloader by calling the user's ``input_fn`` as one worker of one
 CS-X, then a background thread iterates it (cycling through epochs) into a small bounded buffer.
-The consumer (:class:`workers.stream.CsxInputStream`) asks for batch ``k`` with ``fetch(k)``;
-the producer never runs more than ``capacity`` unfetched batches ahead, so memory stays bounded.
+The consumer (:class:`workers.stream.CsxInputStream`) asks for batch ``k`` with ``fetch(k)`` (or
+for batch ``k`` and up to ``n - 1`` ready ones after it in one reply with ``fetch(k, n)``); the
+producer never runs more than
+``capacity`` unfetched batches ahead, so memory stays bounded.
 
 Every reply carries the worker's position right after that batch (epoch, batches within the
 epoch, and the restartable loader's ``state_dict()`` when it has one), so the consumer always
@@ -28,7 +30,7 @@ from typing import Any
 import numpy as np
 import ray
 import torch
-from torch.utils._pytree import tree_flatten, tree_map_only
+from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
 from workers.context import DataLoaderCheckpoint, WorkerInfo, worker_context
 from workers.dataloader import DataLoader, EmptyDataLoaderError
@@ -112,6 +114,42 @@ def unpack_tensor(p: PackedTensor, copy: bool = True) -> torch.Tensor:
 def pack_batch(batch: Any) -> Any:
     """The batch with every tensor replaced by a :class:`PackedTensor` (same nesting)."""
     return tree_map_only(torch.Tensor, pack_tensor, batch)
+
+
+def _pack_counted(batch: Any) -> tuple[Any, int, int]:
+    """``(pack_batch(batch), packed bytes, leading dimension)`` with one walk of the batch."""
+    if isinstance(batch, torch.Tensor):  # the common single-tensor batch: no pytree walk
+        leaves, spec = [batch], None
+    else:
+        leaves, spec = tree_flatten(batch)
+    packed, nbytes, lead = [], 0, None
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            if lead is None:
+                lead = int(x.shape[0]) if x.dim() else 1
+            x = pack_tensor(x)
+            nbytes += x.array.nbytes if isinstance(x, PackedTensor) else \
+                x.numel() * x.element_size()
+        packed.append(x)
+    payload = packed[0] if spec is None else tree_unflatten(packed, spec)
+    return payload, nbytes, 1 if lead is None else lead
+
+
+_ATOMS = (int, float, str, bool, bytes, type(None))
+
+
+def _copy_state(x: Any) -> Any:
+    """A private copy of a loader state: fast for the usual dicts/lists of numbers and
+    strings, ``copy.deepcopy`` for anything else."""
+    if isinstance(x, _ATOMS):
+        return x
+    if type(x) is dict:
+        return {k: _copy_state(v) for k, v in x.items()}
+    if type(x) is list:
+        return [_copy_state(v) for v in x]
+    if type(x) is tuple:
+        return tuple(_copy_state(v) for v in x)
+    return copy.deepcopy(x)
 
 
 def unpack_batch(payload: Any, copy: bool = True) -> Any:
@@ -270,7 +308,7 @@ class _Source:
         """The restartable part's ``state_dict()`` now (a private copy), or None."""
         if self.restartable is None:
             return None
-        return copy.deepcopy(self.restartable[1].state_dict())
+        return _copy_state(self.restartable[1].state_dict())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,24 +415,24 @@ class InputWorkerImpl:
                     t0 = time.perf_counter()
                     batch = next(source)
                     self.produced += 1
-                    payload = pack_batch(batch)
+                    payload, nbytes, lead = _pack_counted(batch)
                     st = self.state
                     st.worker_step = index + 1
                     st.appliance_step = self._appliance_step(index + 1)
-                    st.samples_streamed += _leading_dim(batch)
-                    st.user_state_dict = self._position(source.epoch, source.batch_in_epoch, None)
-                    loader_state = source.state()
-                    st.user_state_dict = self._position(source.epoch, source.batch_in_epoch,
-                                                        loader_state, part)
+                    st.samples_streamed += lead
+                    position = self._position(source.epoch, source.batch_in_epoch,
+                                              source.state(), part)
+                    # the reply keeps this position; the worker's own state gets a copy
+                    st.user_state_dict = _copy_state(position)
                     item = {
                         "kind": "batch",
                         "index": index,
                         "payload": payload,
-                        "nbytes": packed_nbytes(payload),
+                        "nbytes": nbytes,
                         "after": {
                             "worker_step": st.worker_step,
                             "samples_streamed": st.samples_streamed,
-                            "user_state_dict": copy.deepcopy(st.user_state_dict),
+                            "user_state_dict": position,
                         },
                         "fingerprint": batch_fingerprint(payload) if index == 0 else None,
                         "produce_s": time.perf_counter() - t0,
@@ -407,8 +445,32 @@ class InputWorkerImpl:
                     return
 
     # -- remote methods -----------------------------------------------------------------------
-    def fetch(self, index: int) -> dict:
-        """Batch ``index`` of this worker (waits for it), or an error reply."""
+    def fetch(self, index: int, count: int = 1) -> dict:
+        """Batch ``index`` of this worker (waits for it), or an error reply.
+
+        With ``count > 1``: a ``"chunk"`` reply holding batch ``index`` (waited for) and those
+        after it that are already produced, at most ``count`` items in all (an error item ends
+        the chunk). One reply for several batches pays Ray's per-call and per-object costs
+        once, and never delays a batch that is ready.
+        """
+        first = self._take(index)
+        if count == 1:
+            return first
+        items = [first]
+        with self._cond:
+            i = index + 1
+            while first["kind"] != "error" and len(items) < count:
+                item = self._buffer.pop(i, None)
+                if item is None:
+                    if self._error is not None and self._error["index"] == i:
+                        items.append(self._error)
+                    break
+                items.append(item)
+                i += 1
+            self._cond.notify_all()
+        return {"kind": "chunk", "index": index, "items": items}
+
+    def _take(self, index: int) -> dict:
         with self._cond:
             while True:
                 item = self._buffer.pop(index, None)
@@ -443,10 +505,16 @@ class InputWorkerImpl:
     def pid(self) -> int:
         return _pid()
 
-    def stop(self) -> None:
+    def stop(self, join_s: float = 0.0) -> bool:
+        """Stop producing; wait up to ``join_s`` for the producer thread to leave ``input_fn``
+        (so that the process can then end without a thread inside native code). Returns
+        whether the thread has ended."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
+        if join_s > 0:
+            self._thread.join(join_s)
+        return not self._thread.is_alive()
 
 
 def _pid() -> int:
@@ -475,3 +543,7 @@ class InputWorker(InputWorkerImpl):
     @ray.method(concurrency_group=_CONTROL)
     def pid(self) -> int:
         return InputWorkerImpl.pid(self)
+
+    @ray.method(concurrency_group=_CONTROL)
+    def stop(self, join_s: float = 0.0) -> bool:
+        return InputWorkerImpl.stop(self, join_s)

@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 _NUM_CPUS = 0.01
 _NAME_RELEASE_S = 5.0  # a name freed by close() or ray.kill is released within moments
 _DUMP_STACK_TIMEOUT_S = 5.0
+_STOP_JOIN_S = 1.0  # how long close() lets producers finish the batch they are making
 _MAX_STRAGGLER_RECORDS = 100
 
 
@@ -51,6 +52,7 @@ class _Worker:
     name: str
     actor: Any = None
     pending: deque = field(default_factory=deque)  # (index, ObjectRef) in request order
+    ready: deque = field(default_factory=deque)  # replies received, not yet handed out
     next_request: int = 0
     received: int = 0  # batches received from the worker (resume point after a crash)
     received_after: dict = field(default_factory=dict)
@@ -106,9 +108,13 @@ class CsxInputStream:
         wse_id: which CS-X this stream feeds (``0 <= wse_id < cs_config.num_csx``).
         resume_states: the :meth:`worker_states` of an earlier stream of this CS-X; the new
             stream delivers exactly the batches that stream would have delivered next.
-        in_flight_per_worker: ``fetch`` requests kept outstanding per worker; a worker also
-            buffers as many produced batches, so it is never more than
-            ``2 * in_flight_per_worker + 1`` batches ahead of :meth:`next`.
+        in_flight_per_worker: ``fetch`` requests kept outstanding per worker when each reply
+            carries one batch.
+        batches_per_fetch: the most batches per ``fetch`` reply (one Ray call and one object
+            for all the batches a worker has ready, one request outstanding at a time); None:
+            ``cs_config.batches_per_fetch``. A worker buffers up to ``max(in_flight_per_worker,
+            batches_per_fetch)`` produced batches, so it is never more than
+            :attr:`max_batches_ahead` batches ahead of :meth:`next`.
         name_prefix: actors are named ``f"{name_prefix}-csx{wse_id}-w{w}"``.
 
     >>> import torch, ray
@@ -126,7 +132,8 @@ class CsxInputStream:
     """
 
     def __init__(self, dataloader, cs_config, wse_id, *, resume_states=None,
-                 in_flight_per_worker=2, name_prefix="cstream", zero_copy=False):
+                 in_flight_per_worker=2, batches_per_fetch=None, name_prefix="cstream",
+                 zero_copy=False):
         self.zero_copy = bool(zero_copy)  # True: the caller is each batch's only reader
         if not isinstance(dataloader, DataLoader):
             raise TypeError(
@@ -152,6 +159,14 @@ class CsxInputStream:
                 f"CsxInputStream: in_flight_per_worker={in_flight_per_worker!r}; it must be an "
                 "int >= 1 (the fetch requests kept outstanding per worker, e.g. 2 or 4)."
             )
+        if batches_per_fetch is None and isinstance(cs_config, CSConfig):
+            batches_per_fetch = cs_config.batches_per_fetch
+        if isinstance(batches_per_fetch, bool) or not isinstance(batches_per_fetch, int) \
+                or batches_per_fetch < 1:
+            raise ValueError(
+                f"CsxInputStream: batches_per_fetch={batches_per_fetch!r}; it must be an int >= 1 "
+                "(batches carried by one reply from a worker, e.g. 1 or 2)."
+            )
         if not isinstance(name_prefix, str) or not name_prefix:
             raise ValueError(
                 f"CsxInputStream: name_prefix={name_prefix!r}; it must be a non-empty string "
@@ -166,7 +181,8 @@ class CsxInputStream:
         self.cs_config = cs_config
         self.wse_id = wse_id
         self.in_flight_per_worker = in_flight_per_worker
-        self.capacity = in_flight_per_worker
+        self.batches_per_fetch = batches_per_fetch
+        self.capacity = max(in_flight_per_worker, batches_per_fetch)
         self.name_prefix = name_prefix
         W = cs_config.num_workers_per_csx
         self.num_workers = W
@@ -279,6 +295,14 @@ class CsxInputStream:
                 time.sleep(0.1)
 
     def _top_up(self, wk: _Worker) -> None:
+        m = self.batches_per_fetch
+        if m > 1:
+            # a reply holds as many ready batches as there are (up to m), so the next request's
+            # first batch is known only when it arrives: one request at a time
+            if not wk.pending:
+                wk.pending.append((wk.next_request,
+                                   wk.actor.fetch.remote(wk.next_request, m)))
+            return
         while len(wk.pending) < self.in_flight_per_worker:
             wk.pending.append((wk.next_request, wk.actor.fetch.remote(wk.next_request)))
             wk.next_request += 1
@@ -293,6 +317,17 @@ class CsxInputStream:
 
     def _receive(self, w: int) -> tuple[dict, Any]:
         wk = self._workers[w]
+        if not wk.ready:
+            self._receive_reply(wk)
+        reply = wk.ready.popleft()
+        if reply["kind"] == "error":
+            self._raise_failure(wk, reply)
+        # this stream is each batch object's only reader: no defensive copy
+        batch = unpack_batch(reply["payload"], copy=not self.zero_copy)
+        return reply, batch
+
+    def _receive_reply(self, wk: _Worker) -> None:
+        """Wait for ``wk``'s oldest outstanding reply and queue its batches in ``wk.ready``."""
         self._top_up(wk)
         timeout = self.cs_config.straggler_timeout_s
         wait_start = time.perf_counter()
@@ -328,19 +363,23 @@ class CsxInputStream:
                     "traceback": str(e), "during": "in its fetch call"})
             break
         wk.pending.popleft()
-        if reply["kind"] == "error":
-            self._raise_failure(wk, reply)
-        if reply["index"] != index:  # a broken invariant, never silently wrong data
-            self._raise_failure(wk, {
-                "exc_type": "RuntimeError",
-                "exc_message": f"asked for batch {index}, received batch {reply['index']}",
-                "traceback": "", "during": "in transport"})
-        wk.received = index + 1
-        wk.received_after = reply["after"]
+        items = reply["items"] if reply["kind"] == "chunk" else [reply]
+        for i, item in enumerate(items):
+            # a broken invariant, never silently wrong data
+            if item["index"] != index + i and item["kind"] != "error":
+                self._raise_failure(wk, {
+                    "exc_type": "RuntimeError",
+                    "exc_message": f"asked for batch {index + i}, received batch "
+                                   f"{item['index']}",
+                    "traceback": "", "during": "in transport"})
+            wk.ready.append(item)
+            if item["kind"] == "error":
+                break
+            wk.received = index + i + 1
+            wk.received_after = item["after"]
+        if self.batches_per_fetch > 1:
+            wk.next_request = wk.received
         self._top_up(wk)
-        # this stream is each batch object's only reader: no defensive copy
-        batch = unpack_batch(reply["payload"], copy=not self.zero_copy)
-        return reply, batch
 
     def _raise_failure(self, wk: _Worker, reply: dict):
         self.close()
@@ -472,6 +511,7 @@ class CsxInputStream:
             return 0
         refs = [ref for wk in self._workers for _, ref in wk.pending]
         ready = 1 if self._peeked is not None else 0
+        ready += sum(len(wk.ready) for wk in self._workers)
         if refs:
             done, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
             ready += len(done)
@@ -480,8 +520,11 @@ class CsxInputStream:
     @property
     def max_batches_ahead(self) -> int:
         """The most batches one worker can have produced beyond what :meth:`next` returned:
-        the requests in flight, the worker's buffer, and the batch being produced."""
-        return self.in_flight_per_worker + self.capacity + 1
+        the rest of the last reply, the requests in flight, the worker's buffer, and the batch
+        being produced."""
+        m = self.batches_per_fetch
+        in_flight = self.in_flight_per_worker if m == 1 else m
+        return (m - 1) + in_flight + self.capacity + 1
 
     def stats(self) -> dict:
         """Per worker: batches delivered, batches/s, restarts, straggler reports; plus totals.
@@ -526,8 +569,19 @@ class CsxInputStream:
             return
         self._closed = True
         self._peeked = None
+        workers = [wk for wk in getattr(self, "_workers", []) if wk.actor is not None]
+        # let producers leave input_fn first: a process killed while a thread is inside native
+        # code (a torch op) aborts with a stack dump on the console
+        stops = []
+        for wk in workers:
+            with contextlib.suppress(Exception):
+                stops.append(wk.actor.stop.remote(_STOP_JOIN_S))
+        if stops:
+            with contextlib.suppress(Exception):
+                ray.wait(stops, num_returns=len(stops), timeout=_STOP_JOIN_S + 0.5)
         for wk in getattr(self, "_workers", []):
             wk.pending.clear()
+            wk.ready.clear()
             if wk.actor is not None:
                 with contextlib.suppress(Exception):
                     ray.kill(wk.actor, no_restart=True)
