@@ -197,7 +197,7 @@ def test_a_wrong_key_in_the_experiment_file_is_one_line_naming_the_key_and_the_v
         "cstream run: error: bad.yaml: cs_config: unknown key 'num_worker_per_csx' (did you mean "
         "'num_workers_per_csx'?). Valid keys: num_csx, num_workers_per_csx, "
         "wafer_samples_per_sec, wafer_seconds_per_step, input_buffer_batches, "
-        "max_worker_restarts, straggler_timeout_s.\n")
+        "batches_per_fetch, max_worker_restarts, straggler_timeout_s.\n")
 
 
 def test_an_input_function_that_fails_ends_the_run_with_its_message_and_exit_status_1(
