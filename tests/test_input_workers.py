@@ -511,3 +511,35 @@ def test_bad_arguments_are_refused_with_the_rule_and_the_fix(ray_session):
         CsxInputStream(dl, CSConfig(num_workers_per_csx=2), 0,
                        resume_states=[DataLoaderCheckpoint(num_workers_per_csx=2)])
     assert live_actors(ray_session, "cstream") == []
+
+
+def test_the_lean_loader_iterator_yields_what_the_loader_yields_and_keeps_profiler_labels():
+    from workers.input_worker import _lean_iter
+
+    data = torch.utils.data.TensorDataset(torch.arange(40.0)[:, None])
+
+    def batches(make_iter):
+        torch.manual_seed(7)  # the shuffle draws from the global generator per epoch
+        loader = TorchDataLoader(data, batch_size=4, shuffle=True)
+        return [b[0][:, 0].tolist() for epoch in range(2) for b in make_iter(loader)]
+
+    assert batches(_lean_iter) == batches(iter)
+    loader = TorchDataLoader(data, batch_size=4)
+    it = _lean_iter(loader)
+    assert type(it).__name__ == "_LeanLoaderIter"
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        next(it)
+    assert any("DataLoader" in e.name for e in prof.events())
+    # loaders with worker processes keep their own iterator
+    assert type(_lean_iter(TorchDataLoader(data, num_workers=1))).__name__ != "_LeanLoaderIter"
+
+
+def meta_fn():
+    return [torch.empty(2, 3, device="meta")]
+
+
+def test_a_batch_that_cannot_be_sent_fails_the_stream_naming_the_batch(ray_session):
+    with CsxInputStream(DataLoader(meta_fn), CSConfig(), 0, name_prefix="meta") as s:
+        with pytest.raises(InputWorkerError) as ei:
+            s.next()
+    assert "while sending batch 0 of this worker" in str(ei.value)
