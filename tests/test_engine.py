@@ -334,3 +334,60 @@ def test_building_a_500m_parameter_model_on_the_device_raises_peak_rss_by_under_
     n, grew_mb = map(int, out.stdout.split())
     assert n >= 500_000_000
     assert grew_mb < 300
+
+
+@pytest.mark.parametrize("name,kwargs", [
+    ("Adam", {}), ("Adam", dict(amsgrad=True, weight_decay=0.01, maximize=True)),
+    ("AdamW", {}),
+])
+def test_the_traced_adam_update_has_the_same_ops_for_any_number_of_parameters(name, kwargs):
+    """The Adam update is issued per stage for all parameters (torch._foreach_*), not per
+    parameter: a deeper model adds forward/backward ops only."""
+    from executor import runtime
+
+    def ops(depth, optimize):
+        runtime.reset()
+        backend = cstorch.backend("CSX", in_process=True, validate_only=True)
+        model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(depth)])
+        compiled = cstorch.compile(model, backend)
+        opt = getattr(cstorch.optim, name)(model.parameters(), lr=0.01, **kwargs)
+
+        @cstorch.trace
+        def step(batch):
+            loss = compiled(batch[0]).square().mean()
+            loss.backward()
+            if optimize:
+                opt.step()
+            return loss
+
+        for batch in _executor():
+            step(batch)
+        return backend.last_compile["ops"]
+
+    shallow = ops(2, True) - ops(2, False)
+    deep = ops(8, True) - ops(8, False)
+    assert 0 < shallow == deep < 40, (shallow, deep)
+
+
+def test_adam_skips_parameters_without_gradients_and_handles_mixed_dtypes_like_torch():
+    def run(make_opt):
+        torch.manual_seed(0)
+        a = torch.nn.Linear(4, 3)
+        b = torch.nn.Linear(4, 3).double()
+        frozen = torch.nn.Parameter(torch.ones(3))
+        opt = make_opt([{"params": [*a.parameters(), frozen, *b.parameters()]}])
+        g = torch.Generator().manual_seed(2)
+        for _ in range(20):
+            x = torch.randn(5, 4, generator=g)
+            opt.zero_grad()
+            (a(x).square().sum() + b(x.double()).tanh().sum()).backward()
+            opt.step()
+        return [t.detach().clone() for t in (*a.parameters(), frozen, *b.parameters())]
+
+    for name, kw in (("Adam", dict(amsgrad=True)), ("AdamW", dict(maximize=True))):
+        ours = run(lambda p: getattr(cstorch.optim, name)(p, lr=0.05, **kw))
+        theirs = run(lambda p: getattr(torch.optim, name)(p, lr=0.05, foreach=False, **kw))
+        for x, y in zip(ours, theirs):
+            assert x.dtype == y.dtype
+            torch.testing.assert_close(x, y, atol=1e-6, rtol=0)
+        assert torch.equal(ours[2], torch.ones(3))

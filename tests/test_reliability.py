@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import subprocess
 import time
 
 import pytest

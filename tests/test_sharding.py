@@ -358,7 +358,8 @@ def test_distributed_sampler_every_sample_once_per_epoch(C, W):
 
 
 def test_distributed_sampler_set_epoch_changes_the_shuffle_deterministically():
-    a, b = DistributedSampler(range(20), shuffle=True, seed=4), DistributedSampler(range(20), shuffle=True, seed=4)
+    a = DistributedSampler(range(20), shuffle=True, seed=4)
+    b = DistributedSampler(range(20), shuffle=True, seed=4)
     e0 = list(a)
     a.set_epoch(1)
     b.set_epoch(1)
@@ -391,8 +392,8 @@ def test_distributed_sampler_resumes_mid_epoch_through_a_torch_dataloader():
         head = [next(it).tolist() for _ in range(4)]
         state = sampler.state_dict()
         assert state == {"epoch": 2, "position": 12, "num_replicas": 2}
-        loader2 = torch.utils.data.DataLoader(torch.arange(40), batch_size=3,
-                                              sampler=DistributedSampler(torch.arange(40), shuffle=True, seed=9))
+        sampler2 = DistributedSampler(torch.arange(40), shuffle=True, seed=9)
+        loader2 = torch.utils.data.DataLoader(torch.arange(40), batch_size=3, sampler=sampler2)
         loader2.sampler.load_state_dict(state)
         assert loader2.sampler.state_dict() == state
         tail = [b.tolist() for b in loader2]
@@ -419,7 +420,8 @@ def test_distributed_sampler_bad_arguments_are_clear_errors():
         DistributedSampler(iter(range(3)))
     with pytest.raises(TypeError, match=r"shuffle=1, drop_last=False"):
         DistributedSampler(range(3), shuffle=1)
-    with pytest.raises(ValueError, match=r"^DistributedSampler.set_epoch: epoch must be an integer >= 0, got -1\.$"):
+    msg = r"^DistributedSampler.set_epoch: epoch must be an integer >= 0, got -1\.$"
+    with pytest.raises(ValueError, match=msg):
         DistributedSampler(range(3)).set_epoch(-1)
 
 
@@ -608,7 +610,8 @@ def test_parquet_dataset_missing_or_non_parquet_path_is_named(tmp_path):
     assert str(e.value) == f"ParquetDataset: Parquet file {str(tmp_path / 'nope.parquet')!r} does not exist."
     bad = tmp_path / "notes.parquet"
     bad.write_text("not parquet at all")
-    with pytest.raises(ValueError, match=re.escape(f"ParquetDataset: {str(bad)!r} is not a readable Parquet file (")):
+    msg = re.escape(f"ParquetDataset: {str(bad)!r} is not a readable Parquet file (")
+    with pytest.raises(ValueError, match=msg):
         ParquetDataset(bad)
 
 

@@ -105,36 +105,61 @@ class Adam(Optimizer):
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
-            lr, (beta1, beta2), eps, wd = (group["lr"], group["betas"], group["eps"],
-                                           group["weight_decay"])
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad = -p.grad if group["maximize"] else p.grad
-                st = self.state[p]
-                step_t, exp_avg, exp_avg_sq = st["step"], st["exp_avg"], st["exp_avg_sq"]
-                step_t.add_(1)
-                if wd != 0:
-                    if self.decoupled:
-                        p.mul_(1 - lr * wd)
-                    else:
-                        grad = grad.add(p, alpha=wd)
-                exp_avg.lerp_(grad, 1 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                # bias corrections in float64, as torch computes them in Python floats
-                step_d = step_t.to(torch.float64)
-                bias_correction1 = 1 - torch.pow(beta1, step_d)
-                bias_correction2 = 1 - torch.pow(beta2, step_d)
-                step_size = (lr.to(torch.float64) / bias_correction1).to(p.dtype)
-                bias_correction2_sqrt = bias_correction2.sqrt().to(p.dtype)
-                if group["amsgrad"]:
-                    max_sq = st["max_exp_avg_sq"]
-                    torch.maximum(max_sq, exp_avg_sq, out=max_sq)
-                    denom = (max_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-                else:
-                    denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-                p.sub_(exp_avg / denom * step_size)
+            for params in _buckets(group["params"]):
+                self._update(group, params)
         return loss
+
+    def _update(self, group, params):
+        """One multi-tensor update of ``params`` (same dtype and device, all with gradients).
+
+        The same arithmetic as torch's single-tensor Adam, issued as one ``torch._foreach_*``
+        op per stage and with the bias corrections of all parameters computed in one vector:
+        a traced step has a few dozen ops for the whole model instead of ~18 per parameter.
+        """
+        lr, (beta1, beta2), eps, wd = (group["lr"], group["betas"], group["eps"],
+                                       group["weight_decay"])
+        states = [self.state[p] for p in params]
+        steps = [st["step"] for st in states]
+        exp_avgs = [st["exp_avg"] for st in states]
+        exp_avg_sqs = [st["exp_avg_sq"] for st in states]
+        grads = [p.grad for p in params]
+        if group["maximize"]:
+            grads = torch._foreach_neg(grads)
+        torch._foreach_add_(steps, 1)
+        if wd != 0:
+            if self.decoupled:
+                torch._foreach_mul_(params, 1 - lr * wd)
+            else:
+                grads = torch._foreach_add(grads, params, alpha=wd)
+        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+        # bias corrections in float64, as torch computes them in Python floats
+        step_d = torch.stack(steps).to(torch.float64)
+        bias_correction1 = 1 - torch.pow(beta1, step_d)
+        bias_correction2 = 1 - torch.pow(beta2, step_d)
+        dtype = params[0].dtype
+        neg_step_size = (-(lr.to(torch.float64) / bias_correction1)).to(dtype).unbind()
+        bias_correction2_sqrt = bias_correction2.sqrt().to(dtype).unbind()
+        if group["amsgrad"]:
+            max_sqs = [st["max_exp_avg_sq"] for st in states]
+            torch._foreach_maximum_(max_sqs, exp_avg_sqs)
+            denom = torch._foreach_sqrt(max_sqs)
+        else:
+            denom = torch._foreach_sqrt(exp_avg_sqs)
+        torch._foreach_div_(denom, bias_correction2_sqrt)
+        torch._foreach_add_(denom, eps)
+        # p - (exp_avg / denom) * step_size, rounded as torch rounds it
+        torch._foreach_addcmul_(params, torch._foreach_div(exp_avgs, denom), neg_step_size)
+
+
+def _buckets(params) -> list[list]:
+    """The parameters that have gradients, grouped by (device, dtype), in their order."""
+    out: dict = {}
+    for p in params:
+        if p.grad is not None:
+            out.setdefault((p.device, p.dtype), []).append(p)
+    return list(out.values())
 
 
 class AdamW(Adam):

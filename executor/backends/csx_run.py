@@ -100,7 +100,7 @@ class CSXRun:
                 )
             cap = new
             self.backend._captured[traced] = cap
-            log.info("traced %r: %d ops in %.3f s", traced, len(cap.ops), cap.trace_s)
+            log.info("traced %r: %d ops in %.3f s", traced, cap.num_ops, cap.trace_s)
         self.captured = cap
         if not self.started:
             self._launch(cap)
@@ -124,8 +124,9 @@ class CSXRun:
         b = self.backend
         self.started = True
         if b.validate_only:
-            self.report = {"validated": True, "trace_s": cap.trace_s, "ops": len(cap.ops)}
-            log.info("validate_only: traced %d ops; nothing compiled or run", len(cap.ops))
+            self.report = {"validated": True, "trace_s": cap.trace_s, "ops": cap.num_ops}
+            b.last_compile = dict(self.report)
+            log.info("validate_only: traced %d ops; nothing compiled or run", cap.num_ops)
             return
         b.sync_state_to_driver()
         consts = []
@@ -134,6 +135,7 @@ class CSXRun:
             [(tuple(s.value.shape), s.value.dtype) for s in cap.state_slots], b.compile_only)
         if cap is not None:
             self.report["trace_s"] = cap.trace_s
+            self.report["ops"] = cap.num_ops
         b.last_compile = dict(self.report)
         if b.compile_only:
             log.info("compile_only: compiled; nothing run")

@@ -46,6 +46,11 @@ class Captured:
     def op_listing(self) -> list[str]:
         return self.ops
 
+    @property
+    def num_ops(self) -> int:
+        """Ops the graph runs: every node but inputs, the output and tuple unpacking."""
+        return sum(1 for op in self.ops if "getitem" not in op and not op.startswith("output"))
+
 
 def _fake(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
     if t.device.type == "meta":

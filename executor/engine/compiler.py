@@ -89,6 +89,15 @@ def functionalize(gm: torch.fx.GraphModule, example: tuple):
     return pure, changed
 
 
+def _drop_detach(gm: torch.fx.GraphModule) -> None:
+    """Remove ``aten.detach`` nodes: the replay records no autograd, so they only cost a call."""
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.aten.detach.default:
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+    gm.recompile()
+
+
 def compile_step(gm: torch.fx.GraphModule, example: tuple, compiler: str, device: str,
                  compile_dir: Optional[Path]) -> tuple[CompiledStep, dict]:
     """Compile ``gm`` (captured by :func:`executor.engine.capture.capture`).
@@ -112,6 +121,7 @@ def compile_step(gm: torch.fx.GraphModule, example: tuple, compiler: str, device
             log.info("compile cache hit: %s (%s)", key, compiler)
     if compiler == "fx":
         gm = gm.to(device) if device != "cpu" else gm
+        _drop_detach(gm)
         step = CompiledStep(gm, None, "fx")
     else:
         if compile_dir is not None:
