@@ -44,13 +44,15 @@ def ones_like(other: torch.Tensor, dtype=None):
     return full_like(other, 1, dtype=dtype)
 
 
-def state_tensor(tensor: torch.Tensor) -> torch.Tensor:
+def state_tensor(tensor: torch.Tensor, readable: bool = False) -> torch.Tensor:
     """Make ``tensor`` a state tensor of the current backend (persisting across steps).
 
     Eager backends return it unchanged; on CSX it becomes a lazy handle whose value lives with
     the engine. Metrics and optimizers use this for state built from an existing tensor.
+    ``readable`` state can be read inside a ``@step_closure`` during a run (its value after
+    that closure's step): a step that calls closures exports a copy of it every step.
     """
     backend = runtime.current_backend()
     if backend is None:
         return tensor
-    return backend.state_tensor(tensor)
+    return backend.state_tensor(tensor, readable=readable)

@@ -203,7 +203,8 @@ class DataExecutor:
                     fn(*args, **kwargs)
             else:
                 margs, mkwargs = run.materialize((args, kwargs), step)
-                fn(*margs, **mkwargs)
+                with run.closure_reads(step):
+                    fn(*margs, **mkwargs)
         run.step_done(step)
         samples = metrics.pop("samples", None)
         if samples is None:

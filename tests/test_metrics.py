@@ -279,7 +279,9 @@ def eval_input_fn():
             for _ in range(3)]
 
 
-def evaluate(kind, runs=2, **options):
+def evaluate(kind, runs=2, per_step=None, **options):
+    """Seed 004's evaluation twice (reset between runs); with ``per_step`` (a list), a step
+    closure appends every metric's value after each step."""
     torch.manual_seed(0)
     backend = cstorch.backend(kind, **options)
     model = torch.nn.Linear(4, 3)
@@ -295,7 +297,14 @@ def evaluate(kind, runs=2, **options):
         accuracy(labels=targets.clone(), predictions=outputs.argmax(-1).int())
         custom(outputs)
         f1(labels=targets, predictions=outputs.argmax(-1))
+        if per_step is not None:
+            report(outputs)
         return outputs
+
+    @cstorch.step_closure
+    def report(outputs):
+        per_step.append((float(accuracy), float(custom), float(f1), accuracy.num_updates,
+                         float(outputs.detach().sum())))
 
     results, outputs = [], []
     for _ in range(runs):
@@ -333,6 +342,44 @@ def test_traced_metric_updates_on_csx_equal_the_cpu_backend():
     cpu, _ = evaluate("CPU")
     csx, _ = evaluate("CSX", in_process=True)
     assert csx == cpu
+
+
+def test_metrics_read_inside_a_step_closure_on_csx_give_the_value_after_that_step():
+    cpu_steps, csx_steps = [], []
+    cpu, _ = evaluate("CPU", per_step=cpu_steps)
+    csx, _ = evaluate("CSX", per_step=csx_steps, in_process=True)
+    assert csx == cpu
+    assert len(csx_steps) == 6 and [s[3] for s in csx_steps] == [1, 2, 3, 1, 2, 3]
+    for a, b in zip(csx_steps, cpu_steps):
+        assert a[:4] == b[:4]
+        assert a[4] == pytest.approx(b[4], abs=1e-5)
+
+
+def test_weights_read_inside_a_step_closure_on_csx_are_still_refused():
+    backend = cstorch.backend("CSX", in_process=True)
+    model = torch.nn.Linear(4, 3)
+    compiled = cstorch.compile(model, backend)
+    accuracy = cstorch.metrics.AccuracyMetric("accuracy")
+    seen = []
+
+    @cstorch.step_closure
+    def report(loss):
+        seen.append(float(accuracy))
+        model.weight.sum().item()
+
+    @cstorch.trace
+    def step(batch):
+        outputs = compiled(batch[0])
+        accuracy(labels=batch[1], predictions=outputs.argmax(-1))
+        report(outputs.sum())
+        return outputs
+
+    executor = cstorch.utils.data.DataExecutor(
+        cstorch.utils.data.DataLoader(eval_input_fn), num_steps=3)
+    with pytest.raises(RuntimeError, match="can only be read on checkpoint steps"):
+        for batch in executor:
+            step(batch)
+    assert len(seen) == 1 and 0.0 <= seen[0] <= 1.0
 
 
 # -- wrong input ---------------------------------------------------------------------------------

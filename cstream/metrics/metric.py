@@ -130,7 +130,8 @@ class Metric(torch.nn.Module, ABC):
         if hasattr(self, name):
             raise ValueError(f"{self.name}: cannot register state {name!r}: the metric already "
                              "has an attribute of that name.")
-        self.register_buffer(name, state_tensor(tensor.detach().clone()), persistent=persistent)
+        self.register_buffer(name, state_tensor(tensor.detach().clone(), readable=True),
+                             persistent=persistent)
 
     @abstractmethod
     def reset(self) -> None:

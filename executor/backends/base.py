@@ -123,7 +123,7 @@ class Backend:
     def full_like(self, other, fill_value, dtype=None):
         return torch.full_like(other, fill_value, dtype=dtype)
 
-    def state_tensor(self, tensor):
+    def state_tensor(self, tensor, readable=False):
         return tensor
 
     def register_stateful(self, obj) -> None:

@@ -79,6 +79,9 @@ class EagerRun:
     def checkpoint_reads(self, step: int):
         return contextlib.nullcontext()
 
+    def closure_reads(self, step: int):
+        return contextlib.nullcontext()
+
     def close(self, ok: bool) -> dict:
         self._batches.close()
         return {}

@@ -225,8 +225,8 @@ class CSXBackend(Backend):
     def full_like(self, other, fill_value, dtype=None):
         return self.store.lazy(tuple(other.shape), dtype or other.dtype, fill=fill_value)
 
-    def state_tensor(self, tensor):
-        return self.store.from_tensor(tensor)
+    def state_tensor(self, tensor, readable=False):
+        return self.store.from_tensor(tensor, readable=readable)
 
     def param_handles(self):
         return [p for p in self._params]

@@ -214,6 +214,34 @@ class CSXRun:
         return tree_map_only(StateHandle, replace, obj)
 
     @contextlib.contextmanager
+    def closure_reads(self, step: int):
+        """Inside a step closure: readable state (metrics) reads return the values after
+        ``step``, exported by the step itself."""
+        cap = self.captured
+        if not self.executes or cap is None or not cap.readable:
+            yield
+            return
+        cache: dict = {}
+
+        def reader(slot):
+            index = cap.readable.get(slot.key)
+            if index is None:
+                return None
+            if not cache:  # metric state is small: one call brings all of it
+                indices = sorted(cap.readable.values())
+                values, stats = self.driver.call("fetch", step, indices)
+                self._add_stats(stats)
+                self.known_done = max(self.known_done, step)
+                cache.update(zip(indices, values))
+            return cache[index]
+
+        self.store.step_reader = reader
+        try:
+            yield
+        finally:
+            self.store.step_reader = None
+
+    @contextlib.contextmanager
     def checkpoint_reads(self, step: int):
         """Inside a checkpoint closure: state reads return the values at ``step``."""
         if not self.executes:

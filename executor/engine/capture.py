@@ -39,6 +39,7 @@ class Captured:
     out_spec: Any                          # pytree spec of the return value
     out_leaves: list                       # OutputLeaf or a constant, per leaf
     closures: list = field(default_factory=list)  # (fn, spec, leaves) of closures in the step
+    readable: dict = field(default_factory=dict)  # slot key -> output index of its value
     num_outputs: int = 0
     trace_s: float = 0.0
     ops: list[str] = field(default_factory=list)
@@ -139,6 +140,14 @@ def capture(store: Store, fn: Callable, args, kwargs, take_closures: Callable[[]
                 c_leaves, c_spec = tree_flatten((cargs, ckwargs))
                 recorded.append((cfn, c_spec, [as_leaf(x) for x in c_leaves]))
             result["closures"] = recorded
+            # step closures may read readable state (metrics): export its value after the step
+            readable = {}
+            if recorded:
+                for s in slots:
+                    if s.readable:
+                        outputs.append(s.value.clone())
+                        readable[s.key] = len(outputs) - 1
+            result["readable"] = readable
             return [s.value for s in slots], outputs
 
     try:
@@ -185,10 +194,11 @@ def capture(store: Store, fn: Callable, args, kwargs, take_closures: Callable[[]
         out_spec=o_spec,
         out_leaves=o_leaves,
         closures=result["closures"],
+        readable=result["readable"],
         trace_s=time.perf_counter() - t0,
     )
     cap.num_outputs = sum(isinstance(x, OutputLeaf) for x in o_leaves) + sum(
         isinstance(x, OutputLeaf) for _, _, ls in cap.closures for x in ls
-    )
+    ) + len(cap.readable)
     cap.ops = _ops_of(gm)
     return cap

@@ -39,7 +39,7 @@ _VALUE_FUNCS = {torch.Tensor.numpy, torch.Tensor.tolist, torch.Tensor.cpu, torch
 class Slot:
     """The value behind one state tensor (shared by all its aliases)."""
 
-    __slots__ = ("key", "kind", "value", "program", "store", "name", "__weakref__")
+    __slots__ = ("key", "kind", "value", "program", "store", "name", "readable", "__weakref__")
 
     def __init__(self, store: "Store", kind: str, value: torch.Tensor, program=None, name=None):
         self.key = next(_ids)
@@ -48,6 +48,7 @@ class Slot:
         self.program = program    # LazyInit for lazy slots
         self.store = store
         self.name = name
+        self.readable = False     # exported after every step, for reads in step closures
 
     @property
     def meta(self) -> torch.Tensor:
@@ -176,6 +177,8 @@ class Store:
         self.push: Optional[Callable[[Slot, torch.Tensor], None]] = None
         self.on_capture_state_op: Optional[Callable] = None
         self.output_reader: Optional[Callable[[Slot], torch.Tensor]] = None
+        # inside a step closure: the value of a readable slot after that step, else None
+        self.step_reader: Optional[Callable[[Slot], Optional[torch.Tensor]]] = None
 
     def refuse(self, what: str):
         from executor.engine.guards import read_error
@@ -204,12 +207,18 @@ class Store:
     def handle(self, slot: Slot, requires_grad=False) -> StateHandle:
         return StateHandle(slot, requires_grad=requires_grad)
 
-    def from_tensor(self, tensor: torch.Tensor, name=None) -> StateHandle:
-        """A state handle holding (a detached copy-free reference to) ``tensor``."""
+    def from_tensor(self, tensor: torch.Tensor, name=None, readable=False) -> StateHandle:
+        """A state handle holding (a detached copy-free reference to) ``tensor``.
+
+        ``readable`` state (metric state) is exported by steps that call step closures, so
+        those closures can read its value after their step.
+        """
         t = tensor.detach()
         if isinstance(t, StateHandle):
             return t
-        return self.handle(self.new_slot("host", t, name=name))
+        slot = self.new_slot("host", t, name=name)
+        slot.readable = readable
+        return self.handle(slot)
 
     def lazy(self, shape, dtype, fill=None, name=None) -> StateHandle:
         meta = torch.empty(shape, dtype=dtype, device="meta")
@@ -268,6 +277,10 @@ class Store:
             )
         if self.read_context is not None:
             return self.read_context([slot])[slot.key]
+        if self.step_reader is not None:
+            value = self.step_reader(slot)
+            if value is not None:
+                return value
         if self.running:
             raise RuntimeError(
                 "the weights and optimizer state live on the wafer during a run and can only be "
