@@ -50,7 +50,7 @@ def state_tensor(tensor: torch.Tensor, readable: bool = False) -> torch.Tensor:
     Eager backends return it unchanged; on CSX it becomes a lazy handle whose value lives with
     the engine. Metrics and optimizers use this for state built from an existing tensor.
     ``readable`` state can be read inside a ``@step_closure`` during a run (its value after
-    that closure's step): a step that calls closures exports a copy of it every step.
+    that closure's step): every step exports a copy of it, so keep it small (metric state).
     """
     backend = runtime.current_backend()
     if backend is None:

@@ -281,7 +281,8 @@ def eval_input_fn():
 
 def evaluate(kind, runs=2, per_step=None, **options):
     """Seed 004's evaluation twice (reset between runs); with ``per_step`` (a list), a step
-    closure appends every metric's value after each step."""
+    closure called inside the step appends every metric's value after each step, and one
+    called in the loop (seed 000's pattern) appends the accuracy again."""
     torch.manual_seed(0)
     backend = cstorch.backend(kind, **options)
     model = torch.nn.Linear(4, 3)
@@ -306,6 +307,10 @@ def evaluate(kind, runs=2, per_step=None, **options):
         per_step.append((float(accuracy), float(custom), float(f1), accuracy.num_updates,
                          float(outputs.detach().sum())))
 
+    @cstorch.step_closure
+    def after_step(outputs):
+        per_step.append(("loop", float(accuracy), accuracy.num_updates))
+
     results, outputs = [], []
     for _ in range(runs):
         for m in (accuracy, custom, f1):
@@ -313,7 +318,9 @@ def evaluate(kind, runs=2, per_step=None, **options):
         executor = cstorch.utils.data.DataExecutor(
             cstorch.utils.data.DataLoader(eval_input_fn), num_steps=3)
         for batch in executor:
-            eval_step(batch)
+            step_out = eval_step(batch)
+            if per_step is not None:
+                after_step(step_out)
         results.append((float(accuracy), float(custom), float(f1), accuracy.num_updates))
     with torch.no_grad():
         for x, _ in eval_input_fn():
@@ -349,10 +356,14 @@ def test_metrics_read_inside_a_step_closure_on_csx_give_the_value_after_that_ste
     cpu, _ = evaluate("CPU", per_step=cpu_steps)
     csx, _ = evaluate("CSX", per_step=csx_steps, in_process=True)
     assert csx == cpu
-    assert len(csx_steps) == 6 and [s[3] for s in csx_steps] == [1, 2, 3, 1, 2, 3]
+    inside = [s for s in csx_steps if s[0] != "loop"]
+    loop = [s for s in csx_steps if s[0] == "loop"]
+    assert [s[3] for s in inside] == [1, 2, 3, 1, 2, 3]
+    assert [(s[1], s[2]) for s in loop] == [(s[0], s[3]) for s in inside]
+    assert len(csx_steps) == len(cpu_steps) == 12
     for a, b in zip(csx_steps, cpu_steps):
         assert a[:4] == b[:4]
-        assert a[4] == pytest.approx(b[4], abs=1e-5)
+        assert a[-1] == pytest.approx(b[-1], abs=1e-5)
 
 
 def test_weights_read_inside_a_step_closure_on_csx_are_still_refused():

@@ -140,13 +140,13 @@ def capture(store: Store, fn: Callable, args, kwargs, take_closures: Callable[[]
                 c_leaves, c_spec = tree_flatten((cargs, ckwargs))
                 recorded.append((cfn, c_spec, [as_leaf(x) for x in c_leaves]))
             result["closures"] = recorded
-            # step closures may read readable state (metrics): export its value after the step
+            # step closures (called inside this step or in the loop) may read readable state
+            # (metrics, small): export its value after every step
             readable = {}
-            if recorded:
-                for s in slots:
-                    if s.readable:
-                        outputs.append(s.value.clone())
-                        readable[s.key] = len(outputs) - 1
+            for s in slots:
+                if s.readable:
+                    outputs.append(s.value.clone())
+                    readable[s.key] = len(outputs) - 1
             result["readable"] = readable
             return [s.value for s in slots], outputs
 

@@ -210,8 +210,8 @@ class Store:
     def from_tensor(self, tensor: torch.Tensor, name=None, readable=False) -> StateHandle:
         """A state handle holding (a detached copy-free reference to) ``tensor``.
 
-        ``readable`` state (metric state) is exported by steps that call step closures, so
-        those closures can read its value after their step.
+        ``readable`` state (metric state) is exported by every step, so step closures can read
+        its value after their step.
         """
         t = tensor.detach()
         if isinstance(t, StateHandle):
