@@ -338,11 +338,12 @@ def test_building_a_500m_parameter_model_on_the_device_raises_peak_rss_by_under_
 
 @pytest.mark.parametrize("name,kwargs", [
     ("Adam", {}), ("Adam", dict(amsgrad=True, weight_decay=0.01, maximize=True)),
-    ("AdamW", {}),
+    ("AdamW", {}), ("SGD", dict(momentum=0.9, nesterov=True, weight_decay=0.01)),
 ])
-def test_the_traced_adam_update_has_the_same_ops_for_any_number_of_parameters(name, kwargs):
-    """The Adam update is issued per stage for all parameters (torch._foreach_*), not per
-    parameter: a deeper model adds forward/backward ops only."""
+@pytest.mark.parametrize("clip", [None, 1.0])
+def test_the_traced_update_has_the_same_ops_for_any_number_of_parameters(name, kwargs, clip):
+    """The optimizer update (and gradient clipping) is issued per stage for all parameters
+    (torch._foreach_*), not per parameter: a deeper model adds forward/backward ops only."""
     from executor import runtime
 
     def ops(depth, optimize):
@@ -355,9 +356,10 @@ def test_the_traced_adam_update_has_the_same_ops_for_any_number_of_parameters(na
         @cstorch.trace
         def step(batch):
             loss = compiled(batch[0]).square().mean()
-            loss.backward()
             if optimize:
-                opt.step()
+                cstorch.amp.optimizer_step(loss, opt, None, max_gradient_norm=clip)
+            else:
+                loss.backward()
             return loss
 
         for batch in _executor():
@@ -369,7 +371,7 @@ def test_the_traced_adam_update_has_the_same_ops_for_any_number_of_parameters(na
     assert 0 < shallow == deep < 40, (shallow, deep)
 
 
-def test_adam_skips_parameters_without_gradients_and_handles_mixed_dtypes_like_torch():
+def test_optimizers_skip_parameters_without_gradients_and_handle_mixed_dtypes_like_torch():
     def run(make_opt):
         torch.manual_seed(0)
         a = torch.nn.Linear(4, 3)
@@ -380,11 +382,13 @@ def test_adam_skips_parameters_without_gradients_and_handles_mixed_dtypes_like_t
         for _ in range(20):
             x = torch.randn(5, 4, generator=g)
             opt.zero_grad()
-            (a(x).square().sum() + b(x.double()).tanh().sum()).backward()
+            (a(x).tanh().sum() + b(x.double()).tanh().sum()).backward()
             opt.step()
         return [t.detach().clone() for t in (*a.parameters(), frozen, *b.parameters())]
 
-    for name, kw in (("Adam", dict(amsgrad=True)), ("AdamW", dict(maximize=True))):
+    for name, kw in (("Adam", dict(amsgrad=True)), ("AdamW", dict(maximize=True)),
+                     ("SGD", dict(momentum=0.9, nesterov=True, weight_decay=0.01, maximize=True)),
+                     ("SGD", dict(momentum=0.9, dampening=0.2))):
         ours = run(lambda p: getattr(cstorch.optim, name)(p, lr=0.05, **kw))
         theirs = run(lambda p: getattr(torch.optim, name)(p, lr=0.05, foreach=False, **kw))
         for x, y in zip(ours, theirs):

@@ -353,6 +353,44 @@ def test_float16_training_with_loss_scaling_avoids_the_underflow_of_the_unscaled
     assert torch.isfinite(scaled).all()
 
 
+@pytest.mark.parametrize("clip", [dict(max_gradient_norm=0.5), dict(max_gradient_norm=1e6),
+                                  dict(max_gradient_val=0.01)])
+def test_optimizer_step_clips_gradients_exactly_as_torch_does(clip):
+    def run(step):
+        torch.manual_seed(0)
+        a, b = torch.nn.Linear(5, 4), torch.nn.Linear(4, 2).double()
+        frozen = torch.nn.Parameter(torch.ones(3))
+        params = [*a.parameters(), frozen, *b.parameters()]
+        opt = cstorch.optim.SGD(params, lr=0.1, momentum=0.9)
+        for x, _ in batches(20):
+            step(b(torch.tanh(a(x)).double()).square().sum(), opt, params)
+        return [p.detach().clone() for p in params]
+
+    def ours(loss, opt, params):
+        cstorch.amp.optimizer_step(loss, opt, None, **clip)
+
+    def torchs(loss, opt, params):
+        loss.backward()
+        if "max_gradient_norm" in clip:
+            torch.nn.utils.clip_grad_norm_(params, clip["max_gradient_norm"], foreach=False)
+        else:
+            torch.nn.utils.clip_grad_value_(params, clip["max_gradient_val"], foreach=False)
+        opt.step()
+        opt.zero_grad()
+
+    for x, y in zip(run(ours), run(torchs)):
+        assert torch.equal(x, y)
+
+
+def test_clip_grad_norm_returns_the_total_norm_and_handles_no_gradients():
+    w = torch.nn.Parameter(torch.tensor([3.0, 4.0]))
+    assert float(cstorch.amp.grad_scaler.clip_grad_norm_([w], 1.0)) == 0.0
+    w.grad = torch.tensor([3.0, 4.0])
+    total = cstorch.amp.grad_scaler.clip_grad_norm_([w], 1.0)
+    assert float(total) == 5.0
+    torch.testing.assert_close(w.grad, torch.tensor([0.6, 0.8]))
+
+
 def test_clipping_by_norm_and_by_value_together_is_an_error():
     w = torch.nn.Parameter(torch.ones(2))
     opt = cstorch.optim.SGD([w], lr=0.1)

@@ -132,12 +132,53 @@ def optimizer_step(loss: torch.Tensor, optimizer, grad_scaler: Optional[GradScal
     else:
         loss.backward()
     if max_gradient_norm is not None:
-        torch.nn.utils.clip_grad_norm_(params, float(max_gradient_norm))
+        clip_grad_norm_(params, float(max_gradient_norm))
     elif max_gradient_val is not None:
-        torch.nn.utils.clip_grad_value_(params, float(max_gradient_val))
+        clip_grad_value_(params, float(max_gradient_val))
     if grad_scaler is not None:
         grad_scaler.step(optimizer)
         grad_scaler.update()
     else:
         optimizer.step()
     optimizer.zero_grad()
+
+
+def _grads_by_device_and_dtype(params) -> list[list[torch.Tensor]]:
+    """The gradients grouped as torch groups them (its order decides the total norm's
+    summation order)."""
+    from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
+
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return []
+    return [tensors for [tensors], _ in _group_tensors_by_device_and_dtype([grads]).values()]
+
+
+def clip_grad_norm_(params, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_``'s rule (its multi-tensor path, on every device): the
+    gradients scaled by ``min(1, max_norm / (total_norm + 1e-6))``; returns the total norm.
+
+    One ``torch._foreach_*`` op per stage, so a traced step gets a few ops for the whole model.
+    """
+    groups = _grads_by_device_and_dtype(params)
+    if not groups:
+        return torch.tensor(0.0)
+    first = groups[0][0].device
+    norms = [n for grads in groups for n in torch._foreach_norm(grads, norm_type)]
+    total = torch.linalg.vector_norm(torch.stack([_on(n, first) for n in norms]), norm_type)
+    clip_coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for grads in groups:
+        torch._foreach_mul_(grads, _on(clip_coef, grads[0].device))
+    return total
+
+
+def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    # no copy (and no device transfer in a traced step) when it is already there
+    return t if t.device == device else t.to(device)
+
+
+def clip_grad_value_(params, clip_value: float) -> None:
+    """``torch.nn.utils.clip_grad_value_``'s rule, one ``torch._foreach_*`` op per stage."""
+    for grads in _grads_by_device_and_dtype(params):
+        torch._foreach_clamp_min_(grads, -clip_value)
+        torch._foreach_clamp_max_(grads, clip_value)

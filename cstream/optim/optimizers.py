@@ -52,23 +52,39 @@ class SGD(Optimizer):
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
-            lr, wd, mom = group["lr"], group["weight_decay"], group["momentum"]
-            damp, nesterov = group["dampening"], group["nesterov"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad = -p.grad if group["maximize"] else p.grad
-                if wd != 0:
-                    grad = grad.add(p, alpha=wd)
-                if mom != 0:
-                    st = self.state[p]
-                    buf, seen = st["momentum_buffer"], st["initialized"]
-                    updated = buf * mom + grad * (1 - damp)
-                    buf.copy_(torch.where(seen > 0, updated, grad))
-                    seen.fill_(1.0)
-                    grad = grad + buf * mom if nesterov else buf
-                p.addcmul_(grad, lr, value=-1)  # one rounding, as torch's add_(alpha=-lr)
+            for params in _buckets(group["params"]):
+                self._update(group, params)
         return loss
+
+    def _update(self, group, params):
+        """One multi-tensor update of ``params`` (same dtype and device, all with gradients):
+        torch's single-tensor arithmetic, one ``torch._foreach_*`` op per stage."""
+        lr, wd, mom = group["lr"], group["weight_decay"], group["momentum"]
+        damp, nesterov = group["dampening"], group["nesterov"]
+        grads = [p.grad for p in params]
+        if group["maximize"]:
+            grads = torch._foreach_neg(grads)
+        if wd != 0:
+            grads = torch._foreach_add(grads, params, alpha=wd)
+        if mom != 0:
+            states = [self.state[p] for p in params]
+            bufs = [st["momentum_buffer"] for st in states]
+            seen = [st["initialized"] for st in states]
+            # torch's rule: the first step copies the gradient into the buffer, later steps
+            # make it buf * momentum + grad * (1 - dampening). With s = 1 once seen, else 0,
+            # both are buf * (momentum * s) + grad * (1 - dampening * s) (the buffer starts at
+            # zero), the factors rounded from float64 as torch rounds its Python floats
+            s = torch.stack(seen).to(torch.float64)
+            dtype = params[0].dtype
+            keep = (s * mom).to(dtype).unbind()
+            take = (1 - s * damp).to(dtype).unbind()
+            torch._foreach_mul_(bufs, keep)
+            torch._foreach_add_(bufs, torch._foreach_mul(grads, take))
+            torch._foreach_zero_(seen)
+            torch._foreach_add_(seen, 1.0)
+            grads = torch._foreach_add(grads, torch._foreach_mul(bufs, mom)) if nesterov else bufs
+        # one rounding, as torch's add_(alpha=-lr)
+        torch._foreach_addcmul_(params, grads, [lr] * len(params), value=-1)
 
 
 class Adam(Optimizer):
