@@ -55,12 +55,10 @@ class GradScaler:
                                "update().")
         inv = 1.0 / self._scale
         found = torch.zeros((), dtype=torch.float32)
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                p.grad.mul_(inv.to(p.grad.dtype))
-                found = torch.maximum(found, (~torch.isfinite(p.grad)).any().to(torch.float32))
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        for grads in _grads_by_device_and_dtype(params):
+            # torch.amp's own kernel: flags a non-finite gradient, multiplies by 1/scale
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv)
         self._found_inf.copy_(found)
         self._unscaled.add(id(optimizer))
 
@@ -72,15 +70,13 @@ class GradScaler:
         tensors = [p for g in optimizer.param_groups for p in g["params"]]
         tensors += [t for s in optimizer.state.values() for t in s.values()
                     if isinstance(t, torch.Tensor)]
-        saved = [t.clone() for t in tensors]
-        for group in optimizer.param_groups:  # a skipped step must not see inf/NaN either
-            for p in group["params"]:
-                if p.grad is not None:
-                    p.grad.copy_(torch.nan_to_num(p.grad, nan=0.0, posinf=0.0, neginf=0.0))
+        saved = _copies(tensors)
         out = optimizer.step(*args, **kwargs)
+        # a step with inf/NaN gradients is skipped: every tensor it changed gets its old value
+        # back (whatever inf/NaN the update computed is dropped with it)
         skip = self._found_inf > 0
         for t, old in zip(tensors, saved):
-            t.copy_(torch.where(skip, old, t))
+            torch.where(skip, old, t, out=t)
         return out
 
     @torch.no_grad()
@@ -170,6 +166,20 @@ def clip_grad_norm_(params, max_norm: float, norm_type: float = 2.0) -> torch.Te
     for grads in groups:
         torch._foreach_mul_(grads, _on(clip_coef, grads[0].device))
     return total
+
+
+def _copies(tensors: list) -> list:
+    """Exact copies of ``tensors``: floating-point ones with one ``x * 1`` op per dtype."""
+    from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
+
+    out = [None] * len(tensors)
+    for (_, dtype), ([group], indices) in _group_tensors_by_device_and_dtype(
+            [list(tensors)], with_indices=True).items():
+        copies = torch._foreach_mul(group, 1) if dtype.is_floating_point else [
+            t.clone() for t in group]
+        for i, c in zip(indices, copies):
+            out[i] = c
+    return out
 
 
 def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
