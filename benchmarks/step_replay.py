@@ -8,6 +8,10 @@ For three models -- an overhead-bound MLP (16-64-64-4, batch 16), a compute-boun
   ``inductor`` (same Adam, from ``cstream.optim``);
 * trace and compile times.
 
+A fourth case is seed 000's full training step on the small transformer: AdamW, dynamic loss
+scaling and gradient clipping (``cstream.amp.optimizer_step``); eager is the same with
+``torch.amp.GradScaler`` and ``torch.nn.utils.clip_grad_norm_``.
+
 Variants are interleaved (A B C A B C ...) and the medians reported, because this machine is
 noisy. Writes ``benchmarks/results/step_replay.json``.
 
@@ -91,14 +95,31 @@ def cases():
         "compute_bound_mlp_784_512_512_10_b64": (lambda: mlp([784, 512, 512, 10]),
                                                  lambda: cls_batch(64, 784, 10), ce, 40),
         "small_transformer_lm_2x128_seq64_b8": (TinyLM, lm_batch, ce, 20),
+        FULL_STEP: (TinyLM, lm_batch, ce, 20),
     }
 
 
-def eager_runner(make_model, make_batch, loss_fn):
+# seed 000's full training step: AdamW, dynamic loss scaling, gradient clipping
+FULL_STEP = "seed_full_step_transformer_adamw_scaler_clip"
+
+
+def eager_runner(make_model, make_batch, loss_fn, full=False):
     torch.manual_seed(0)
     model = make_model()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
     x, y = make_batch()
+    if full:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            scaler.scale(loss_fn(model(x), y)).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(opt)
+            scaler.update()
+        return step
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -108,7 +129,7 @@ def eager_runner(make_model, make_batch, loss_fn):
     return step
 
 
-def replay_runner(make_model, make_batch, loss_fn, compiler, compile_dir):
+def replay_runner(make_model, make_batch, loss_fn, compiler, compile_dir, full=False):
     """Trace the step on the CSX backend (driver in-process) and return the compiled replay."""
     runtime.reset()
     torch.manual_seed(0)
@@ -116,17 +137,28 @@ def replay_runner(make_model, make_batch, loss_fn, compiler, compile_dir):
                               compile_dir=compile_dir, artifact_dir=compile_dir + "/art")
     model = make_model()
     compiled = cstorch.compile(model, backend)
-    opt = cstorch.optim.Adam(model.parameters(), lr=1e-3)
     x, y = make_batch()
+    if full:
+        opt = cstorch.optim.AdamW(model.parameters(), lr=1e-3)
+        scaler = cstorch.amp.GradScaler("dynamic", init_scale=2.0 ** 10)
 
-    @cstorch.trace
-    def step(batch):
-        inputs, targets = batch
-        loss = loss_fn(compiled(inputs), targets)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
+        @cstorch.trace
+        def step(batch):
+            inputs, targets = batch
+            loss = loss_fn(compiled(inputs), targets)
+            cstorch.amp.optimizer_step(loss, opt, scaler, max_gradient_norm=1.0)
+            return loss
+    else:
+        opt = cstorch.optim.Adam(model.parameters(), lr=1e-3)
+
+        @cstorch.trace
+        def step(batch):
+            inputs, targets = batch
+            loss = loss_fn(compiled(inputs), targets)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
 
     loader = cstorch.utils.data.DataLoader(lambda: [(x, y)])
     executor = cstorch.utils.data.DataExecutor(loader, num_steps=2)
@@ -163,12 +195,14 @@ def main(argv=None):
     results = {"torch": torch.__version__, "threads": torch.get_num_threads(),
                "cpu_count": os.cpu_count(), "rounds": rounds, "cases": {}}
     for name, (make_model, make_batch, loss_fn, n) in cases().items():
-        variants = {"eager": eager_runner(make_model, make_batch, loss_fn)}
+        full = name == FULL_STEP
+        variants = {"eager": eager_runner(make_model, make_batch, loss_fn, full)}
         info = {}
         for c in compilers:
             t0 = time.perf_counter()
-            run, report = replay_runner(make_model, make_batch, loss_fn, c, compile_dir)
+            run, report = replay_runner(make_model, make_batch, loss_fn, c, compile_dir, full)
             info[c] = {"trace_s": report.get("trace_s"), "compile_s": report.get("compile_s"),
+                       "ops": report.get("ops"),
                        "setup_s": time.perf_counter() - t0}
             variants[c] = run
         for fn in variants.values():  # warm-up
