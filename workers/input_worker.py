@@ -4,8 +4,7 @@ An ``InputWorker`` builds its dataloader by calling the user's ``input_fn`` as o
 CS-X, then a background thread iterates it (cycling through epochs) into a small bounded buffer.
 The consumer (:class:`workers.stream.CsxInputStream`) asks for batch ``k`` with ``fetch(k)`` (or
 for batch ``k`` and up to ``n - 1`` ready ones after it in one reply with ``fetch(k, n)``); the
-producer never runs more than
-``capacity`` unfetched batches ahead, so memory stays bounded.
+producer never runs more than ``capacity`` unfetched batches ahead, so memory stays bounded.
 
 Every reply carries the worker's position right after that batch (epoch, batches within the
 epoch, and the restartable loader's ``state_dict()`` when it has one), so the consumer always
@@ -118,28 +117,22 @@ def unpack_tensor(p: PackedTensor, copy: bool = True) -> torch.Tensor:
     return t.view(dtype).reshape(p.shape)
 
 
-def pack_batch(batch: Any) -> Any:
-    """The batch with every tensor replaced by a :class:`PackedTensor` (same nesting)."""
-    return tree_map_only(torch.Tensor, pack_tensor, batch)
-
-
-def _pack_counted(batch: Any) -> tuple[Any, int, int]:
-    """``(pack_batch(batch), packed bytes, leading dimension)`` with one walk of the batch."""
+def pack_batch(batch: Any) -> tuple[Any, int]:
+    """The batch with every tensor replaced by a :class:`PackedTensor` (same nesting), and the
+    packed bytes, in one walk of the batch."""
     if isinstance(batch, torch.Tensor):  # the common single-tensor batch: no pytree walk
         leaves, spec = [batch], None
     else:
         leaves, spec = tree_flatten(batch)
-    packed, nbytes, lead = [], 0, None
+    packed, nbytes = [], 0
     for x in leaves:
         if isinstance(x, torch.Tensor):
-            if lead is None:
-                lead = int(x.shape[0]) if x.dim() else 1
             x = pack_tensor(x)
             nbytes += x.array.nbytes if isinstance(x, PackedTensor) else \
                 x.numel() * x.element_size()
         packed.append(x)
     payload = packed[0] if spec is None else tree_unflatten(packed, spec)
-    return payload, nbytes, 1 if lead is None else lead
+    return payload, nbytes
 
 
 _ATOMS = (int, float, str, bool, bytes, type(None))
@@ -162,17 +155,6 @@ def _copy_state(x: Any) -> Any:
 def unpack_batch(payload: Any, copy: bool = True) -> Any:
     """Inverse of :func:`pack_batch` (see :func:`unpack_tensor` for ``copy``)."""
     return tree_map_only(PackedTensor, lambda p: unpack_tensor(p, copy), payload)
-
-
-def packed_nbytes(payload: Any) -> int:
-    leaves, _ = tree_flatten(payload)
-    total = 0
-    for x in leaves:
-        if isinstance(x, PackedTensor):
-            total += x.array.nbytes
-        elif isinstance(x, torch.Tensor):
-            total += x.numel() * x.element_size()
-    return total
 
 
 def batch_fingerprint(payload: Any) -> str:
@@ -381,7 +363,7 @@ def _packed(item: dict) -> dict:
     item = dict(item)
     batch = item.pop("batch")
     try:
-        payload, nbytes, _ = _pack_counted(batch)
+        payload, nbytes = pack_batch(batch)
     except BaseException as e:  # noqa: BLE001 (sent to the consumer)
         return _error_reply(item["index"], e, f"while sending batch {item['index']} of this "
                             "worker (a batch must be a nest of tensors and plain values)")
