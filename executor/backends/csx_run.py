@@ -180,10 +180,15 @@ class CSXRun:
                 "step outputs have no values."
             )
         step, index = slot.program
-        values, stats = self.driver.call("fetch", step, [index])
+        return self._fetch(step, [index])[0]
+
+    def _fetch(self, step: int, indices: list) -> list:
+        """Outputs ``indices`` of ``step`` (waits for the wafer to finish it), recording the
+        per-step figures that came with them."""
+        values, stats = self.driver.call("fetch", step, indices)
         self._add_stats(stats)
         self.known_done = max(self.known_done, step)
-        return values[0]
+        return values
 
     def _add_stats(self, stats):
         for s in stats:
@@ -201,10 +206,7 @@ class CSXRun:
         fetched = {}
         for s, idx in wanted.items():
             idx = sorted(set(idx))
-            values, stats = self.driver.call("fetch", s, idx)
-            self._add_stats(stats)
-            self.known_done = max(self.known_done, s)
-            fetched.update({(s, i): v for i, v in zip(idx, values)})
+            fetched.update({(s, i): v for i, v in zip(idx, self._fetch(s, idx))})
 
         def replace(h):
             if h._slot.kind == "output":
@@ -229,10 +231,7 @@ class CSXRun:
                 return None
             if not cache:  # metric state is small: one call brings all of it
                 indices = sorted(cap.readable.values())
-                values, stats = self.driver.call("fetch", step, indices)
-                self._add_stats(stats)
-                self.known_done = max(self.known_done, step)
-                cache.update(zip(indices, values))
+                cache.update(zip(indices, self._fetch(step, indices)))
             return cache[index]
 
         self.store.step_reader = reader
@@ -272,9 +271,7 @@ class CSXRun:
         run by the client, to finish on the wafer); None before the wafer started."""
         if not (self.started and self.executes):
             return None
-        _, stats = self.driver.call("fetch", step, [])
-        self._add_stats(stats)
-        self.known_done = max(self.known_done, step)
+        self._fetch(step, [])
         return self._stats[max(self._stats)] if self._stats else None
 
     def close(self, ok: bool) -> dict:
