@@ -7,6 +7,7 @@ from typing import Optional, Union
 import torch
 
 import cstream
+from cstream.optim.optimizer import group_tensors
 
 
 class GradScaler:
@@ -140,14 +141,7 @@ def optimizer_step(loss: torch.Tensor, optimizer, grad_scaler: Optional[GradScal
 
 
 def _grads_by_device_and_dtype(params) -> list[list[torch.Tensor]]:
-    """The gradients grouped as torch groups them (its order decides the total norm's
-    summation order)."""
-    from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
-
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return []
-    return [tensors for [tensors], _ in _group_tensors_by_device_and_dtype([grads]).values()]
+    return [group for group, _ in group_tensors([p.grad for p in params if p.grad is not None])]
 
 
 def clip_grad_norm_(params, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
@@ -170,12 +164,9 @@ def clip_grad_norm_(params, max_norm: float, norm_type: float = 2.0) -> torch.Te
 
 def _copies(tensors: list) -> list:
     """Exact copies of ``tensors``: floating-point ones with one ``x * 1`` op per dtype."""
-    from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
-
     out = [None] * len(tensors)
-    for (_, dtype), ([group], indices) in _group_tensors_by_device_and_dtype(
-            [list(tensors)], with_indices=True).items():
-        copies = torch._foreach_mul(group, 1) if dtype.is_floating_point else [
+    for group, indices in group_tensors(tensors):
+        copies = torch._foreach_mul(group, 1) if group[0].dtype.is_floating_point else [
             t.clone() for t in group]
         for i, c in zip(indices, copies):
             out[i] = c

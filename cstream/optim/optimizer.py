@@ -18,6 +18,18 @@ import torch
 import cstream
 
 
+def group_tensors(tensors: list) -> list[tuple[list, list[int]]]:
+    """``tensors`` grouped by (device, dtype) as torch's multi-tensor code groups them (the
+    group order decides a total norm's summation order), each group with its positions in
+    ``tensors``: the unit of one ``torch._foreach_*`` call."""
+    from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
+
+    if not tensors:
+        return []
+    grouped = _group_tensors_by_device_and_dtype([list(tensors)], with_indices=True)
+    return [(group, indices) for [group], indices in grouped.values()]
+
+
 def _wrap_step(step: Callable) -> Callable:
     @functools.wraps(step)
     def wrapper(self, *args, **kwargs):

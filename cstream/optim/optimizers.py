@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import cstream
-from cstream.optim.optimizer import Optimizer
+from cstream.optim.optimizer import Optimizer, group_tensors
 
 
 def _check(name, value, low=0.0, high=None, owner=""):
@@ -170,12 +170,8 @@ class Adam(Optimizer):
 
 
 def _buckets(params) -> list[list]:
-    """The parameters that have gradients, grouped by (device, dtype), in their order."""
-    out: dict = {}
-    for p in params:
-        if p.grad is not None:
-            out.setdefault((p.device, p.dtype), []).append(p)
-    return list(out.values())
+    """The parameters that have gradients, grouped by (device, dtype)."""
+    return [group for group, _ in group_tensors([p for p in params if p.grad is not None])]
 
 
 class AdamW(Adam):
