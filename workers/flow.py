@@ -1,0 +1,79 @@
+"""FlowPolicy: every bound on data in flight between the input workers, the wafer and the client.
+
+One object, built once per run from the user's :class:`~workers.config.CSConfig` and the CSX
+backend's options, and handed to each part that needs a bound (the input streams, the wafer's
+input feed, the wafer loop, the client). Field names carry their units.
+
+>>> from workers.config import CSConfig
+>>> p = FlowPolicy.from_config(CSConfig(input_buffer_batches=2), lookahead_steps=8)
+>>> p.input_buffer_batches, p.lookahead_steps, p.batches_per_fetch
+(2, 8, 4)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+from workers.config import CSConfig
+
+DEFAULT_LOOKAHEAD_STEPS = 16
+
+
+@dataclass(frozen=True)
+class FlowPolicy:
+    lookahead_steps: int = DEFAULT_LOOKAHEAD_STEPS
+    """The wafer runs at most this many steps past the last step whose closures the client has
+    finished; it is also the most step outputs the wafer keeps. A hard bound."""
+    input_buffer_batches: int = 4
+    """Batches each CS-X's input buffer on the wafer holds (filled by one feeder thread)."""
+    batches_per_fetch: int = 4
+    """The most batches an input worker sends in one reply (one Ray call, one object)."""
+    small_batch_bytes: int = 64 * 1024
+    """Batches smaller than this are sent up to ``small_reply_batches`` per reply: Ray's
+    per-object cost (~1-2 ms) dominates them, so more per reply amortises it."""
+    small_reply_batches: int = 32
+    """The most batches per reply when batches are small (see ``small_batch_bytes``)."""
+    requests_in_flight_per_worker: int = 2
+    """``fetch`` requests kept outstanding per input worker, so transport overlaps production."""
+    object_store_bytes: Optional[int] = None
+    """Size of the embedded Ray object store; None: sized by :func:`object_store_bytes_for`."""
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v is None and f.name == "object_store_bytes":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"FlowPolicy.{f.name}: expected a positive int, got {v!r}.")
+
+    @classmethod
+    def from_config(cls, cs_config: CSConfig, lookahead_steps: int = DEFAULT_LOOKAHEAD_STEPS,
+                    **overrides) -> "FlowPolicy":
+        """The policy for ``cs_config`` (its input knobs) and the backend's look-ahead."""
+        fields = dict(lookahead_steps=lookahead_steps,
+                      input_buffer_batches=cs_config.input_buffer_batches,
+                      batches_per_fetch=cs_config.batches_per_fetch)
+        fields.update(overrides)
+        return cls(**fields)
+
+    def batches_per_reply(self, batch_bytes: int) -> int:
+        """How many batches of ``batch_bytes`` one worker reply may carry."""
+        if 0 < batch_bytes < self.small_batch_bytes:
+            return max(self.batches_per_fetch, self.small_reply_batches)
+        return self.batches_per_fetch
+
+    @property
+    def ack_every_steps(self) -> int:
+        """How often the client tells the wafer how far it is when it has nothing to fetch."""
+        return max(1, self.lookahead_steps // 2)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def object_store_bytes_for(total_memory_bytes: int) -> int:
+    """The embedded object store's size: 30% of the machine's memory (Ray's own default share),
+    at least 512 MiB."""
+    return max(512 * 1024 * 1024, int(total_memory_bytes * 0.3))
