@@ -41,3 +41,60 @@ class SlowBatches(torch.utils.data.Dataset):
                 self._payload = torch.randn(self.nbytes // 4 // 1024, 1024)
             return self._payload, torch.full((1,), i, dtype=torch.int64)  # transport only
         return torch.randn(BATCH, 64), torch.full((BATCH,), i, dtype=torch.int64)
+
+
+# -- train_throughput.py: data in memory, the same input_fn for eager PyTorch and cstream ----------
+#: the models of the headline benchmark: layer sizes or "lm", batch size, samples held in memory
+TRAIN_MODELS = {
+    "mlp_784_512_512_10_b64": {"sizes": [784, 512, 512, 10], "batch": 64, "samples": 2048},
+    "mlp_16_64_64_4_b16": {"sizes": [16, 64, 64, 4], "batch": 16, "samples": 1024},
+    "transformer_lm_2x128_seq64_b8": {"sizes": None, "batch": 8, "samples": 256},
+}
+LM_VOCAB, LM_SEQ = 256, 64
+
+
+def memory_input_fn(model: str, seed: int = 0):
+    """Shuffled global batches of an in-memory ``TensorDataset``, as a user writes it: a torch
+    DataLoader whose batch sampler is a ``ShardedSampler``, so each input worker streams its share
+    of every global batch (worker 0 of 1 -- eager PyTorch -- gets the global batches)."""
+    import cstream as cstorch
+
+    spec = TRAIN_MODELS[model]
+    g = torch.Generator().manual_seed(seed)
+    n = spec["samples"]
+    if spec["sizes"] is None:
+        tokens = torch.randint(0, LM_VOCAB, (n, LM_SEQ + 1), generator=g)
+        x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    else:
+        x = torch.randn(n, spec["sizes"][0], generator=g)
+        y = torch.randint(0, spec["sizes"][-1], (n,), generator=g)
+    dataset = torch.utils.data.TensorDataset(x, y)
+    order = torch.utils.data.RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
+    batches = torch.utils.data.BatchSampler(order, batch_size=spec["batch"], drop_last=True)
+    return torch.utils.data.DataLoader(
+        dataset, batch_sampler=cstorch.utils.data.ShardedSampler(batches))
+
+
+class ReadyBatches(torch.utils.data.Dataset):
+    """Item ``i`` is a ready 16x16 float batch (one of 64 made up front): nothing to compute, so
+    a run over it measures what consuming a batch costs."""
+
+    def __init__(self, num_batches: int):
+        self.num_batches = num_batches
+        g = torch.Generator().manual_seed(0)
+        self.batches = [torch.randn(16, 16, generator=g) for _ in range(64)]
+
+    def __len__(self):
+        return self.num_batches
+
+    def __getitem__(self, i):
+        return self.batches[i % len(self.batches)]
+
+
+def ready_batches_input_fn(num_batches: int):
+    """:class:`ReadyBatches`, each input worker its own interleaved share."""
+    import cstream as cstorch
+
+    dataset = ReadyBatches(num_batches)
+    sampler = cstorch.utils.data.DistributedSampler(dataset, shuffle=False)
+    return torch.utils.data.DataLoader(dataset, batch_size=None, sampler=sampler)

@@ -1,0 +1,702 @@
+"""Training speed as users get it: cstream's simulated wafer against eager PyTorch, end to end.
+
+Every measurement runs in its own process, started the way a user starts a script, with Ray
+embedded; variants are interleaved (A B C D A B C D ...) over ``--rounds`` rounds and medians
+reported, because this machine is noisy.
+
+* **Training** -- three models, each trained with Adam on data already in memory:
+  MLP 784-512-512-10 (batch 64), MLP 16-64-64-4 (batch 16), and the small transformer LM of
+  ``step_replay.py`` (2 x d128, seq 64, batch 8). Variants:
+
+  - ``eager``: plain PyTorch, ``torch.optim.Adam(foreach=True)``, a torch DataLoader over the
+    same in-memory data, and a Python callback after each step that reads ``loss.item()``;
+  - ``csx_default``: ``cstream.backend("CSX")`` with its defaults (Ray driver actor);
+  - ``csx_in_process``: ``in_process=True``;
+  - ``csx_inductor``: ``compiler="inductor"``;
+
+  all CSX variants with 2 input workers (``CSConfig(num_csx=1, num_workers_per_csx=2)``) and
+  seed 000's loop ``for batch in executor: loss = training_step(batch);
+  post_training_step(loss)``, ``post_training_step`` a step closure reading ``loss.item()``;
+  each once with the closure every step and once without. Steady-state steps/s come from
+  timestamps taken in the closure (without one: at the end of each loop iteration) over steps
+  20%..95% of the run; where the run summary names a tiered-compilation switch step, the rate
+  after it is reported too. Ratios are against eager in the same run.
+* **Consumption ceiling** -- no model: a DataExecutor over ready 16x16 float batches, on the Ray
+  path and in-process, beside torch's DataLoader with ``num_workers=0`` and ``2``.
+* **Time to first step** -- from the parent launching ``python train_throughput.py`` (and from the
+  first line of the script) to the first step closure, with a fresh compile cache (cold) and
+  again in a second process with the same ``compile_dir`` (warm): ``compiler="fx"``, the
+  default compiler when it is not ``fx``, and ``compiler="inductor"`` (not with ``--quick``).
+
+The wafer's own figures are read from the run summary where they exist (per-step ``compute_s``,
+the start-up breakdown, the compile report, thread counts, tiered-compilation fields).
+
+Writes ``benchmarks/results/train_throughput.json`` and prints tables; ``--readme`` also
+rewrites the generated block of README.md's "Performance" section from the results.
+
+    python benchmarks/train_throughput.py [--rounds 3] [--quick] [--readme]
+"""
+
+from __future__ import annotations
+
+import time
+
+T_SCRIPT_START = time.time()  # before any import: a child's time to first step starts here
+
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+RESULT_TAG = "TRAIN_THROUGHPUT_RESULT "
+README_BEGIN = "<!-- train_throughput.py: begin generated block -->"
+README_END = "<!-- train_throughput.py: end generated block -->"
+
+MODEL_LABELS = {
+    "mlp_784_512_512_10_b64": "MLP 784-512-512-10, batch 64, Adam",
+    "mlp_16_64_64_4_b16": "MLP 16-64-64-4, batch 16, Adam",
+    "transformer_lm_2x128_seq64_b8": "small transformer LM (2 x d128, seq 64, batch 8), Adam",
+}
+#: steps per training run: a few seconds of steady state for the slowest variant
+TRAIN_STEPS = {"mlp_784_512_512_10_b64": 1500, "mlp_16_64_64_4_b16": 4000,
+               "transformer_lm_2x128_seq64_b8": 400}
+QUICK_TRAIN_STEPS = {"mlp_784_512_512_10_b64": 300, "mlp_16_64_64_4_b16": 800,
+                     "transformer_lm_2x128_seq64_b8": 80}
+# inductor before the default: with tiered compilation the default then finds inductor's
+# artifacts in the shared compile_dir, as a user's second run does
+CSX_VARIANTS = {
+    "csx_inductor": {"compiler": "inductor"},
+    "csx_default": {},
+    "csx_in_process": {"in_process": True},
+}
+TRAIN_VARIANTS = ["eager", *CSX_VARIANTS]
+SHOWN_VARIANTS = ["eager", "csx_default", "csx_in_process", "csx_inductor"]  # table columns
+VARIANT_LABELS = {"eager": "eager PyTorch", "csx_default": "CSX default (Ray driver)",
+                  "csx_in_process": "CSX `in_process=True`",
+                  "csx_inductor": 'CSX `compiler="inductor"`'}
+#: --quick runs these without a closure only with one: a smoke run, not a measurement
+QUICK_SKIPS_WITHOUT_CLOSURE = ("csx_in_process", "csx_inductor")
+CONSUME_VARIANTS = ["csx_ray", "csx_in_process", "torch_dataloader_0", "torch_dataloader_2"]
+CONSUME_STEPS, QUICK_CONSUME_STEPS = 8000, 3000
+STARTUP_STEPS = 20
+STEADY_FROM, STEADY_TO = 0.20, 0.95  # the steady window, as fractions of the run's steps
+
+
+# ================================================================================================
+# The child: one measurement in its own process, one JSON line on stdout
+# ================================================================================================
+def steady_window(n: int, start: int = 0) -> tuple[int, int]:
+    """``[lo, hi)``: the steps of a run of ``n`` steps whose timestamps define its steady rate."""
+    return max(int(n * STEADY_FROM), start, 1), max(int(n * STEADY_TO), 2)
+
+
+def rate(times: list, lo: int, hi: int):
+    """Steps/s between timestamps ``lo`` and ``hi - 1`` (None when too few)."""
+    if hi - lo < 3 or times[hi - 1] <= times[lo]:
+        return None
+    return (hi - 1 - lo) / (times[hi - 1] - times[lo])
+
+
+def make_model(name: str):
+    import torch
+
+    from bench_data import TRAIN_MODELS
+
+    sizes = TRAIN_MODELS[name]["sizes"]
+    if sizes is None:
+        from step_replay import TinyLM
+
+        return TinyLM()
+    layers = []
+    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+        layers.append(torch.nn.Linear(a, b))
+        if i < len(sizes) - 2:
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers)
+
+
+def loss_fn(out, y):
+    import torch
+
+    return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+
+
+def _scalars(obj, prefix: str = "", depth: int = 0) -> dict:
+    """The scalar leaves of a (nested) dict, keyed by their dotted path."""
+    out = {}
+    if not isinstance(obj, dict) or depth > 4:
+        return out
+    for k, v in obj.items():
+        path = f"{prefix}{k}"
+        if isinstance(v, (bool, int, float, str)) or v is None:
+            out[path] = v
+        elif isinstance(v, dict):
+            out.update(_scalars(v, path + ".", depth + 1))
+    return out
+
+
+def engine_figures(executor, backend, lo: int, hi: int) -> dict:
+    """What the run summary says about the wafer, read with .get(): fields that do not exist in
+    this version of cstream are left out."""
+    fig: dict = {"backend_compiler": getattr(backend, "compiler", None),
+                 "backend_num_threads": getattr(backend, "num_threads", None)}
+    records = executor.step_records
+    window = records[lo:hi]
+    compute = [r["compute_s"] for r in window if "compute_s" in r]
+    if compute:
+        fig["wafer_compute_ms_median"] = statistics.median(compute) * 1e3
+    ends = [r["wafer_t"] for r in window if "wafer_t" in r]
+    if len(ends) > 2 and ends[-1] > ends[0]:
+        fig["wafer_steps_per_s"] = (len(ends) - 1) / (ends[-1] - ends[0])
+    report = executor.report or {}
+    for key in ("samples_per_s", "utilisation", "starved_fraction", "client_bound_fraction",
+                "time_to_first_step_s", "trace_s", "compile_s", "warmup_steps"):
+        if report.get(key) is not None:
+            fig[f"report.{key}"] = report[key]
+    summary = executor.summary or {}
+    fig.update({f"summary.{k}": v for k, v in _scalars(summary).items()
+                if not k.startswith("workers")})
+    if fig["backend_num_threads"] is None:  # the driver's thread count, where a summary says
+        fig["backend_num_threads"] = next(
+            (v for k, v in fig.items() if k.lower().endswith("num_threads")), None)
+    switch = [v for k, v in fig.items()
+              if ("switch" in k.lower() or "tier" in k.lower()) and k.lower().endswith("step")
+              and isinstance(v, int) and not isinstance(v, bool)]
+    if switch:
+        fig["tiered_switch_step"] = switch[0]
+    return fig
+
+
+def child_train(spec: dict) -> dict:
+    import torch
+
+    from bench_data import memory_input_fn
+
+    closure = spec["closure"]
+    steps = spec["steps"]
+    times: list = []
+    losses: list = []
+    first_step_time = []
+
+    def record(loss=None):
+        times.append(time.perf_counter())
+        if loss is not None:
+            losses.append(loss.item())
+        if not first_step_time:
+            first_step_time.append(time.time())
+
+    if spec["variant"] == "eager":
+        torch.manual_seed(0)
+        model = make_model(spec["model"])
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
+        loader = memory_input_fn(spec["model"])
+        step = 0
+        while step < steps:  # epochs until num_steps, as the DataExecutor cycles its loader
+            for x, y in loader:
+                opt.zero_grad(set_to_none=True)
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                opt.step()
+                record(loss if closure else None)
+                step += 1
+                if step == steps:
+                    break
+        executor = backend = None
+    else:
+        import cstream as cstorch
+
+        variant_options = spec.get("csx_options", CSX_VARIANTS.get(spec["variant"]))
+        options = {"artifact_dir": spec["artifact_dir"], "compile_dir": spec["compile_dir"],
+                   **variant_options}
+        backend = cstorch.backend("CSX", **options)
+        torch.manual_seed(0)
+        model = make_model(spec["model"])
+        compiled_model = cstorch.compile(model, backend)
+        optimizer = cstorch.optim.Adam(model.parameters(), lr=1e-3)
+
+        @cstorch.compile_step
+        def training_step(batch):
+            inputs, targets = batch
+            loss = loss_fn(compiled_model(inputs), targets)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            return loss
+
+        @cstorch.step_closure
+        def post_training_step(loss):
+            record(loss)
+
+        dataloader = cstorch.utils.data.DataLoader(memory_input_fn, spec["model"])
+        executor = cstorch.utils.data.DataExecutor(
+            dataloader, num_steps=steps,
+            cs_config=cstorch.utils.CSConfig(num_csx=1, num_workers_per_csx=2))
+        for batch in executor:
+            loss = training_step(batch)
+            if closure:
+                post_training_step(loss)
+            else:
+                record()
+    lo, hi = steady_window(len(times))
+    out = {"steps": len(times), "window": [lo, hi], "steps_per_s": rate(times, lo, hi),
+           "torch_threads": torch.get_num_threads(),
+           "time_to_first_step_s": first_step_time[0] - spec["launch_time"],
+           "time_to_first_step_from_script_start_s": first_step_time[0] - T_SCRIPT_START}
+    if losses:
+        out["loss_first"], out["loss_last"] = losses[0], losses[-1]
+    if executor is not None:
+        fig = engine_figures(executor, backend, lo, hi)
+        out["engine"] = fig
+        switch = fig.get("tiered_switch_step")
+        if switch is not None:
+            lo2, hi2 = steady_window(len(times), start=switch)
+            out["steps_per_s_after_switch"] = rate(times, lo2, hi2) if hi2 - lo2 >= 20 else None
+        backend.shutdown()
+    return out
+
+
+def child_consume(spec: dict) -> dict:
+    import torch
+
+    from bench_data import ReadyBatches, ready_batches_input_fn
+
+    steps = spec["steps"]
+    times: list = []
+    variant = spec["variant"]
+    executor = backend = None
+    if variant.startswith("torch_dataloader"):
+        workers = int(variant.rsplit("_", 1)[1])
+        loader = torch.utils.data.DataLoader(ReadyBatches(steps), batch_size=None,
+                                             num_workers=workers)
+        for _ in loader:
+            times.append(time.perf_counter())
+    else:
+        import cstream as cstorch
+
+        backend = cstorch.backend("CSX", artifact_dir=spec["artifact_dir"],
+                                  compile_dir=spec["compile_dir"],
+                                  in_process=variant == "csx_in_process")
+        loader = cstorch.utils.data.DataLoader(ready_batches_input_fn, steps)
+        executor = cstorch.utils.data.DataExecutor(
+            loader, num_steps=steps,
+            cs_config=cstorch.utils.CSConfig(num_csx=1, num_workers_per_csx=2))
+        for _ in executor:  # no traced step: the wafer only consumes
+            times.append(time.perf_counter())
+    lo, hi = steady_window(len(times))
+    out = {"steps": len(times), "window": [lo, hi], "batches_per_s": rate(times, lo, hi)}
+    if executor is not None:
+        out["engine"] = engine_figures(executor, backend, lo, hi)
+        backend.shutdown()
+    return out
+
+
+def child_main(spec: dict) -> None:
+    result = (child_consume if spec["kind"] == "consume" else child_train)(spec)
+    print(RESULT_TAG + json.dumps(result, default=str), flush=True)
+
+
+# ================================================================================================
+# The parent: launch the children, interleaved, and gather medians
+# ================================================================================================
+def launch(spec: dict, timeout_s: float, env: dict | None = None) -> dict:
+    """Run one child (``python train_throughput.py --child SPEC``); its result or its error."""
+    spec = {**spec, "launch_time": time.time()}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
+    child_env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+        **(env or {})}
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                              env=child_env, cwd=str(ROOT))
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s", "loadavg_1m": load}
+    wall = time.perf_counter() - t0
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_TAG):
+            return {**json.loads(line[len(RESULT_TAG):]), "process_wall_s": wall,
+                    "loadavg_1m": load}
+    tail = (proc.stderr or proc.stdout)[-2000:]
+    return {"error": f"exit code {proc.returncode}: {tail}", "loadavg_1m": load}
+
+
+def median_of(runs: list, key: str):
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def machine_info() -> dict:
+    import torch
+
+    info = {"nproc": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)),
+            "platform": platform.platform(), "python": platform.python_version(),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+    try:
+        from importlib.metadata import version
+
+        info["ray"] = version("ray")
+    except Exception:  # ray not installed: the CSX Ray path will fail and say so
+        info["ray"] = None
+    try:
+        mem_kb = int(next(line.split()[1] for line in open("/proc/meminfo")
+                          if line.startswith("MemTotal")))
+        info["memory_gib"] = round(mem_kb / 2 ** 20, 1)
+    except (OSError, StopIteration):
+        info["memory_gib"] = None
+    return info
+
+
+def git_commit() -> dict:
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                                  timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return {"commit": git("rev-parse", "HEAD") or None,
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+def default_compiler() -> str:
+    import inspect
+
+    from executor.backends.csx import CSXBackend
+
+    return inspect.signature(CSXBackend.__init__).parameters["compiler"].default
+
+
+def run_training(args, tmp: Path, results: dict) -> None:
+    steps = QUICK_TRAIN_STEPS if args.quick else TRAIN_STEPS
+    closures = {"with_closure": True, "without_closure": False}
+    runs = {m: {c: {v: [] for v in TRAIN_VARIANTS} for c in closures} for m in args.models}
+    for r in range(args.rounds):
+        for m in args.models:
+            for cname, closure in closures.items():
+                for v in TRAIN_VARIANTS:
+                    if args.quick and not closure and v in QUICK_SKIPS_WITHOUT_CLOSURE:
+                        continue
+                    spec = {"kind": "train", "model": m, "variant": v, "closure": closure,
+                            "steps": steps[m], "artifact_dir": str(tmp / "artifacts"),
+                            # one compile_dir per model for the whole benchmark, as a user's
+                            # repeated runs share artifact_dir/cached_compile
+                            "compile_dir": str(tmp / "compile" / m)}
+                    res = launch(spec, args.timeout)
+                    runs[m][cname][v].append(res)
+                    show = res.get("error") or f"{res['steps_per_s']:.1f} steps/s"
+                    print(f"  round {r + 1} {m} {cname} {v}: {show}", flush=True)
+    table: dict = {}
+    for m in args.models:
+        table[m] = {}
+        for cname in closures:
+            entry = {}
+            eager = median_of(runs[m][cname]["eager"], "steps_per_s")
+            for v in TRAIN_VARIANTS:
+                vr = runs[m][cname][v]
+                med = median_of(vr, "steps_per_s")
+                e = {"steps_per_s": med,
+                     "ratio_vs_eager": med / eager if med and eager else None,
+                     "samples_steps_per_s": [x.get("steps_per_s") for x in vr],
+                     "steps_per_s_after_switch": median_of(vr, "steps_per_s_after_switch"),
+                     "time_to_first_step_s": median_of(vr, "time_to_first_step_s"),
+                     "errors": [x["error"] for x in vr if "error" in x],
+                     "runs": vr}
+                if v != "eager":
+                    figs = [x.get("engine", {}) for x in vr]
+                    e["wafer_compute_ms_median"] = median_of(figs, "wafer_compute_ms_median")
+                    e["wafer_steps_per_s"] = median_of(figs, "wafer_steps_per_s")
+                    e["tiered_switch_step"] = median_of(figs, "tiered_switch_step")
+                    threads = sorted({str(f.get("backend_num_threads")) for f in figs})
+                    e["num_threads"] = threads
+                entry[v] = e
+            table[m][cname] = entry
+    results["training"] = table
+
+
+def run_consumption(args, tmp: Path, results: dict) -> None:
+    steps = QUICK_CONSUME_STEPS if args.quick else CONSUME_STEPS
+    runs = {v: [] for v in CONSUME_VARIANTS}
+    for r in range(args.rounds):
+        for v in CONSUME_VARIANTS:
+            spec = {"kind": "consume", "variant": v, "steps": steps,
+                    "artifact_dir": str(tmp / "artifacts"), "compile_dir": str(tmp / "compile")}
+            res = launch(spec, args.timeout)
+            runs[v].append(res)
+            show = res.get("error") or f"{res['batches_per_s']:.0f} batches/s"
+            print(f"  round {r + 1} consume {v}: {show}", flush=True)
+    results["consumption"] = {
+        v: {"batches_per_s": median_of(runs[v], "batches_per_s"),
+            "wafer_batches_per_s": median_of([x.get("engine", {}) for x in runs[v]],
+                                             "wafer_steps_per_s"),
+            "samples_batches_per_s": [x.get("batches_per_s") for x in runs[v]],
+            "errors": [x["error"] for x in runs[v] if "error" in x], "runs": runs[v]}
+        for v in CONSUME_VARIANTS}
+
+
+def run_startup(args, tmp: Path, results: dict) -> None:
+    """Cold: a fresh compile_dir (inductor's own cache inside it too); warm: a second process
+    with the same compile_dir."""
+    compilers = {"fx": {"compiler": "fx"}}
+    default = results.get("default_compiler")
+    if default not in (None, "fx"):
+        compilers[f"default ({default})"] = {}
+    if not args.quick:
+        compilers["inductor"] = {"compiler": "inductor"}
+    model = "mlp_784_512_512_10_b64"
+    runs = {f"{c} {w}": [] for c in compilers for w in ("cold", "warm")}
+    runs["eager"] = []
+    for r in range(args.rounds):
+        res = launch({"kind": "train", "model": model, "variant": "eager", "closure": True,
+                      "steps": STARTUP_STEPS}, args.timeout)
+        runs["eager"].append(res)
+        for c, options in compilers.items():
+            cdir = tmp / "startup" / f"{c.split()[0]}_{r}"
+            for warmth in ("cold", "warm"):
+                spec = {"kind": "train", "model": model, "variant": "startup", "closure": True,
+                        "steps": STARTUP_STEPS, "artifact_dir": str(tmp / "artifacts"),
+                        "compile_dir": str(cdir), "csx_options": options}
+                res = launch(spec, args.timeout,
+                             env={"TORCHINDUCTOR_CACHE_DIR": str(cdir / "inductor")})
+                runs[f"{c} {warmth}"].append(res)
+                show = res.get("error") or f"{res['time_to_first_step_s']:.2f} s"
+                print(f"  round {r + 1} time to first step, {c} {warmth}: {show}", flush=True)
+    results["time_to_first_step"] = {
+        k: {"time_to_first_step_s": median_of(v, "time_to_first_step_s"),
+            "from_script_start_s": median_of(v, "time_to_first_step_from_script_start_s"),
+            "samples_s": [x.get("time_to_first_step_s") for x in v],
+            "errors": [x["error"] for x in v if "error" in x],
+            "startup": {key: median_of([x.get("engine", {}) for x in v], key)
+                        for key in sorted({k2 for x in v for k2 in x.get("engine", {})
+                                           if k2.startswith("summary.startup.")})},
+            "runs": v}
+        for k, v in runs.items()}
+
+
+# ================================================================================================
+# Tables
+# ================================================================================================
+def _num(x, fmt: str = ",.0f") -> str:
+    return "–" if x is None else format(x, fmt)
+
+
+def load_range(results: dict) -> str:
+    loads = []
+    for section in ("training", "consumption", "time_to_first_step"):
+        stack = [results.get(section, {})]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, dict):
+                if "loadavg_1m" in item:
+                    loads.append(item["loadavg_1m"])
+                stack.extend(item.values())
+            elif isinstance(item, list):
+                stack.extend(item)
+    return f"{min(loads):.1f}–{max(loads):.1f}" if loads else "–"
+
+
+def markdown(results: dict) -> str:
+    """The results as the README's generated block."""
+    m = results["machine"]
+    commit = (results["git"]["commit"] or "?")[:7]
+    lines = [
+        f"Run of {results['date'][:10]} at commit `{commit}` on {m['nproc']} cores, "
+        f"{m['memory_gib']} GiB, torch {m['torch']}, ray {m['ray']}; {results['rounds']} "
+        f"interleaved round(s){', --quick' if results['quick'] else ''}; "
+        f"CSX default compiler: `{results.get('default_compiler')}`; 1-minute load average "
+        f"at the children's launches {load_range(results)} (this machine is shared).",
+        "",
+    ]
+    training = results.get("training", {})
+    for cname, title in (("with_closure", "a step closure reading the loss every step"),
+                         ("without_closure", "no step closure")):
+        if not training:
+            break
+        lines += [f"Steady-state steps/s, {title} (ratio to eager in the same run):", "",
+                  "| model | " + " | ".join(VARIANT_LABELS[v] for v in SHOWN_VARIANTS) + " |",
+                  "| --- " * (len(SHOWN_VARIANTS) + 1) + "|"]
+        for model, entry in training.items():
+            cells = []
+            for v in SHOWN_VARIANTS:
+                e = entry[cname][v]
+                cell = _num(e["steps_per_s"])
+                if v != "eager" and e["ratio_vs_eager"] is not None:
+                    cell += f" (**{e['ratio_vs_eager']:.2f}×**)"
+                if e.get("steps_per_s_after_switch"):
+                    cell += f"; {_num(e['steps_per_s_after_switch'])} after the inductor switch"
+                cells.append(cell)
+            lines.append(f"| {MODEL_LABELS[model]} | " + " | ".join(cells) + " |")
+        lines.append("")
+    first = training.get("mlp_784_512_512_10_b64", {}).get("with_closure", {})
+    compute = {v: first[v].get("wafer_compute_ms_median") for v in SHOWN_VARIANTS[1:] if v in first}
+    if any(x is not None for x in compute.values()):
+        eager = first["eager"]["steps_per_s"]
+        lines += ["The wafer's own `compute_s` per step for the MLP 784-512-512-10 (median, closure "
+                  "every step): " + ", ".join(f"{VARIANT_LABELS[v]} {x:.2f} ms"
+                                              for v, x in compute.items() if x is not None)
+                  + (f"; eager's whole step: {1e3 / eager:.2f} ms" if eager else "") + ".", ""]
+    consumption = results.get("consumption")
+    if consumption:
+        c = {k: v["batches_per_s"] for k, v in consumption.items()}
+        lines += ["No model, ready 16×16 float batches, 2 input workers: the wafer consumes "
+                  f"{_num(c['csx_ray'])} batches/s on the Ray path, {_num(c['csx_in_process'])} "
+                  f"in-process; torch's DataLoader yields {_num(c['torch_dataloader_0'])} "
+                  f"(`num_workers=0`) and {_num(c['torch_dataloader_2'])} (`num_workers=2`).", ""]
+    startup = results.get("time_to_first_step")
+    if startup:
+        lines += ["Time from launching the script to the first step closure (MLP 784-512-512-10, "
+                  "embedded Ray, 2 input workers): "
+                  + ", ".join(f"{k} {_num(v['time_to_first_step_s'], '.1f')} s"
+                              for k, v in startup.items()) + ".", ""]
+        parts = startup.get("fx cold", {}).get("startup", {})
+        if parts:
+            lines += ["Its parts, fx cold (the run summary's `startup`): " + ", ".join(
+                f"`{k.rsplit('.', 1)[1]}` {v:.2f} s" for k, v in parts.items()
+                if isinstance(v, (int, float))) + ".", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def print_tables(results: dict) -> None:
+    print(f"load average (1 min) at the children's launches: {load_range(results)}")
+    training = results.get("training", {})
+    for cname in ("with_closure", "without_closure"):
+        if not training:
+            break
+        print(f"\nsteady-state steps/s, {cname.replace('_', ' ')} (ratio to eager):")
+        print(f"{'model':32s}" + "".join(f"{v:>26s}" for v in SHOWN_VARIANTS))
+        for model, entry in training.items():
+            row = f"{model:32s}"
+            for v in SHOWN_VARIANTS:
+                e = entry[cname][v]
+                cell = _num(e["steps_per_s"], ",.1f")
+                if v != "eager" and e["ratio_vs_eager"] is not None:
+                    cell += f" ({e['ratio_vs_eager']:.2f}x)"
+                if e["errors"]:
+                    cell += f" [{len(e['errors'])} failed]"
+                row += f"{cell:>26s}"
+            print(row)
+            for v in SHOWN_VARIANTS[1:]:
+                e = entry[cname][v]
+                if not e["runs"]:
+                    continue
+                extras = []
+                if e.get("wafer_compute_ms_median") is not None:
+                    extras.append(f"wafer compute {e['wafer_compute_ms_median']:.2f} ms/step")
+                if e.get("wafer_steps_per_s") is not None:
+                    extras.append(f"wafer {e['wafer_steps_per_s']:,.1f} steps/s")
+                if e.get("tiered_switch_step") is not None:
+                    extras.append(f"switch at step {e['tiered_switch_step']:.0f}")
+                if e.get("steps_per_s_after_switch") is not None:
+                    extras.append(f"{e['steps_per_s_after_switch']:,.1f} steps/s after it")
+                extras.append(f"num_threads {', '.join(e['num_threads'])}")
+                print(f"{'':34s}{v}: " + "; ".join(extras))
+    consumption = results.get("consumption")
+    if consumption:
+        print("\nno-model consumption, ready 16x16 float batches (batches/s):")
+        for v, e in consumption.items():
+            extra = (f" (wafer side {e['wafer_batches_per_s']:,.0f})"
+                     if e.get("wafer_batches_per_s") else "")
+            print(f"  {v:22s} {_num(e['batches_per_s']):>8s}{extra}"
+                  + (f" [{len(e['errors'])} failed]" if e["errors"] else ""))
+    startup = results.get("time_to_first_step")
+    if startup:
+        print("\ntime to first step closure (s), from launch / from the script's first line:")
+        for k, e in startup.items():
+            print(f"  {k:28s} {_num(e['time_to_first_step_s'], '.2f'):>6s} / "
+                  f"{_num(e['from_script_start_s'], '.2f'):>6s}"
+                  + (f" [{len(e['errors'])} failed]" if e["errors"] else ""))
+
+
+def update_readme(text: str, readme: Path = ROOT / "README.md") -> None:
+    doc = readme.read_text()
+    if README_BEGIN not in doc or README_END not in doc:
+        raise SystemExit(f"--readme: {readme} has no block between {README_BEGIN!r} and "
+                         f"{README_END!r}; add the two markers where the table belongs.")
+    head, rest = doc.split(README_BEGIN, 1)
+    _, tail = rest.split(README_END, 1)
+    readme.write_text(f"{head}{README_BEGIN}\n{text}{README_END}{tail}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians)")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run: 1 round, short runs, without a closure only eager and "
+                   "the CSX default, no inductor start-up measurement")
+    p.add_argument("--models", default=",".join(MODEL_LABELS),
+                   help="comma-separated subset of " + ", ".join(MODEL_LABELS))
+    p.add_argument("--sections", default="training,consumption,startup",
+                   help="comma-separated subset of training, consumption, startup")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per child process")
+    p.add_argument("--readme", action="store_true",
+                   help="rewrite README.md's generated performance block from this run")
+    p.add_argument("--out", default=str(HERE / "results" / "train_throughput.json"))
+    p.add_argument("--render", action="store_true",
+                   help="measure nothing: print the tables of the results in --out (and with "
+                   "--readme rewrite README.md's block from them)")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        child_main(json.loads(args.child))
+        return
+    if args.render:
+        results = json.loads(Path(args.out).read_text())
+        print_tables(results)
+        if args.readme:
+            update_readme(markdown(results))
+            print("rewrote the generated block of README.md")
+        return
+    if args.quick:
+        args.rounds = 1
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}.")
+    args.models = [m for m in args.models.split(",") if m]
+    unknown = [m for m in args.models if m not in MODEL_LABELS]
+    if unknown:
+        p.error(f"--models: unknown {unknown}; choose from {', '.join(MODEL_LABELS)}.")
+    sections = [s for s in args.sections.split(",") if s]
+    bad = [s for s in sections if s not in ("training", "consumption", "startup")]
+    if bad:
+        p.error(f"--sections: unknown {bad}; choose from training, consumption, startup.")
+    results = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "machine": machine_info(), "git": git_commit(), "rounds": args.rounds,
+               "quick": args.quick, "default_compiler": default_compiler(),
+               "steady_window": [STEADY_FROM, STEADY_TO], "loadavg_start": os.getloadavg()}
+    tmp = Path(tempfile.mkdtemp(prefix="cstream-train-throughput-"))
+    try:
+        if "training" in sections:
+            run_training(args, tmp, results)
+        if "consumption" in sections:
+            run_consumption(args, tmp, results)
+        if "startup" in sections:
+            run_startup(args, tmp, results)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    results["loadavg_end"] = os.getloadavg()
+    results["markdown"] = markdown(results)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1, default=str))
+    print_tables(results)
+    print(f"\nwrote {out}")
+    if args.readme:
+        update_readme(results["markdown"])
+        print("rewrote the generated block of README.md")
+
+
+if __name__ == "__main__":
+    main()
