@@ -81,7 +81,14 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "input_scaling.json"))
+    p.add_argument("--plot-only", action="store_true",
+                   help="redraw the PNG from the JSON results at --out; measure nothing")
     args = p.parse_args(argv)
+    if args.plot_only:
+        out = Path(args.out)
+        plot(json.loads(out.read_text()), out.with_suffix(".png"))
+        print(f"wrote {out.with_suffix('.png')}")
+        return
     rounds = 1 if args.quick else args.rounds
     grid = [1, 2] if args.quick else [1, 2, 4, 8]
     backend = cstorch.backend("CSX", artifact_dir=tempfile.mkdtemp(prefix="cstream-bench-"))
@@ -141,7 +148,8 @@ def plot(results, path):
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, (kind, table) in zip(axes, results["kinds"].items()):
-        ns = sorted(int(n) for n in table)
+        table = {int(n): row for n, row in table.items()}  # JSON keys are strings
+        ns = sorted(table)
         ax.plot(ns, [table[n]["cstream_batches_per_s"] for n in ns], "o-", label="cstream (Ray)")
         ax.plot(ns, [table[n]["torch_batches_per_s"] for n in ns], "s--",
                 label="torch DataLoader")
@@ -157,7 +165,10 @@ def plot(results, path):
                 width=[n * 0.3 for n in ns], color="gray", label="wafer input-wait fraction")
         ax2.set_ylim(0, 1)
         ax2.set_ylabel("wafer input-wait fraction")
-        ax.legend(loc="upper left", fontsize=8)
+        ax.set_ylim(bottom=0)
+        h1, l1 = ax.get_legend_handles_labels()
+        h2, l2 = ax2.get_legend_handles_labels()
+        ax.legend(h1 + h2, l1 + l2, loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -2,6 +2,8 @@
 
     cstream ckpt inspect FILE          what a checkpoint holds
     cstream ckpt convert FILE.h5 FILE.pt   to PyTorch's pickle format
+    cstream run / sweep / report       experiments and their summaries
+    cstream trace RUN_DIR              a run's timeline (Chrome/Perfetto trace)
 
 Other command groups register themselves in :data:`SUBCOMMANDS` (name -> module path); each module
 has ``add_parser(subparsers)`` which sets ``func(args) -> int`` on its parser.
@@ -16,6 +18,7 @@ import sys
 SUBCOMMANDS = {
     "ckpt": "cstream.cli_ckpt",
     "run": "cstream.cli_run",  # run, sweep and report
+    "trace": "cstream.cli_trace",
 }
 
 

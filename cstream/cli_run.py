@@ -88,20 +88,34 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
     pass
 
 
+def _add_debug(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--debug", action="store_true",
+                   help="on an error, show the whole exception chain (every traceback, the "
+                        "input workers' and the wafer's included)")
+
+
 def add_parser(subparsers) -> None:
     """Add ``run``, ``sweep`` and ``report`` to the ``cstream`` command's subparsers."""
     p = subparsers.add_parser(
         "run", formatter_class=_Formatter,
         help="run an experiment file; progress bar, then a summary table",
         description="Run the experiment described by CONFIG (a YAML file, see configs/).\n\n"
-                    "Shows a progress bar (step, loss, samples/s, input-buffer fill) and prints a\n"
-                    "summary table at the end. The run's profile (profile.json, steps.parquet)\n"
-                    "and TensorBoard events are written to ARTIFACT_DIR/executors/NNNNNN/.",
-        epilog="example:\n  cstream run configs/digits_mlp.yaml --steps 100")
+                    "Shows the start-up phases (starting Ray, the input workers, tracing,\n"
+                    "compiling, the first step) with their times, then a progress bar (step,\n"
+                    "loss, samples/s, input-buffer fill), on stderr; prints a summary table (or\n"
+                    "with --json only JSON) on stdout. The run's profile (profile.json,\n"
+                    "steps.parquet), its timeline (trace.json, see `cstream trace`) and\n"
+                    "TensorBoard events are written to ARTIFACT_DIR/executors/NNNNNN/. A run\n"
+                    "stopped by Ctrl-C or an error keeps its profile, marked as interrupted,\n"
+                    "and prints the partial summary.",
+        epilog="example:\n  cstream run configs/digits_mlp.yaml --steps 100\n"
+               "  tensorboard --logdir cstream_logs/executors")
     p.add_argument("config", metavar="CONFIG", help="experiment YAML file")
     _add_overrides(p)
     p.add_argument("--no-progress", action="store_true", help="no progress display")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON, not a table")
+    p.add_argument("--json", action="store_true",
+                   help="print the summary as JSON (the only thing written to stdout)")
+    _add_debug(p)
     p.set_defaults(func=cmd_run)
 
     p = subparsers.add_parser(
@@ -110,11 +124,16 @@ def add_parser(subparsers) -> None:
         description="Run CONFIG once per point of the grid --num-workers-per-csx x --num-csx,\n"
                     "print samples/s, wafer utilisation and input starvation per point, and\n"
                     "write sweep.png (samples/s and utilisation against the worker count) and\n"
-                    "sweep.json into --out. The smallest worker count that keeps the wafer\n"
-                    f"utilisation >= {UTILISATION_TARGET:.0%} is marked (*) in the table and the "
-                    "plot.",
+                    "sweep.json into --out. sweep.json is written after every point, so an\n"
+                    "interrupted sweep keeps the points it finished; --resume continues it.\n"
+                    "The smallest worker count that keeps the wafer utilisation >= "
+                    f"{UTILISATION_TARGET:.0%} is\nmarked (*); where none does, the table says "
+                    "whether more workers would help\n(input-bound) or the machine's cores are "
+                    "the limit (machine-bound).",
         epilog="example:\n  cstream sweep configs/input_sleep_150ms.yaml "
-               "--num-workers-per-csx 1,2,4,8")
+               "--num-workers-per-csx 1,2,4,8 --out sw\n"
+               "  cstream sweep configs/input_sleep_150ms.yaml --num-workers-per-csx 1,2,4,8 "
+               "--out sw --resume")
     p.add_argument("config", metavar="CONFIG", help="experiment YAML file")
     p.add_argument("--num-workers-per-csx", type=_int_list, required=True, metavar="LIST",
                    help="comma-separated worker counts per CS-X, e.g. 1,2,4,8")
@@ -122,19 +141,26 @@ def add_parser(subparsers) -> None:
                    help="comma-separated CS-X counts, e.g. 1,2 (default: the file's num_csx)")
     p.add_argument("--out", metavar="DIR", default=None,
                    help="output folder (default: ARTIFACT_DIR/sweeps/<name>-<time>)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the sweep in --out: run only the points its sweep.json lacks")
     p.add_argument("--target", type=float, default=UTILISATION_TARGET, metavar="U",
                    help=f"utilisation to mark the smallest worker count for (default "
                         f"{UTILISATION_TARGET})")
     _add_overrides(p, layout=False)
+    _add_debug(p)
     p.set_defaults(func=cmd_sweep)
 
     p = subparsers.add_parser(
         "report", formatter_class=_Formatter,
-        help="re-print a run's or a sweep's summary and redraw its plot",
+        help="re-print a run's or a sweep's summary and redraw its plots",
         description="RUN_DIR is a run directory (ARTIFACT_DIR/executors/NNNNNN or .../latest):\n"
-                    "prints its summary table and writes report.png (samples/s, utilisation and\n"
-                    "input-buffer occupancy per step) into it. For a sweep folder (one holding\n"
-                    "sweep.json) it prints the sweep table and redraws sweep.png.",
+                    "prints its summary table (marked INTERRUPTED for a run that stopped early)\n"
+                    "and writes into it report.png -- per step, the shares of the wafer's time\n"
+                    "(compute, input-starved, client-bound; they add to 100%), samples/s over\n"
+                    "the last 10 steps and the input-buffer occupancy -- and workers.png (per\n"
+                    "input worker: batches/s delivered and its own production rate). For a\n"
+                    "sweep folder (one holding sweep.json) it prints the sweep table and\n"
+                    "redraws sweep.png.",
         epilog="example:\n  cstream report cstream_logs/executors/latest")
     p.add_argument("run_dir", metavar="RUN_DIR", help="run directory or sweep folder")
     p.add_argument("--json", action="store_true", help="print the summary as JSON, not a table")
@@ -179,51 +205,99 @@ def _experiment(args, command: str):
     return exp
 
 
-def _user_errors():
+def _config_errors():
     from cstream.experiment import ExperimentError
 
     return (ExperimentError, FileNotFoundError)
 
 
-def _run_errors():
-    from executor.driver import DriverError
+def _run_failed(command: str, e: BaseException, args) -> int:
+    """Exit status (and stderr text) for an exception that ended a run or a sweep: 130 for
+    Ctrl-C, 2 for a bad experiment, 1 for anything else, shown as the user's exception."""
+    from cstream.cli_errors import format_error
+    from cstream.experiment import ExperimentError
 
-    return (ValueError, TypeError, RuntimeError, DriverError)
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0]
+    if isinstance(e, KeyboardInterrupt):
+        print(f"cstream {command}: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
+    if isinstance(e, ExperimentError):
+        return _fail(command, str(e), 2)
+    if not isinstance(e, Exception):  # SystemExit and the like pass through
+        raise e
+    print(format_error(command, e, debug=getattr(args, "debug", False)), file=sys.stderr)
+    return 1
 
 
 # -- progress --------------------------------------------------------------------------------------
+def _rich_phase_column():
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class PhaseColumn(ProgressColumn):
+        """The start-up phase under way with its elapsed time; then the run's figures."""
+
+        def render(self, task):
+            current = task.fields.get("phase")
+            if current is not None:
+                name, t0 = current
+                return Text(f"{name} ... {time.perf_counter() - t0:.1f} s", style="cyan")
+            return Text(task.fields.get("info", ""))
+
+    return PhaseColumn()
+
+
 class _ProgressDisplay:
-    """A rich progress bar on a terminal; elsewhere a plain line every tenth of the run."""
+    """Progress on stderr, so that stdout holds only the result (the table, or JSON).
+
+    Start-up phases (:mod:`executor.phases`: starting Ray, the wafer driver, the input workers,
+    tracing, compiling, the first step) are shown as they run and with their times when they
+    end. On a terminal: a rich progress bar; elsewhere a line per finished phase and a line
+    every tenth of the run, each with the figures of the step it names.
+    """
 
     def __init__(self, total: int, name: str, enabled: bool):
+        from executor import phases
+
         self.total = total
         self.enabled = enabled
-        self.tty = enabled and sys.stdout.isatty()
+        self.tty = enabled and sys.stderr.isatty()
         self._bar = None
-        self._next_line = 0
+        self._next_line = 1
+        self._stop_listening = phases.listen(self._phase) if enabled else None
         if self.tty:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+            from rich.progress import TimeElapsedColumn
 
             self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                                 MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                                 TimeElapsedColumn(), transient=False)
-            self._task = self._bar.add_task(name, total=total, info="")
+                                 MofNCompleteColumn(), _rich_phase_column(),
+                                 TimeElapsedColumn(), console=Console(stderr=True),
+                                 transient=False)
+            self._task = self._bar.add_task(name, total=total, info="", phase=None)
             self._bar.start()
+
+    def _phase(self, event: str, name: str, elapsed_s: float) -> None:
+        if event == "start":
+            if self._bar is not None:
+                self._bar.update(self._task, phase=(name, time.perf_counter()))
+            return
+        line = f"{name}: {elapsed_s:.2f} s"
+        if self._bar is not None:
+            self._bar.update(self._task, phase=None)
+            self._bar.console.print(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def wants(self, step: int) -> bool:
+        """Whether step ``step`` (from 1) will be shown: its figures are then fetched for it."""
+        return self.enabled and self._bar is None and (step >= self._next_line
+                                                       or step == self.total)
 
     @staticmethod
     def _info(p) -> str:
         loss = "-" if p.loss is None else f"{p.loss:.4f}"
+        if p.loss is not None and p.loss_step is not None and p.loss_step != p.step:
+            loss += f" (step {p.loss_step})"
         rate = "-" if p.rate is None else f"{p.rate:,.1f}"
         fill = "-" if p.buffer_fill is None else f"{p.buffer_fill:.1f}"
         return f"loss {loss}  rate {rate} samples/s  buffer {fill} batches ready"
@@ -234,37 +308,48 @@ class _ProgressDisplay:
         if self._bar is not None:
             self._bar.update(self._task, completed=p.step, info=self._info(p))
         elif p.step >= self._next_line or p.step == p.num_steps:
-            print(f"step {p.step}/{p.num_steps}  {self._info(p)}", flush=True)
+            print(f"step {p.step}/{p.num_steps}  {self._info(p)}", file=sys.stderr, flush=True)
             self._next_line = p.step + max(1, p.num_steps // 10)
 
     def close(self) -> None:
+        if self._stop_listening is not None:
+            self._stop_listening()
+            self._stop_listening = None
         if self._bar is not None:
             self._bar.stop()
+            self._bar = None
 
 
 # -- run -------------------------------------------------------------------------------------------
+def _print_result(result, exp, as_json: bool) -> None:
+    from executor.report import format_summary
+
+    if as_json:
+        print(json.dumps({"name": exp.name, "run_dir": str(result.run_dir), **result.report},
+                         default=float))
+    else:
+        print(format_summary(result.report, title=f"{exp.name}: {_layout(exp.cs_config)}"))
+        print(f"run directory: {result.run_dir}")
+
+
 def cmd_run(args) -> int:
     from cstream.experiment import run_experiment
-    from executor.report import format_summary
 
     try:
         exp = _experiment(args, "run")
-    except _user_errors() as e:
+    except _config_errors() as e:
         return _fail("run", str(e), 2)
     display = _ProgressDisplay(exp.steps, exp.name, enabled=not args.no_progress)
     try:
         result = run_experiment(exp, progress=display)
-    except _user_errors() as e:
-        return _fail("run", str(e), 2)
-    except _run_errors() as e:
-        return _fail("run", _first_line(e), 1)
-    finally:
+    except BaseException as e:
         display.close()
-    if args.json:
-        print(json.dumps({"run_dir": str(result.run_dir), **result.report}, default=float))
-    else:
-        print(format_summary(result.report, title=f"{exp.name}: {_layout(exp.cs_config)}"))
-        print(f"run directory: {result.run_dir}")
+        partial = getattr(e, "partial_result", None)
+        if partial is not None and partial.run_dir is not None and partial.step_records:
+            _print_result(partial, exp, args.json)  # what the run measured before it stopped
+        return _run_failed("run", e, args)
+    display.close()
+    _print_result(result, exp, args.json)
     return 0
 
 
@@ -294,6 +379,47 @@ def best_counts(rows: list[dict], target: float) -> dict[int, Optional[int]]:
     return out
 
 
+MACHINE_BOUND_SHARE = 0.75
+"""Input workers whose CPU demand reaches this share of the machine's cores are machine-bound:
+more of them share the same cores."""
+
+
+def advice(rows: list[dict], target: float) -> str:
+    """Why no worker count of one CS-X count reached ``target``, and what to try.
+
+    * client-bound -- the wafer waited for the client more than for input;
+    * machine-bound -- the input workers' CPU demand (CPU seconds per second, measured in each
+      worker) reached :data:`MACHINE_BOUND_SHARE` of the machine's cores: more workers share
+      the same cores;
+    * input-bound -- the wafer starved while cores were free: more workers help.
+
+    >>> row = {"num_csx": 1, "num_workers_per_csx": 4, "utilisation": 0.5,
+    ...        "starved_fraction": 0.5, "client_bound_fraction": 0.0, "machine_cpus": 2}
+    >>> advice([dict(row, input_cpu_cores=1.9)], 0.95).split(":")[0]
+    'machine-bound'
+    >>> advice([dict(row, input_cpu_cores=0.2)], 0.95).split(":")[0]
+    'input-bound'
+    """
+    last = max(rows, key=lambda r: r["num_workers_per_csx"])
+    w, c = last["num_workers_per_csx"], last["num_csx"]
+    starved = last.get("starved_fraction") or 0.0
+    client = last.get("client_bound_fraction") or 0.0
+    demand, cpus = last.get("input_cpu_cores"), last.get("machine_cpus")
+    if client > starved and client > 0.02:
+        return (f"client-bound: at {w} workers per CS-X the wafer waited {client:.0%} of its "
+                f"time for the client (step closures, checkpoints, the script's own work) and "
+                f"{starved:.0%} for input; more workers cannot help.")
+    if demand is not None and cpus and demand >= MACHINE_BOUND_SHARE * cpus:
+        return (f"machine-bound: {c * w} input workers ({w} per CS-X) kept {demand:.1f} of this "
+                f"machine's {cpus} cores busy, so more workers share the same cores; measure on "
+                "more cores (a Ray cluster: backend address) or make input_fn cheaper.")
+    more = 2 * w
+    return (f"input-bound: at {w} workers per CS-X the wafer starved {starved:.0%} of its time"
+            + (f" while the workers used {demand:.1f} of {cpus} cores" if demand is not None
+               and cpus else "")
+            + f"; add workers (try {more} per CS-X).")
+
+
 def sweep_table(rows: list[dict], target: float) -> str:
     best = best_counts(rows, target)
     header = ("num_csx", "workers/CS-X", "samples/s", "utilisation", "input-starved",
@@ -312,7 +438,7 @@ def sweep_table(rows: list[dict], target: float) -> str:
     for c, w in best.items():
         if w is None:
             out.append(f"num_csx={c}: no worker count in the grid keeps utilisation >= "
-                       f"{target:.0%}; try more workers per CS-X.")
+                       f"{target:.0%}; " + advice([r for r in rows if r["num_csx"] == c], target))
         else:
             out.append(f"num_csx={c}: * smallest worker count with utilisation >= {target:.0%}: "
                        f"{w} per CS-X")
@@ -330,59 +456,27 @@ def _pct(v) -> str:
 
 
 def plot_sweep(rows: list[dict], target: float, path: Path, title: str) -> Path:
-    """samples/s (left axis) and wafer utilisation (right axis) against workers per CS-X."""
-    import matplotlib
+    from cstream.cli_plots import plot_sweep as draw
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    return draw(rows, target, path, title, best_counts(rows, target))
 
-    best = best_counts(rows, target)
-    xs = sorted({r["num_workers_per_csx"] for r in rows})
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    ax2 = ax.twinx()
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, c in enumerate(sorted({r["num_csx"] for r in rows})):
-        pts = [r for r in rows if r["num_csx"] == c]
-        x = [r["num_workers_per_csx"] for r in pts]
-        colour = colours[i % len(colours)]
-        ax.plot(x, [r.get("samples_per_s") or 0 for r in pts], "o-", color=colour,
-                label=f"samples/s, {c} CS-X")
-        ax2.plot(x, [100 * (r.get("utilisation") or 0) for r in pts], "s--", color=colour,
-                 alpha=0.7, label=f"utilisation, {c} CS-X")
-        if best[c] is not None:
-            ax.axvline(best[c], color=colour, linestyle=":", linewidth=1.5)
-            left = best[c] == xs[-1] and len(xs) > 1
-            ax2.annotate(f"{best[c]} workers/CS-X\nreach {target:.0%}",
-                         (best[c], 100 * target), textcoords="offset points",
-                         xytext=(-6 if left else 6, -30), ha="right" if left else "left",
-                         fontsize=8, color=colour)
-    ax2.axhline(100 * target, color="grey", linewidth=0.8, linestyle="-.")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(xs, [str(x) for x in xs])
-    ax.set_xlim(xs[0] / 1.25, xs[-1] * 1.25)
-    ax.set_xlabel("input workers per CS-X")
-    ax.set_ylabel("samples/s (wafer)")
-    ax2.set_ylabel("wafer utilisation (%)")
-    ax2.set_ylim(0, 105)
-    ax.set_ylim(bottom=0)
-    ax.set_title(title, fontsize=10)
-    h1, l1 = ax.get_legend_handles_labels()
-    h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="lower right")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+
+SWEEP_ROW_KEYS = ("samples_per_s", "global_rate", "utilisation", "starved_fraction",
+                  "client_bound_fraction", "mean_buffer_occupancy", "worker_rate_spread",
+                  "input_cpu_cores", "machine_cpus", "time_to_first_step_s", "wafer_wall_s",
+                  "steps", "samples")
 
 
 def _sweep_row(exp, result) -> dict:
-    keep = ("samples_per_s", "global_rate", "utilisation", "starved_fraction",
-            "client_bound_fraction", "mean_buffer_occupancy", "worker_rate_spread",
-            "time_to_first_step_s", "wafer_wall_s", "steps", "samples")
     return {"num_csx": exp.cs_config.num_csx,
             "num_workers_per_csx": exp.cs_config.num_workers_per_csx,
-            "run_dir": str(result.run_dir), **{k: result.report.get(k) for k in keep}}
+            "run_dir": str(result.run_dir), **{k: result.report.get(k) for k in SWEEP_ROW_KEYS}}
+
+
+def _write_sweep(path: Path, doc: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=float))
+    os.replace(tmp, path)
 
 
 def cmd_sweep(args) -> int:
@@ -391,16 +485,43 @@ def cmd_sweep(args) -> int:
     try:
         if not 0 < args.target <= 1:
             raise CliError(f"--target: expected a utilisation in (0, 1], got {args.target}")
+        if args.resume and not args.out:
+            raise CliError("--resume continues the sweep in --out DIR; give --out (the folder "
+                           "that holds its sweep.json)")
         exp = _experiment(args, "sweep")
         csx = args.num_csx or [exp.cs_config.num_csx]
         points = sweep_points(exp, args.num_workers_per_csx, csx)
-    except (CliError, *_user_errors()) as e:
+    except (CliError, *_config_errors()) as e:
         return _fail("sweep", str(e), 2)
     out = Path(args.out) if args.out else (
         Path(exp.artifact_dir) / "sweeps" / f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    sweep_file = out / "sweep.json"
+    rows: list[dict] = []
+    if sweep_file.is_file():
+        if not args.resume:
+            return _fail("sweep", f"{out} already holds a sweep ({sweep_file}); pass --resume to "
+                                  "continue it, or choose another --out.", 2)
+        try:
+            rows = list(json.loads(sweep_file.read_text())["rows"])
+        except (ValueError, KeyError) as e:
+            return _fail("sweep", f"{sweep_file} is not a sweep record ({e}); remove it or "
+                                  "choose another --out.", 2)
+    elif args.resume:
+        return _fail("sweep", f"--resume: {out} holds no sweep.json to continue; run the sweep "
+                              "without --resume first.", 2)
     out.mkdir(parents=True, exist_ok=True)
     title = f"{exp.name}: {_layout(points[0].cs_config).split(', ', 1)[1]}"
-    rows = []
+    grid = [(p.cs_config.num_csx, p.cs_config.num_workers_per_csx) for p in points]
+    rows = [r for r in rows if (r["num_csx"], r["num_workers_per_csx"]) in grid]
+    done = {(r["num_csx"], r["num_workers_per_csx"]) for r in rows}
+
+    def document(complete: bool) -> dict:
+        ordered = sorted(rows, key=lambda r: grid.index((r["num_csx"], r["num_workers_per_csx"])))
+        return {"name": exp.name, "config": str(args.config), "target": args.target,
+                "title": title, "experiment": exp.to_dict(), "complete": complete,
+                "grid": [list(g) for g in grid], "rows": ordered,
+                "best": {str(k): v for k, v in best_counts(ordered, args.target).items()}}
+
     ray_started = False
     if exp.backend.options.get("in_process"):
         print("note: in_process runs every input worker in this process, one after another, so "
@@ -412,75 +533,44 @@ def cmd_sweep(args) -> int:
             ray_started = ensure_ray(address=exp.backend.options.get("address"))
         for i, point in enumerate(points, 1):
             cs = point.cs_config
-            print(f"[{i}/{len(points)}] num_csx={cs.num_csx} num_workers_per_csx="
-                  f"{cs.num_workers_per_csx} ...", flush=True)
+            where = f"[{i}/{len(points)}] num_csx={cs.num_csx} num_workers_per_csx=" \
+                    f"{cs.num_workers_per_csx}"
+            if (cs.num_csx, cs.num_workers_per_csx) in done:
+                print(f"{where}: measured earlier (sweep.json)", flush=True)
+                continue
+            print(f"{where} ...", flush=True)
             result = run_experiment(point, artifact_dir=out / f"csx{cs.num_csx}-w"
                                     f"{cs.num_workers_per_csx}")
             rows.append(_sweep_row(point, result))
-    except _user_errors() as e:
-        return _fail("sweep", str(e), 2)
-    except _run_errors() as e:
-        return _fail("sweep", _first_line(e), 1)
+            _write_sweep(sweep_file, document(complete=False))
+    except BaseException as e:
+        doc = document(complete=False)
+        _write_sweep(sweep_file, doc)
+        if doc["rows"]:
+            print(sweep_table(doc["rows"], args.target))
+        print(f"sweep interrupted after {len(doc['rows'])} of {len(points)} points; "
+              f"{sweep_file} keeps them. Continue with: cstream sweep {args.config} "
+              f"--num-workers-per-csx {','.join(map(str, args.num_workers_per_csx))}"
+              + (f" --num-csx {','.join(map(str, args.num_csx))}" if args.num_csx else "")
+              + f" --out {out} --resume", flush=True)
+        return _run_failed("sweep", e, args)
     finally:
         if ray_started:
             import ray
 
             ray.shutdown()
-    doc = {"name": exp.name, "config": str(args.config), "target": args.target, "title": title,
-           "experiment": exp.to_dict(), "rows": rows,
-           "best": {str(k): v for k, v in best_counts(rows, args.target).items()}}
-    (out / "sweep.json").write_text(json.dumps(doc, indent=1, default=float))
-    png = plot_sweep(rows, args.target, out / "sweep.png", title)
-    print(sweep_table(rows, args.target))
+    doc = document(complete=True)
+    _write_sweep(sweep_file, doc)
+    png = plot_sweep(doc["rows"], args.target, out / "sweep.png", title)
+    print(sweep_table(doc["rows"], args.target))
     print(f"plot: {png}")
     print(f"sweep folder: {out}")
     return 0
 
 
 # -- report ----------------------------------------------------------------------------------------
-def plot_run(profile: dict, report: dict, path: Path, title: str) -> Path:
-    """Per step: wafer utilisation and input-buffer occupancy; samples/s over a moving window."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from executor.report import step_rows
-
-    rows = step_rows(profile.get("steps", []))
-    steps = [r["step"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    if rows and "utilisation" in rows[0]:
-        ax.plot(steps, [100 * r["utilisation"] for r in rows], label="utilisation (%)")
-        ax.plot(steps, [100 * r["input_wait_s"] / r["step_wall_s"] if r["step_wall_s"] > 0 else 0
-                        for r in rows], label="input-starved (%)", alpha=0.8)
-        ax.set_ylabel("% of the step's wall time")
-        ax.set_ylim(0, 105)
-        ax2 = ax.twinx()
-        ax2.plot(steps, [r.get("buffer_occupancy", 0) for r in rows], color="grey", alpha=0.6,
-                 label="input-buffer occupancy (batches)")
-        ax2.set_ylabel("batches ready")
-        h1, l1 = ax.get_legend_handles_labels()
-        h2, l2 = ax2.get_legend_handles_labels()
-        ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper center", ncol=3,
-                  bbox_to_anchor=(0.5, -0.14))
-    else:
-        times = [r["time"] for r in rows]
-        rates = [r["samples"] / (t1 - t0) if t1 > t0 else 0.0
-                 for r, t0, t1 in zip(rows[1:], times, times[1:])]
-        ax.plot(steps[1:], rates, label="samples/s")
-        ax.set_ylabel("samples/s")
-        ax.legend(fontsize=8)
-    ax.set_xlabel("step")
-    ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
-
-
 def cmd_report(args) -> int:
+    from cstream.cli_plots import plot_run, plot_workers
     from executor.report import format_summary, load_run, summarize_profile
 
     run_dir = Path(args.run_dir)
@@ -491,11 +581,17 @@ def cmd_report(args) -> int:
                 rows, target = doc["rows"], float(doc["target"])
             except (ValueError, KeyError) as e:
                 raise CliError(f"{run_dir / 'sweep.json'} is not a sweep record ({e})") from None
+            if not rows:
+                raise CliError(f"{run_dir / 'sweep.json'} holds no finished point yet; continue "
+                               "the sweep with cstream sweep ... --resume")
             png = plot_sweep(rows, target, run_dir / "sweep.png", doc.get("title", doc["name"]))
             if args.json:
                 print(json.dumps(doc, default=float))
             else:
                 print(sweep_table(rows, target))
+                if not doc.get("complete", True):
+                    print(f"incomplete sweep: {len(rows)} of {len(doc.get('grid', rows))} points; "
+                          "continue it with cstream sweep ... --resume")
                 print(f"plot: {png}")
             return 0
         profile = load_run(run_dir)
@@ -503,15 +599,18 @@ def cmd_report(args) -> int:
     except (CliError, FileNotFoundError, ValueError) as e:
         return _fail("report", str(e), 2)
     cs = profile.get("cs_config") or {}
-    title = f"run {run_dir.resolve().name}"
+    title = f"{profile.get('name') or 'run'} (run {run_dir.resolve().name})"
     if cs and report.get("utilisation") is not None:  # a wafer run
         from workers.config import CSConfig
 
         title += f": {_layout(CSConfig(**cs))}"
     png = plot_run(profile, report, run_dir / "report.png", title)
+    workers_png = plot_workers(report, run_dir / "workers.png", title)
     if args.json:
         print(json.dumps(report, default=float))
     else:
         print(format_summary(report, title=title))
         print(f"plot: {png}")
+        if workers_png is not None:
+            print(f"workers plot: {workers_png}")
     return 0

@@ -382,11 +382,13 @@ class Progress:
     step: int
     num_steps: int
     loss: Optional[float]
-    """The loss of the step last refreshed (None without a model)."""
+    """The loss of step ``loss_step`` (None without a model)."""
     rate: Optional[float]
     """The client's smoothed samples/s at the last refresh (None before the second step)."""
     buffer_fill: Optional[float]
     """Batches ready per CS-X when the wafer began the step last refreshed (CSX only)."""
+    loss_step: Optional[int] = None
+    """The step whose loss ``loss`` is."""
 
 
 def _split_batch(batch):
@@ -421,54 +423,85 @@ def run_experiment(exp: Experiment, *, artifact_dir=None, progress: Optional[Cal
                    progress_every_s: float = 0.5, tensorboard: bool = True) -> RunResult:
     """Run ``exp`` once: build the backend, the input, the model; step; shut the backend down.
 
-    ``progress(Progress)`` is called after every step (``loss`` and ``buffer_fill`` are refreshed
-    every ``progress_every_s``: reading them waits for the wafer). With ``tensorboard`` a
-    ``SummaryWriter`` writes into the run's ``executors/NNNNNN/tensorboard``.
+    ``progress(Progress)`` is called after every step; ``loss`` and ``buffer_fill`` are
+    refreshed every ``progress_every_s`` and on the steps for which ``progress.wants(step)``
+    (if it has that method) is true: reading them waits for the wafer. With ``tensorboard`` a
+    ``SummaryWriter`` writes into the run's ``executors/NNNNNN/tensorboard``: every step's
+    ``loss`` (``cstream.summarize_scalar``), rates, wafer and per-worker figures.
+
+    If the run stops early (Ctrl-C, an error), the exception carries ``partial_result``: the
+    :class:`RunResult` of the steps that ran, whose report is marked ``interrupted``.
     """
     import cstream
+    from executor.phases import phase
 
     torch.manual_seed(exp.seed)
     artifact_dir = Path(artifact_dir or exp.artifact_dir)
+    writer = None
+    executor = None
+    last_loss = None
+    t0 = time.perf_counter()
+    wants = getattr(progress, "wants", None)
     backend = cstream.backend(exp.backend.type, artifact_dir=str(artifact_dir),
                               **exp.backend.options)
-    writer = None
-    t0 = time.perf_counter()
     try:
         dataloader = exp.input.build()
         step_fn, save = _training_step(exp, backend, artifact_dir)
         executor = cstream.utils.data.DataExecutor(
             dataloader, num_steps=exp.steps, checkpoint_steps=exp.checkpoint_steps,
             cs_config=exp.cs_config)
-        last_loss, last_show, rate = None, 0.0, None
-        fill = None
-        for i, batch in enumerate(executor):
-            if i == 0 and tensorboard:
-                from torch.utils.tensorboard import SummaryWriter
+        executor.name = exp.name
+        loss_step, last_show, rate, fill = None, 0.0, None, None
+        steps = iter(executor)
+        try:
+            for i, batch in enumerate(steps):
+                if i == 0 and tensorboard:
+                    from torch.utils.tensorboard import SummaryWriter
 
-                writer = SummaryWriter(str(executor.run_dir / "tensorboard"))
-                executor.writer = writer
-            loss = step_fn(batch) if step_fn is not None else None
-            if save is not None:
-                save(i + 1)
-            if progress is None:
-                continue
-            now = time.perf_counter()
-            if now - last_show >= progress_every_s or i == executor.num_steps - 1:
-                last_show = now
-                if loss is not None:
-                    last_loss = float(loss.item())
-                poll = getattr(executor._run, "progress_stats", None)
-                if poll is not None:
-                    stats = poll(i)
-                    fill = None if stats is None else stats.get("buffer_occupancy")
-                rate = executor.profiler.rate() if i > 0 else None
-            progress(Progress(i + 1, executor.num_steps, last_loss, rate, fill))
+                    writer = SummaryWriter(str(executor.run_dir / "tensorboard"))
+                    executor.writer = writer
+                loss = step_fn(batch) if step_fn is not None else None
+                if save is not None:
+                    save(i + 1)
+                if progress is None:
+                    continue
+                now = time.perf_counter()
+                if (i == 0 or now - last_show >= progress_every_s or i == executor.num_steps - 1
+                        or (wants is not None and wants(i + 1))):
+                    last_show = now
+                    poll = getattr(executor._run, "progress_stats", None)
+                    if poll is not None:
+                        if i == 0:
+                            with phase("first step on the wafer"):
+                                stats = poll(i)
+                        else:
+                            stats = poll(i)
+                        fill = None if stats is None else stats.get("buffer_occupancy")
+                    if loss is not None:
+                        last_loss, loss_step = float(loss.item()), i + 1
+                    rate = executor.profiler.rate() if i > 0 else None
+                progress(Progress(i + 1, executor.num_steps, last_loss, rate, fill, loss_step))
+        except BaseException as e:
+            steps.close()  # the executor writes the profile of the steps that ran
+            if executor.run_dir is not None:
+                executor.mark_stopped(_stop_reason(e))
+                e.partial_result = RunResult(exp, executor.report, executor.run_dir,
+                                             executor.step_records, time.perf_counter() - t0,
+                                             last_loss)
+            raise
     finally:
         if writer is not None:
             writer.close()
         backend.shutdown()
     return RunResult(exp, executor.report, executor.run_dir, executor.step_records,
                      time.perf_counter() - t0, last_loss)
+
+
+def _stop_reason(e: BaseException) -> str:
+    if isinstance(e, KeyboardInterrupt):
+        return "KeyboardInterrupt (Ctrl-C)"
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
 def _training_step(exp: Experiment, backend, artifact_dir: Path):
@@ -492,6 +525,7 @@ def _training_step(exp: Experiment, backend, artifact_dir: Path):
         optimizer.step()
         if scheduler is not None:
             scheduler.step()
+        cstream.summarize_scalar("loss", loss)  # TensorBoard, every step
         return loss
 
     save = None

@@ -5,7 +5,11 @@
     python examples/train.py --num-csx 2 --num-workers-per-csx 2
 
 Prints the loss from a step closure, the rate and global rate, and saves a checkpoint on
-checkpoint steps only (at most --max-checkpoints are kept).
+checkpoint steps only (at most --max-checkpoints are kept). TensorBoard events (the loss every
+step through cstorch.summarize_scalar, rate, global_rate, the wafer's and each input worker's
+figures) go to ARTIFACT_DIR/tensorboard:
+
+    tensorboard --logdir cstream_logs/tensorboard
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
+from torch.utils.tensorboard import SummaryWriter  # noqa: E402
 
 import cstream as cstorch  # noqa: E402
 from data import MLP, train_input_fn  # noqa: E402
@@ -94,6 +99,7 @@ def main(argv=None):
         loss = loss_fn(outputs, targets)
         cstorch.amp.optimizer_step(loss, optimizer, grad_scaler, max_gradient_norm=1.0)
         lr_scheduler.step()
+        cstorch.summarize_scalar("loss", loss)  # to the executor's writer, every step
         return loss
 
     @cstorch.step_closure
@@ -104,12 +110,14 @@ def main(argv=None):
                   f"global rate {executor.profiler.global_rate():8.1f} samples/s")
 
     dataloader = cstorch.utils.data.DataLoader(train_input_fn, batch_size=args.batch_size)
+    writer = SummaryWriter(str(Path(args.artifact_dir) / "tensorboard"))
     executor = cstorch.utils.data.DataExecutor(
         dataloader=dataloader,
         num_steps=args.steps,
         checkpoint_steps=args.checkpoint_steps,
         cs_config=cstorch.utils.CSConfig(
             num_csx=args.num_csx, num_workers_per_csx=args.num_workers_per_csx),
+        writer=writer,
     )
 
     for i, batch in enumerate(executor):
@@ -121,6 +129,9 @@ def main(argv=None):
     print(f"done: {executor.num_steps} steps, global rate "
           f"{executor.profiler.global_rate():.1f} samples/s; checkpoints kept: "
           f"{sorted(p.name for p in ckpt_dir.glob('*.h5'))}")
+    writer.close()
+    print(f"TensorBoard: tensorboard --logdir {Path(args.artifact_dir) / 'tensorboard'}; "
+          f"timeline: cstream trace {executor.run_dir}")
     backend.shutdown()
 
 

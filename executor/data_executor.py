@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from executor import runtime
+from executor import phases, runtime
 from executor.profiler import Profiler
+from executor.report import StepScalars
 from executor.schedule import Schedule, normalize_checkpoint_steps
 from workers.config import CSConfig
 from workers.dataloader import DataLoader
@@ -123,6 +124,15 @@ class DataExecutor:
         self.step_records: list[dict] = []
         self.summary: dict = {}
         self.report: dict = {}
+        self.name: Optional[str] = None
+        """The run's name in reports and plot titles (``run_experiment`` sets the
+        experiment's name)."""
+        self.stop_reason: Optional[str] = None
+        """Why the run ended before its last step (None while it has not)."""
+        self.client_spans: list[dict] = []
+        self._stopped_in_body = False
+        self._step_start_unix = 0.0
+        self._scalars = StepScalars(cs_config)
 
     # -- step bookkeeping ----------------------------------------------------------------
     @property
@@ -174,14 +184,26 @@ class DataExecutor:
             self._run = backend.start_run(self)
             for step in range(self.num_steps):
                 self.iteration = step
+                self._step_start_unix = time.time()
                 batch = self._run.next_batch(step)
                 try:
                     yield batch
                 except GeneratorExit:
-                    self._end_step(step)  # the loop body finished (break): keep its closures
+                    # the loop stopped inside its body (break, an exception, Ctrl-C): keep the
+                    # step's closures and say so in the profile
+                    self._stopped_in_body = True
+                    self.stop_reason = self.stop_reason or (
+                        f"the loop over the executor stopped during step {step + 1} (break, "
+                        "an exception in the loop body, or Ctrl-C)")
+                    self._end_step(step)
                     raise
                 self._end_step(step)
             ok = True
+        except GeneratorExit:
+            raise
+        except BaseException as e:
+            self.stop_reason = self.stop_reason or _describe(e)
+            raise
         finally:
             self._closures.clear()
             run, self._run = self._run, None
@@ -191,13 +213,14 @@ class DataExecutor:
             finally:
                 runtime.set_executor(None)
                 self.summary.setdefault("wall_s", time.perf_counter() - t0)
-                self._write_profile()
+                self._write_profile(completed=ok)
 
     def _end_step(self, step: int) -> None:
         run = self._run
         metrics = run.end_step(step) or {}
         closures, self._closures = self._closures, []
         for fn, args, kwargs, checkpoint in closures:
+            t0 = time.time()
             if checkpoint:
                 with run.checkpoint_reads(step):
                     fn(*args, **kwargs)
@@ -205,20 +228,28 @@ class DataExecutor:
                 margs, mkwargs = run.materialize((args, kwargs), step)
                 with run.closure_reads(step):
                     fn(*margs, **mkwargs)
+            self.client_spans.append({
+                "name": getattr(fn, "__qualname__", repr(fn)), "step": step + 1,
+                "kind": "checkpoint closure" if checkpoint else "step closure",
+                "start_unix": t0, "end_unix": time.time()})
         run.step_done(step)
         samples = metrics.pop("samples", None)
         if samples is None:
             samples = run.samples_in_step(step)
         self.profiler.step_done(samples)
-        record = {"step": step + 1, "samples": samples, "time": time.perf_counter(), **metrics}
+        record = {"step": step + 1, "samples": samples, "time": time.perf_counter(),
+                  "client_start_unix": self._step_start_unix, "client_end_unix": time.time(),
+                  **metrics}
         self.step_records.append(record)
         if self.writer is not None:
-            rate, grate = self.profiler._log_rates()
-            self.writer.add_scalar("rate", rate, step + 1)
-            self.writer.add_scalar("global_rate", grate, step + 1)
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)):
-                    self.writer.add_scalar(f"wafer/{k}", v, step + 1)
+            self._scalars.write_ready(self.writer, self.step_records, self._wafer_stats(run))
+
+    @staticmethod
+    def _wafer_stats(run) -> Optional[dict]:
+        """The wafer's per-step figures received so far (CSX), None where the steps have no
+        wafer (CPU: a step's record is complete when the client ends it)."""
+        stats = getattr(run, "wafer_stats", None)
+        return None if stats is None else stats()
 
     # -- artifacts -----------------------------------------------------------------------
     def _make_run_dir(self, backend) -> None:
@@ -244,7 +275,7 @@ class DataExecutor:
         except OSError:
             pass
 
-    def _write_profile(self) -> None:
+    def _write_profile(self, completed: bool) -> None:
         if self.run_dir is None:
             return
         t_first = self.profiler.first_step_end
@@ -261,14 +292,23 @@ class DataExecutor:
             "steps_run": len(self.step_records),
             "cs_config": self.cs_config.to_dict(),
             "total_samples": self.profiler.total_samples,
-            "global_rate": (
-                self.profiler.total_samples / (self.profiler.last_step_end - t_first)
-                if t_first is not None and self.profiler.last_step_end > t_first else 0.0
-            ),
+            "global_rate": self.profiler.global_rate_at_end(),
             "summary": self.summary,
             "steps": steps,
+            "phases": phases.take(),
+            "machine_cpus": _machine_cpus(),
+            "client_spans": self.client_spans,
         }
-        from executor import report
+        if not completed or len(steps) < self.num_steps:
+            from executor.report import has_wafer_figures
+
+            on_wafer = sum(1 for r in steps if has_wafer_figures(r))
+            profile["interrupted"] = {
+                "steps_run": on_wafer or len(steps), "num_steps": self.num_steps,
+                "reason": self.stop_reason or "the run ended before its last step"}
+        if self.name is not None:
+            profile["name"] = self.name
+        from executor import report, timeline
 
         self.report = report.summarize_profile(profile)
         profile["report"] = self.report
@@ -276,5 +316,54 @@ class DataExecutor:
         tmp.write_text(json.dumps(profile, indent=1, default=float))
         os.replace(tmp, self.run_dir / "profile.json")
         report.write_steps_parquet(self.run_dir / "steps.parquet", steps)
+        timeline.write_trace(self.run_dir / "trace.json", profile)
         if self.writer is not None:
-            report.write_scalars(self.writer, steps, self.report)
+            self._scalars.write_ready(self.writer, self.step_records, None, final=True)
+            report.write_summary_scalars(self.writer, self.report,
+                                         self.step_records[-1]["step"] if steps else 0)
+
+    def mark_stopped(self, reason: str) -> None:
+        """Say why the run stopped early when the loop body stopped it (an exception, Ctrl-C):
+        the executor itself only saw the loop end. Updates ``report`` and ``profile.json``; a
+        no-op for a run that completed or that stopped inside the executor (which knows why)."""
+        if not self._stopped_in_body:
+            return
+        self.stop_reason = reason
+        if self.report.get("interrupted"):
+            self.report["interrupted"]["reason"] = reason
+        path = self.run_dir / "profile.json" if self.run_dir is not None else None
+        if path is None or not path.is_file():
+            return
+        profile = json.loads(path.read_text())
+        if "interrupted" not in profile:
+            return
+        profile["interrupted"]["reason"] = reason
+        profile["report"]["interrupted"] = profile["interrupted"]
+        tmp = path.with_name("profile.json.tmp")
+        tmp.write_text(json.dumps(profile, indent=1, default=float))
+        os.replace(tmp, path)
+
+
+def _machine_cpus() -> int:
+    """CPUs the input workers and the wafer share: the Ray cluster's when Ray runs, else this
+    process's."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        try:
+            return int(ray.cluster_resources().get("CPU", 0)) or os.cpu_count() or 1
+        except Exception:  # a cluster that does not answer: this machine's
+            pass
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _describe(e: BaseException) -> str:
+    """``Type: first line of the message`` of an exception that ended a run."""
+    if isinstance(e, KeyboardInterrupt):
+        return "KeyboardInterrupt (Ctrl-C)"
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__

@@ -139,6 +139,19 @@ def _concat(parts: list):
     return tree_unflatten(leaves, spec)
 
 
+def _timeline_fields(infos: list, end_unix: float) -> dict:
+    """The wall-clock times of a step for the run's timeline: its end, and per CS-X when its
+    batch was produced by its worker and when it reached the wafer's side of the transport."""
+    out = {"end_unix": end_unix}
+    if all(i.produced_unix is not None for i in infos):
+        out["produce_start_unix"] = [float(i.produced_unix[0]) for i in infos]
+        out["produce_end_unix"] = [float(i.produced_unix[1]) for i in infos]
+        out["received_unix"] = [float(i.received_unix or i.produced_unix[1]) for i in infos]
+    if all(i.produce_cpu_s is not None for i in infos):
+        out["produce_cpu_s"] = [float(i.produce_cpu_s) for i in infos]
+    return out
+
+
 class WaferDriver:
     def __init__(self, device: str = "cpu", compile_dir: Optional[str] = None,
                  compiler: str = "fx", use_ray_workers: bool = False, seed: Optional[int] = None):
@@ -352,6 +365,7 @@ class WaferDriver:
                 if remaining > 0:
                     time.sleep(remaining)  # the simulated wafer's speed
                 t2 = time.perf_counter()
+                end_unix = time.time()
                 with self._lock:
                     self._outputs[step] = [o.detach() for o in outputs]
                     if step in cfg["checkpoint_steps"]:
@@ -364,6 +378,7 @@ class WaferDriver:
                         "input_wait_s": t1 - t0, "buffer_occupancy": occupancy,
                         "workers": [i.local_worker_id for i in infos],
                         "bytes": sum(i.nbytes for i in infos),
+                        **_timeline_fields(infos, end_unix),
                     })
                     self._done = step
                     self._lock.notify_all()

@@ -13,8 +13,10 @@ class Profiler:
     * :meth:`rate` -- samples/s over the window since the previous ``rate()`` query, smoothed as
       ``0.6 * current + 0.4 * previous`` (the first query is unsmoothed). Each query starts a
       new window.
-    * :meth:`global_rate` -- all samples processed divided by the time since the *first step
-      ended*: start-up, tracing and compile time are left out, the first step's samples counted.
+    * :meth:`global_rate` -- the samples of the steps after the first divided by the time since
+      the *first step ended*: start-up, tracing and compile time are left out, and so is the
+      first step, whose samples were produced before that clock started (0.0 until a second
+      step ended).
 
     ``clock`` is injectable so tests can drive time by hand.
     """
@@ -35,11 +37,7 @@ class Profiler:
         self._window_start = None
         self._window_samples = 0
         self._prev_rate = None
-        # a separate smoothed stream for the TensorBoard writer, so logging never resets the
-        # user's rate() window
-        self._log_prev = None
-        self._log_last_t = None
-        self._log_samples = 0
+        self._first_samples = 0
 
     def _require(self, name):
         if name not in self.activities:
@@ -53,12 +51,11 @@ class Profiler:
         self.total_samples += num_samples
         self.last_step_end = t
         if self.first_step_end is None:  # the first step opens the windows; its samples
-            self.first_step_end = t        # were produced before them (global_rate counts them)
+            self.first_step_end = t        # were produced before them
+            self._first_samples = num_samples
             self._window_start = t
-            self._log_last_t = t
             return
         self._window_samples += num_samples
-        self._log_samples += num_samples
 
     def rate(self) -> float:
         """Smoothed samples/s since the previous query (0.0 before two steps have ended)."""
@@ -74,24 +71,15 @@ class Profiler:
         return smoothed
 
     def global_rate(self) -> float:
-        """All samples / seconds since the first step ended (0.0 until time has passed)."""
+        """Samples of the steps after the first / seconds since the first step ended."""
         self._require("global_rate")
-        if self.first_step_end is None:
-            return 0.0
-        elapsed = self._clock() - self.first_step_end
-        return self.total_samples / elapsed if elapsed > 0 else 0.0
+        return self._global_rate(self._clock())
 
-    def _log_rates(self):
-        """(rate, global_rate) for the writer, without touching the user's windows."""
-        now = self._clock()
-        rate = 0.0
-        if self._log_last_t is not None and now > self._log_last_t:
-            cur = self._log_samples / (now - self._log_last_t)
-            rate = cur if self._log_prev is None else 0.6 * cur + 0.4 * self._log_prev
-            self._log_prev = rate
-            self._log_last_t = now
-            self._log_samples = 0
-        g = 0.0
-        if self.first_step_end is not None and now > self.first_step_end:
-            g = self.total_samples / (now - self.first_step_end)
-        return rate, g
+    def global_rate_at_end(self) -> float:
+        """:meth:`global_rate` at the end of the last step (0.0 before two steps ended)."""
+        return 0.0 if self.last_step_end is None else self._global_rate(self.last_step_end)
+
+    def _global_rate(self, now: float) -> float:
+        if self.first_step_end is None or now <= self.first_step_end:
+            return 0.0
+        return (self.total_samples - self._first_samples) / (now - self.first_step_end)

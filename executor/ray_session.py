@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
+from executor.phases import phase
+
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
@@ -25,6 +27,12 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
         configure_logging=False,
         ignore_reinit_error=True,
     )
+    with phase("starting Ray"):
+        _init(ray, address, num_cpus, common)
+    return True
+
+
+def _init(ray, address, num_cpus, common) -> None:
     if address:
         ray.init(address=address, **common)
     else:
@@ -38,4 +46,3 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
             object_store_memory=512 * 1024 * 1024,
             **common,
         )
-    return True

@@ -16,12 +16,17 @@ delivered the batch). From those this module derives:
   whole run;
 * ``samples_per_s``: steady-state samples/s on the wafer; ``global_rate``: the seed's
   client-side figure (all samples / time since the first step ended on the client);
-* per input worker: batches, batches/s and the input wait spent on it; ``worker_rate_spread`` =
-  (max - min) / mean of the per-worker batches/s;
+* per input worker: batches delivered, batches/s, the input wait spent on it and, from the
+  worker's own production timing, ``produce_batches_per_s`` (batches / seconds spent producing
+  them: what the worker can deliver) and ``cpu_cores`` (CPU seconds per second of wall time);
+  ``worker_rate_spread`` = (max - min) / mean of the production rates (round-robin delivery
+  gives every worker the same delivered rate, so only production tells a slow worker apart);
+  ``input_cpu_cores`` = the workers' CPU demand in cores, beside ``machine_cpus``;
 * ``time_to_first_step_s``: from the start of the run to the end of the first step on the wafer
   (tracing, compile and start-up included), with ``trace_s`` and ``compile_s`` beside it.
 
-The same figures go to a TensorBoard writer (:func:`write_scalars`) and to
+The same figures go to a TensorBoard writer (:class:`StepScalars` every step,
+:func:`write_summary_scalars` at the end) and to
 ``artifact_dir/executors/NNNNNN/`` (:func:`write_run_files`: ``profile.json`` with the summary,
 ``steps.parquet`` with one row per step).
 
@@ -43,6 +48,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections import deque
 from pathlib import Path
 from typing import Any, Optional
 
@@ -56,9 +62,10 @@ SUMMARY_SCALARS = (
 STEP_SCALARS = ("compute_s", "input_wait_s", "buffer_occupancy", "utilisation", "step_wall_s")
 
 
-def has_wafer_figures(records: list[dict]) -> bool:
-    """True when the records carry the wafer driver's per-step figures (CSX runs)."""
-    return bool(records) and all("compute_s" in r and "wafer_t" in r for r in records)
+def has_wafer_figures(record: dict) -> bool:
+    """True when a step record carries the wafer driver's figures (CSX runs; an interrupted run
+    may end with steps the wafer never reported)."""
+    return "compute_s" in record and "wafer_t" in record
 
 
 def step_rows(records: list[dict]) -> list[dict]:
@@ -103,20 +110,43 @@ def _whole_rounds(records: list[dict]) -> int:
 
 
 def _worker_figures(records: list[dict], wafer_wall_s: float) -> list[dict]:
-    counts: dict[tuple[int, int], list] = {}
+    counts: dict[tuple[int, int], dict] = {}
     for r in records:
         workers = r.get("workers") or []
         share = r.get("input_wait_s", 0.0) / max(len(workers), 1)
+        starts, ends = r.get("produce_start_unix"), r.get("produce_end_unix")
+        cpu = r.get("produce_cpu_s")
         for c, w in enumerate(workers):
-            entry = counts.setdefault((c, int(w)), [0, 0.0])
-            entry[0] += 1
-            entry[1] += share
+            entry = counts.setdefault((c, int(w)), {"batches": 0, "wait": 0.0, "timed": 0,
+                                                    "produce_s": 0.0, "cpu_s": 0.0})
+            entry["batches"] += 1
+            entry["wait"] += share
+            if starts and ends:
+                entry["timed"] += 1
+                entry["produce_s"] += max(ends[c] - starts[c], 0.0)
+            if cpu:
+                entry["cpu_s"] += cpu[c]
     out = []
-    for (c, w), (batches, wait) in sorted(counts.items()):
-        out.append({"csx": c, "worker": w, "batches": batches,
-                    "batches_per_s": batches / wafer_wall_s if wafer_wall_s > 0 else 0.0,
-                    "input_wait_s": wait})
+    for (c, w), e in sorted(counts.items()):
+        batches = e["batches"]
+        out.append({
+            "csx": c, "worker": w, "batches": batches,
+            "batches_per_s": batches / wafer_wall_s if wafer_wall_s > 0 else 0.0,
+            "input_wait_s": e["wait"],
+            "produce_s_per_batch": e["produce_s"] / e["timed"] if e["timed"] else None,
+            "produce_batches_per_s": (e["timed"] / e["produce_s"] if e["timed"]
+                                      and e["produce_s"] > 0 else None),
+            "cpu_cores": e["cpu_s"] / wafer_wall_s if e["cpu_s"] and wafer_wall_s > 0 else None,
+        })
     return out
+
+
+def _spread(values: list) -> Optional[float]:
+    """(max - min) / mean, None without values."""
+    if not values or any(v is None for v in values):
+        return None
+    mean = sum(values) / len(values)
+    return (max(values) - min(values)) / mean if mean > 0 else 0.0
 
 
 def summarize(records: list[dict], *, global_rate: Optional[float] = None,
@@ -129,16 +159,20 @@ def summarize(records: list[dict], *, global_rate: Optional[float] = None,
     streams' own reports (one per CS-X), kept for straggler and restart counts.
     """
     records = sorted(records, key=lambda r: r["step"])
+    if any(has_wafer_figures(r) for r in records):
+        # steps the wafer ran (a client that ran ahead of a wafer that failed has more)
+        records = [r for r in records if has_wafer_figures(r)]
     samples = sum(int(r.get("samples", 0)) for r in records)
     out: dict[str, Any] = {"steps": len(records), "samples": samples,
                            "global_rate": global_rate, "wall_s": wall_s}
     startup = startup or {}
     for key in ("time_to_first_step_s", "trace_s", "compile_s"):
         out[key] = startup.get(key)
-    if not has_wafer_figures(records):
+    records = [r for r in records if has_wafer_figures(r)]
+    if not records:
         for key in ("samples_per_s", "utilisation", "starved_fraction", "client_bound_fraction",
                     "mean_buffer_occupancy", "worker_rate_spread", "wafer_wall_s",
-                    "utilisation_incl_warmup", "warmup_steps", "warmup_s"):
+                    "utilisation_incl_warmup", "warmup_steps", "warmup_s", "input_cpu_cores"):
             out.setdefault(key, None)
         out["workers"] = []
         return out
@@ -155,8 +189,6 @@ def summarize(records: list[dict], *, global_rate: Optional[float] = None,
     wait = sum(r.get("input_wait_s", 0.0) for r in steady)
     occupancy = [float(r.get("buffer_occupancy", 0.0)) for r in steady]
     workers = _worker_figures(steady[:_whole_rounds(steady)] or steady, wall)
-    rates = [w["batches_per_s"] for w in workers]
-    mean_rate = sum(rates) / len(rates) if rates else 0.0
     out.update({
         "wafer_wall_s": wafer_wall,
         "warmup_steps": warm,
@@ -172,7 +204,10 @@ def summarize(records: list[dict], *, global_rate: Optional[float] = None,
                                     if wafer_wall > 0 else 1.0),
         "mean_buffer_occupancy": sum(occupancy) / len(occupancy),
         "max_buffer_occupancy": max(occupancy),
-        "worker_rate_spread": (max(rates) - min(rates)) / mean_rate if mean_rate > 0 else 0.0,
+        "worker_rate_spread": _spread([w["produce_batches_per_s"] for w in workers]),
+        "input_cpu_cores": (sum(w["cpu_cores"] for w in workers)
+                            if workers and all(w["cpu_cores"] is not None for w in workers)
+                            else None),
         "workers": workers,
     })
     if stream_stats:
@@ -182,38 +217,133 @@ def summarize(records: list[dict], *, global_rate: Optional[float] = None,
 
 
 def summarize_profile(profile: dict) -> dict:
-    """:func:`summarize` applied to a ``profile.json`` document (as :func:`load_run` returns)."""
+    """:func:`summarize` applied to a ``profile.json`` document (as :func:`load_run` returns),
+    with the run's name, its machine's CPU count and, for a run that stopped early,
+    ``interrupted`` (steps run, steps planned, the reason)."""
     summary = profile.get("summary", {})
-    return summarize(profile.get("steps", []), global_rate=profile.get("global_rate"),
-                     wall_s=summary.get("wall_s"), startup=summary.get("startup"),
-                     stream_stats=summary.get("workers"))
+    out = summarize(profile.get("steps", []), global_rate=profile.get("global_rate"),
+                    wall_s=summary.get("wall_s"), startup=summary.get("startup"),
+                    stream_stats=summary.get("workers"))
+    out["interrupted"] = profile.get("interrupted")
+    out["machine_cpus"] = profile.get("machine_cpus")
+    if profile.get("name"):
+        out["name"] = profile["name"]
+    return out
 
 
 # -- TensorBoard -----------------------------------------------------------------------------------
-def write_scalars(writer, records: list[dict], report: dict) -> int:
-    """Write the per-step wafer figures (``wafer/<name>``, at their step), the per-worker rates
-    (``workers/csx<c>_w<w>/batches_per_s``) and the run summary (``summary/<name>``, at the
-    last step) to a ``SummaryWriter``. Returns the number of scalars written."""
+class StepScalars:
+    """Writes every step's scalars to a ``SummaryWriter`` as soon as the step's figures are
+    known, in step order:
+
+    * ``rate`` -- samples/s over the last ``window`` steps; ``global_rate`` -- samples/s from the
+      start of the first step. Both on the wafer's clock (the step ends the wafer recorded) on
+      CSX, on the client's elsewhere; every window holds whole steps, so no figure comes from a
+      window of nearly zero length;
+    * ``wafer/<name>`` -- the wafer's figures of the step (:data:`STEP_SCALARS`);
+    * ``workers/csx<c>_w<w>/batches_per_s`` for every input worker (batches it delivered in the
+      window), and ``workers/csx<c>_w<w>/produce_ms`` for the worker that produced the step's
+      batch (its own production time).
+    """
+
+    def __init__(self, cs_config=None, window: int = 10):
+        self.window = window
+        self.workers = ([(c, w) for c in range(cs_config.num_csx)
+                         for w in range(cs_config.num_workers_per_csx)] if cs_config else [])
+        self.written = 0
+        self._clock = None
+        self._t0 = None
+        self._total = 0
+        self._prev_end = None
+        self._ends: deque = deque(maxlen=window + 1)
+        self._samples: deque = deque(maxlen=window)
+        self._delivered: deque = deque(maxlen=window)
+
+    def write_ready(self, writer, records: list[dict], wafer_stats: Optional[dict],
+                    final: bool = False) -> None:
+        """Write the steps of ``records`` not written yet. ``wafer_stats`` (step -> the wafer's
+        figures, CSX) holds back a step until its figures arrived, unless ``final``."""
+        while self.written < len(records):
+            r = records[self.written]
+            if wafer_stats is not None and not final:
+                stats = wafer_stats.get(r["step"])
+                if stats is None:
+                    break
+                r.update({k: v for k, v in stats.items() if k != "step"})
+            self._write(writer, r)
+            self.written += 1
+        if final:
+            writer.flush()
+
+    def _span(self, r: dict):
+        if has_wafer_figures(r):
+            end = r["wafer_t"]
+            return "wafer", end - r["compute_s"] - r.get("input_wait_s", 0.0), end
+        if "client_start_unix" in r and "client_end_unix" in r:
+            return "client", r["client_start_unix"], r["client_end_unix"]
+        return None, None, None
+
+    def _write(self, writer, r: dict) -> None:
+        step = r["step"]
+        clock, start, end = self._span(r)
+        if clock is None or (self._clock is not None and clock != self._clock):
+            return  # no times on the run's clock (a step the wafer never reported)
+        if self._clock is None:
+            self._clock, self._t0 = clock, start
+            self._ends.append(start)
+            self._prev_end = start
+        samples = int(r.get("samples", 0))
+        self._total += samples
+        self._ends.append(end)
+        self._samples.append(samples)
+        delivered = [(c, int(w)) for c, w in enumerate(r.get("workers") or [])]
+        self._delivered.append(delivered)
+        span = end - self._ends[0]
+        if span > 0:
+            writer.add_scalar("rate", sum(self._samples) / span, step)
+        if end > self._t0:
+            writer.add_scalar("global_rate", self._total / (end - self._t0), step)
+        if clock == "wafer":
+            wall = end - self._prev_end
+            figures = {"compute_s": r["compute_s"], "input_wait_s": r.get("input_wait_s", 0.0),
+                       "buffer_occupancy": r.get("buffer_occupancy"), "step_wall_s": wall,
+                       "utilisation": r["compute_s"] / wall if wall > 0 else 1.0}
+            for key, v in figures.items():
+                if v is not None:
+                    writer.add_scalar(f"wafer/{key}", float(v), step)
+        self._prev_end = end
+        if delivered and span > 0:
+            counts: dict = {}
+            for d in self._delivered:
+                for cw in d:
+                    counts[cw] = counts.get(cw, 0) + 1
+            for c, w in sorted(set(self.workers) | set(counts)):
+                writer.add_scalar(f"workers/csx{c}_w{w}/batches_per_s",
+                                  counts.get((c, w), 0) / span, step)
+        starts, ends = r.get("produce_start_unix"), r.get("produce_end_unix")
+        if starts and ends:
+            for c, w in delivered:
+                writer.add_scalar(f"workers/csx{c}_w{w}/produce_ms",
+                                  1000.0 * (ends[c] - starts[c]), step)
+
+
+def write_summary_scalars(writer, report: dict, step: int) -> int:
+    """Write the run summary (``summary/<name>``) and each worker's totals
+    (``workers/csx<c>_w<w>/produce_batches_per_s``, ``.../input_wait_s``) at ``step`` (the last
+    step). Returns the number of scalars written."""
     n = 0
-    rows = step_rows(records)
-    for row in rows:
-        for key in STEP_SCALARS:
-            v = row.get(key)
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                writer.add_scalar(f"wafer/{key}", float(v), row["step"])
-                n += 1
-    last = rows[-1]["step"] if rows else 0
     for key in SUMMARY_SCALARS:
         v = report.get(key)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            writer.add_scalar(f"summary/{key}", float(v), last)
+            writer.add_scalar(f"summary/{key}", float(v), step)
             n += 1
     for w in report.get("workers", []):
-        writer.add_scalar(f"workers/csx{w['csx']}_w{w['worker']}/batches_per_s",
-                          w["batches_per_s"], last)
-        writer.add_scalar(f"workers/csx{w['csx']}_w{w['worker']}/input_wait_s",
-                          w["input_wait_s"], last)
-        n += 2
+        tag = f"workers/csx{w['csx']}_w{w['worker']}"
+        writer.add_scalar(f"{tag}/input_wait_s", w["input_wait_s"], step)
+        n += 1
+        if w.get("produce_batches_per_s") is not None:
+            writer.add_scalar(f"{tag}/produce_batches_per_s", w["produce_batches_per_s"], step)
+            n += 1
     writer.flush()
     return n
 
@@ -281,7 +411,7 @@ SUMMARY_ROWS = (
     ("input-starved", "starved_fraction", "%"),
     ("client-bound", "client_bound_fraction", "%"),
     ("mean input-buffer occupancy", "mean_buffer_occupancy", ""),
-    ("worker batches/s spread", "worker_rate_spread", "%"),
+    ("worker production-rate spread", "worker_rate_spread", "%"),
     ("time to first step", "time_to_first_step_s", "s"),
     ("  tracing", "trace_s", "s"),
     ("  compile", "compile_s", "s"),
@@ -295,10 +425,21 @@ SUMMARY_ROWS = (
 
 def summary_lines(report: dict) -> list[tuple[str, str]]:
     """(label, formatted value) pairs of a summary, in display order."""
-    rows = [(label, _fmt(report.get(key), unit)) for label, key, unit in SUMMARY_ROWS]
+    rows = []
+    stopped = report.get("interrupted")
+    if stopped:
+        rows.append(("INTERRUPTED", f"after {stopped['steps_run']} of {stopped['num_steps']} "
+                                    f"steps: {stopped['reason']}"))
+    rows += [(label, _fmt(report.get(key), unit)) for label, key, unit in SUMMARY_ROWS]
+    if report.get("input_cpu_cores") is not None:
+        cpus = report.get("machine_cpus")
+        rows.append(("input workers' CPU demand", f"{report['input_cpu_cores']:.2f} cores"
+                     + (f" of {cpus}" if cpus else "")))
     for w in report.get("workers", []):
-        rows.append((f"CS-X {w['csx']} worker {w['worker']} batches/s",
-                     f"{w['batches_per_s']:,.1f} (wafer waited {w['input_wait_s']:.3f} s)"))
+        value = f"{w['batches_per_s']:,.1f} (wafer waited {w['input_wait_s']:.3f} s)"
+        if w.get("produce_batches_per_s") is not None:
+            value += f"; produces {w['produce_batches_per_s']:,.1f}/s"
+        rows.append((f"CS-X {w['csx']} worker {w['worker']} batches/s", value))
     return rows
 
 

@@ -62,10 +62,30 @@ def test_summary_leaves_worker_start_up_out_and_splits_wall_time_into_compute_wa
     assert [(w["worker"], w["batches"]) for w in s["workers"]] == [(0, 1), (1, 1)]
     assert s["workers"][0]["batches_per_s"] == pytest.approx(1 / 0.045)
     assert [w["input_wait_s"] for w in s["workers"]] == pytest.approx([0.010, 0.0])
-    assert s["worker_rate_spread"] == 0.0
+    assert s["worker_rate_spread"] is None  # no production timing in these records
 
 
-def test_worker_rates_and_their_spread_count_each_cs_x_and_worker_separately():
+def test_worker_spread_comes_from_each_workers_own_production_time_not_from_delivery():
+    # round robin: both workers deliver one batch per round, so their delivered rates are equal;
+    # worker 1 takes 30 ms per batch, worker 0 10 ms: production tells them apart
+    records = []
+    for step in range(1, 9):
+        w = (step - 1) % 2
+        r = rec(step, 0.01, 0.0, 0.04 * step, 1.0, [w])
+        cost = 0.010 if w == 0 else 0.030
+        r.update(produce_start_unix=[100.0 + step], produce_end_unix=[100.0 + step + cost],
+                 produce_cpu_s=[cost / 2])
+        records.append(r)
+    s = summarize(records)
+    delivered = [w["batches_per_s"] for w in s["workers"]]
+    assert delivered[0] == pytest.approx(delivered[1])
+    assert [w["produce_batches_per_s"] for w in s["workers"]] == pytest.approx([100, 100 / 3])
+    assert s["worker_rate_spread"] == pytest.approx((100 - 100 / 3) / ((100 + 100 / 3) / 2))
+    # CPU demand: (3 x 5 ms + 3 x 15 ms) of CPU over the 0.24 s of steady wall time
+    assert s["input_cpu_cores"] == pytest.approx(0.060 / 0.24)
+
+
+def test_worker_rates_count_each_cs_x_and_worker_separately():
     # 2 CS-X x 2 workers; on CS-X 1 worker 1 delivered twice in a row (a restart replays it)
     records = [rec(1, 0.01, 0.0, 0.01, 1, [0, 0]), rec(2, 0.01, 0.0, 0.02, 1, [1, 1]),
                rec(3, 0.01, 0.01, 0.04, 1, [0, 1]), rec(4, 0.01, 0.0, 0.05, 1, [1, 1])]
@@ -75,7 +95,6 @@ def test_worker_rates_and_their_spread_count_each_cs_x_and_worker_separately():
         (0, 0, 1), (0, 1, 1), (1, 1, 2)]
     assert s["workers"][2]["batches_per_s"] == pytest.approx(2 / 0.03)
     assert s["workers"][0]["input_wait_s"] == pytest.approx(0.005)  # shared by both CS-Xs
-    assert s["worker_rate_spread"] == pytest.approx((2 - 1) / (4 / 3))
 
 
 def test_per_step_rows_carry_the_step_wall_time_and_utilisation():
@@ -144,8 +163,21 @@ def test_a_run_writes_profile_json_steps_parquet_and_tensorboard_scalars(tmp_pat
                 "worker_rate_spread", "time_to_first_step_s", "global_rate"):
         (step, value), = tb[f"summary/{tag}"]
         assert step == 12 and value == pytest.approx(report[tag], rel=1e-6), tag
-    (_, w1), = tb["workers/csx0_w1/batches_per_s"]
-    assert w1 == pytest.approx(report["workers"][1]["batches_per_s"], rel=1e-6)
+    # the rates are the wafer's, from the first step: never above what a 5 ms/step wafer can do
+    # with 8-sample batches (a window of nearly zero length would give millions)
+    ceiling = 8 / 0.005
+    assert all(0 < v <= ceiling * 1.01 for _, v in tb["rate"] + tb["global_rate"])
+    start = steps["wafer_t"][0] - steps["compute_s"][0] - steps["input_wait_s"][0]
+    assert tb["global_rate"][-1][1] == pytest.approx(96 / (steps["wafer_t"][11] - start),
+                                                     rel=1e-5)
+    assert tb["rate"][-1][1] == pytest.approx(80 / (steps["wafer_t"][11] - steps["wafer_t"][1]),
+                                              rel=1e-5)  # the last 10 steps
+    # per-worker series every step; each worker's production time where it produced
+    for w in (0, 1):
+        assert [s for s, _ in tb[f"workers/csx0_w{w}/batches_per_s"]] == list(range(1, 13))
+        assert [s for s, _ in tb[f"workers/csx0_w{w}/produce_ms"]] == list(range(1 + w, 13, 2))
+    (_, w1), = tb["workers/csx0_w1/produce_batches_per_s"]
+    assert w1 == pytest.approx(report["workers"][1]["produce_batches_per_s"], rel=1e-6)
 
 
 def test_a_cpu_run_reports_time_to_first_step_and_rates_without_wafer_figures(tmp_path):

@@ -458,7 +458,7 @@ class InputWorkerImpl:
             while not self._stop:
                 index = self._next_index
                 try:
-                    t0 = time.perf_counter()
+                    t0, t0_unix, t0_cpu = time.perf_counter(), time.time(), time.thread_time()
                     batch = next(source)
                     self.produced += 1
                     st = self.state
@@ -481,6 +481,9 @@ class InputWorkerImpl:
                             "user_state_dict": position,
                         },
                         "produce_s": time.perf_counter() - t0,
+                        # wall-clock span of the production, for the run's timeline
+                        "produced_unix": (t0_unix, time.time()),
+                        "produce_cpu_s": time.thread_time() - t0_cpu,
                     }
                 except BaseException as e:  # noqa: BLE001 (sent to the consumer)
                     self._fail(e, f"while producing batch {index} of this worker")

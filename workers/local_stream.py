@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map_only
@@ -23,6 +24,12 @@ class BatchInfo:
     worker_step: int
     wait_s: float
     nbytes: int
+    produced_unix: Optional[tuple] = None
+    """(start, end) of the batch's production in its worker, ``time.time()`` seconds."""
+    received_unix: Optional[float] = None
+    """When the batch reached the consumer's side of the transport, ``time.time()`` seconds."""
+    produce_cpu_s: Optional[float] = None
+    """CPU time the producing thread spent on the batch."""
 
 
 def batch_nbytes(batch) -> int:
@@ -56,9 +63,10 @@ class LocalInputStream:
 
     def _pull(self):
         w = self._step % len(self._iters)
+        t0, t0_cpu = time.time(), time.thread_time()
         with worker_context(self.infos[w]):
             batch = next(self._iters[w])
-        return w, batch
+        return w, batch, (t0, time.time(), time.thread_time() - t0_cpu)
 
     def peek_spec(self):
         if self._peeked is None:
@@ -69,10 +77,12 @@ class LocalInputStream:
     def next(self):
         t0 = time.perf_counter()
         if self._peeked is not None:
-            (w, batch), self._peeked = self._peeked, None
+            (w, batch, produced), self._peeked = self._peeked, None
         else:
-            w, batch = self._pull()
-        info = BatchInfo(w, self._consumed[w], time.perf_counter() - t0, batch_nbytes(batch))
+            w, batch, produced = self._pull()
+        info = BatchInfo(w, self._consumed[w], time.perf_counter() - t0, batch_nbytes(batch),
+                         produced_unix=produced[:2], received_unix=produced[1],
+                         produce_cpu_s=produced[2])
         self._consumed[w] += 1
         self._step += 1
         return batch, info

@@ -364,7 +364,9 @@ class CsxInputStream:
             break
         wk.pending.popleft()
         items = reply["items"] if reply["kind"] == "chunk" else [reply]
+        received_unix = time.time()
         for i, item in enumerate(items):
+            item["received_unix"] = received_unix
             # a broken invariant, never silently wrong data
             if item["index"] != index + i and item["kind"] != "error":
                 self._raise_failure(wk, {
@@ -467,7 +469,10 @@ class CsxInputStream:
         if self._t_first is None:
             self._t_first = now
         wk = self._workers[w]
-        info = BatchInfo(w, wk.consumed, wait_s, reply["nbytes"])
+        info = BatchInfo(w, wk.consumed, wait_s, reply["nbytes"],
+                         produced_unix=reply.get("produced_unix"),
+                         received_unix=reply.get("received_unix"),
+                         produce_cpu_s=reply.get("produce_cpu_s"))
         wk.consumed = reply["index"] + 1
         wk.consumed_after = reply["after"]
         wk.delivered_this_run += 1

@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
+from executor import phases
 from executor.engine.capture import Captured, OutputLeaf, capture, first_difference
 from executor.engine.errors import CompileError
 from executor.engine.handles import StateHandle
@@ -35,7 +36,10 @@ class CSXRun:
         self.store = backend.store
         self.driver = backend.driver()
         resume = getattr(executor.dataloader, "_resume_states", None)
-        spec = self.driver.call("open_input", executor.dataloader, executor.cs_config, resume)
+        cs = executor.cs_config
+        n = cs.num_csx * cs.num_workers_per_csx
+        with phases.phase(f"starting {n} input worker{'s' if n > 1 else ''}"):
+            spec = self.driver.call("open_input", executor.dataloader, cs, resume)
         self._open_input_s = time.perf_counter() - self._t_created
         self.spec_leaves, self.spec = tree_flatten(spec)
         tensors = [t for t in self.spec_leaves if isinstance(t, torch.Tensor)]
@@ -90,7 +94,9 @@ class CSXRun:
                 return taken
 
             self.backend.preinitialize_all()  # optimizer state exists before tracing (seed 003)
-            new = capture(self.store, traced.fn, args, kwargs, take, self.backend.param_handles())
+            with phases.phase("tracing"):
+                new = capture(self.store, traced.fn, args, kwargs, take,
+                              self.backend.param_handles())
             if cap is not None and new.ops != cap.ops:
                 raise CompileError(
                     f"the graph of {traced!r} changed at step {ex.user_iteration}: "
@@ -130,9 +136,11 @@ class CSXRun:
             return
         b.sync_state_to_driver()
         consts = []
-        self.report = self.driver.call(
-            "load_program", cap.graph, [s.key for s in cap.state_slots], consts, cap.batch_metas,
-            [(tuple(s.value.shape), s.value.dtype) for s in cap.state_slots], b.compile_only)
+        with phases.phase("compiling"):
+            self.report = self.driver.call(
+                "load_program", cap.graph, [s.key for s in cap.state_slots], consts,
+                cap.batch_metas, [(tuple(s.value.shape), s.value.dtype) for s in cap.state_slots],
+                b.compile_only)
         if cap is not None:
             self.report["trace_s"] = cap.trace_s
             self.report["ops"] = cap.num_ops
@@ -189,6 +197,10 @@ class CSXRun:
         self._add_stats(stats)
         self.known_done = max(self.known_done, step)
         return values
+
+    def wafer_stats(self) -> dict:
+        """The wafer's per-step figures received so far, by step (counted from 1)."""
+        return self._stats
 
     def _add_stats(self, stats):
         for s in stats:

@@ -7,6 +7,7 @@ import contextlib
 import os
 
 from executor.driver import DriverError, WaferDriver
+from executor.phases import phase
 
 
 class _Done:
@@ -91,10 +92,11 @@ class RayDriverClient(DriverClient):
         if str(backend.exec_device).startswith("cuda"):
             options["num_gpus"] = 1
         actor_cls = ray.remote(WaferDriver)
-        self.actor = actor_cls.options(**options).remote(
-            device=backend.exec_device, compile_dir=str(backend.compile_dir),
-            compiler=backend.compiler, use_ray_workers=True)
-        ray.get(self.actor.ping.remote())
+        with phase("starting the wafer driver"):
+            self.actor = actor_cls.options(**options).remote(
+                device=backend.exec_device, compile_dir=str(backend.compile_dir),
+                compiler=backend.compiler, use_ray_workers=True)
+            ray.get(self.actor.ping.remote())
         atexit.register(self.close)
 
     def call(self, method, *args, **kwargs):
