@@ -172,10 +172,12 @@ def engine_figures(executor, backend, lo: int, hi: int) -> dict:
                 if not k.startswith("workers")})
     if fig["backend_num_threads"] is None:  # the driver's thread count, where a summary says
         fig["backend_num_threads"] = next(
-            (v for k, v in fig.items() if k.lower().endswith("num_threads")), None)
-    switch = [v for k, v in fig.items()
-              if ("switch" in k.lower() or "tier" in k.lower()) and k.lower().endswith("step")
-              and isinstance(v, int) and not isinstance(v, bool)]
+            (v for k, v in fig.items() if k.startswith("summary.") and k.endswith("num_threads")
+             and v is not None), None)
+    # tiered compilation: the first step run by the switched-to program (e.g.
+    # summary.compile.tier_up.switched_at_step), where the summary names one
+    switch = [v for k, v in fig.items() if "switch" in k.rsplit(".", 1)[-1].lower()
+              and k.lower().endswith("step") and isinstance(v, int) and not isinstance(v, bool)]
     if switch:
         fig["tiered_switch_step"] = switch[0]
     return fig
@@ -263,7 +265,7 @@ def child_train(spec: dict) -> dict:
         out["engine"] = fig
         switch = fig.get("tiered_switch_step")
         if switch is not None:
-            lo2, hi2 = steady_window(len(times), start=switch)
+            lo2, hi2 = steady_window(len(times), start=switch - 1)
             out["steps_per_s_after_switch"] = rate(times, lo2, hi2) if hi2 - lo2 >= 20 else None
         backend.shutdown()
     return out
@@ -312,8 +314,23 @@ def child_main(spec: dict) -> None:
 # ================================================================================================
 # The parent: launch the children, interleaved, and gather medians
 # ================================================================================================
-def launch(spec: dict, timeout_s: float, env: dict | None = None) -> dict:
-    """Run one child (``python train_throughput.py --child SPEC``); its result or its error."""
+def launch(spec: dict, timeout_s: float, env: dict | None = None, retries: int = 1) -> dict:
+    """Run one child (``python train_throughput.py --child SPEC``); its result or its error.
+
+    A child that fails is run again up to ``retries`` times (on a loaded machine Ray's start-up
+    can time out); the errors of the failed attempts are kept under ``failed_attempts``."""
+    failed = []
+    for _ in range(retries + 1):
+        res = _launch_once(spec, timeout_s, env)
+        if "error" not in res:
+            break
+        failed.append(res["error"])
+    if failed:
+        res["failed_attempts"] = failed
+    return res
+
+
+def _launch_once(spec: dict, timeout_s: float, env: dict | None) -> dict:
     spec = {**spec, "launch_time": time.time()}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
     child_env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -452,7 +469,7 @@ def run_startup(args, tmp: Path, results: dict) -> None:
     with the same compile_dir."""
     compilers = {"fx": {"compiler": "fx"}}
     default = results.get("default_compiler")
-    if default not in (None, "fx"):
+    if default != "fx":
         compilers[f"default ({default})"] = {}
     if not args.quick:
         compilers["inductor"] = {"compiler": "inductor"}
@@ -469,8 +486,10 @@ def run_startup(args, tmp: Path, results: dict) -> None:
                 spec = {"kind": "train", "model": model, "variant": "startup", "closure": True,
                         "steps": STARTUP_STEPS, "artifact_dir": str(tmp / "artifacts"),
                         "compile_dir": str(cdir), "csx_options": options}
+                # a cold run is not retried: the failed attempt may have warmed the cache
                 res = launch(spec, args.timeout,
-                             env={"TORCHINDUCTOR_CACHE_DIR": str(cdir / "inductor")})
+                             env={"TORCHINDUCTOR_CACHE_DIR": str(cdir / "inductor")},
+                             retries=0 if warmth == "cold" else 1)
                 runs[f"{c} {warmth}"].append(res)
                 show = res.get("error") or f"{res['time_to_first_step_s']:.2f} s"
                 print(f"  round {r + 1} time to first step, {c} {warmth}: {show}", flush=True)
