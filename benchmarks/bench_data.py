@@ -53,12 +53,11 @@ TRAIN_MODELS = {
 LM_VOCAB, LM_SEQ = 256, 64
 
 
-def memory_input_fn(model: str, seed: int = 0):
+def memory_input_fn(model: str, seed: int = 0, sharded: bool = True):
     """Shuffled global batches of an in-memory ``TensorDataset``, as a user writes it: a torch
     DataLoader whose batch sampler is a ``ShardedSampler``, so each input worker streams its share
-    of every global batch (worker 0 of 1 -- eager PyTorch -- gets the global batches)."""
-    import cstream as cstorch
-
+    of every global batch. ``sharded=False`` (eager PyTorch, no cstream imported) yields the same
+    global batches with torch's own batch sampler."""
     spec = TRAIN_MODELS[model]
     g = torch.Generator().manual_seed(seed)
     n = spec["samples"]
@@ -71,8 +70,11 @@ def memory_input_fn(model: str, seed: int = 0):
     dataset = torch.utils.data.TensorDataset(x, y)
     order = torch.utils.data.RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
     batches = torch.utils.data.BatchSampler(order, batch_size=spec["batch"], drop_last=True)
-    return torch.utils.data.DataLoader(
-        dataset, batch_sampler=cstorch.utils.data.ShardedSampler(batches))
+    if sharded:
+        import cstream as cstorch
+
+        batches = cstorch.utils.data.ShardedSampler(batches)
+    return torch.utils.data.DataLoader(dataset, batch_sampler=batches)
 
 
 class ReadyBatches(torch.utils.data.Dataset):

@@ -205,7 +205,7 @@ def child_train(spec: dict) -> dict:
         torch.manual_seed(0)
         model = make_model(spec["model"])
         opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
-        loader = memory_input_fn(spec["model"])
+        loader = memory_input_fn(spec["model"], sharded=False)
         step = 0
         while step < steps:  # epochs until num_steps, as the DataExecutor cycles its loader
             for x, y in loader:
@@ -352,6 +352,13 @@ def _launch_once(spec: dict, timeout_s: float, env: dict | None) -> dict:
     return {"error": f"exit code {proc.returncode}: {tail}", "loadavg_1m": load}
 
 
+def brief(res: dict, key: str, fmt: str, unit: str) -> str:
+    """One child's figure for the progress lines (an error: its last line)."""
+    if "error" in res:
+        return "FAILED: " + (res["error"].strip().splitlines() or [""])[-1][:200]
+    return f"{_num(res.get(key), fmt)} {unit}"
+
+
 def median_of(runs: list, key: str):
     values = [r[key] for r in runs if r.get(key) is not None]
     return statistics.median(values) if values else None
@@ -414,7 +421,7 @@ def run_training(args, tmp: Path, results: dict) -> None:
                             "compile_dir": str(tmp / "compile" / m)}
                     res = launch(spec, args.timeout)
                     runs[m][cname][v].append(res)
-                    show = res.get("error") or f"{res['steps_per_s']:.1f} steps/s"
+                    show = brief(res, "steps_per_s", ",.1f", "steps/s")
                     print(f"  round {r + 1} {m} {cname} {v}: {show}", flush=True)
     table: dict = {}
     for m in args.models:
@@ -453,7 +460,7 @@ def run_consumption(args, tmp: Path, results: dict) -> None:
                     "artifact_dir": str(tmp / "artifacts"), "compile_dir": str(tmp / "compile")}
             res = launch(spec, args.timeout)
             runs[v].append(res)
-            show = res.get("error") or f"{res['batches_per_s']:.0f} batches/s"
+            show = brief(res, "batches_per_s", ",.0f", "batches/s")
             print(f"  round {r + 1} consume {v}: {show}", flush=True)
     results["consumption"] = {
         v: {"batches_per_s": median_of(runs[v], "batches_per_s"),
@@ -491,7 +498,7 @@ def run_startup(args, tmp: Path, results: dict) -> None:
                              env={"TORCHINDUCTOR_CACHE_DIR": str(cdir / "inductor")},
                              retries=0 if warmth == "cold" else 1)
                 runs[f"{c} {warmth}"].append(res)
-                show = res.get("error") or f"{res['time_to_first_step_s']:.2f} s"
+                show = brief(res, "time_to_first_step_s", ".2f", "s")
                 print(f"  round {r + 1} time to first step, {c} {warmth}: {show}", flush=True)
     results["time_to_first_step"] = {
         k: {"time_to_first_step_s": median_of(v, "time_to_first_step_s"),
