@@ -320,6 +320,7 @@ def launch(spec: dict, timeout_s: float, env: dict | None = None, retries: int =
     A child that fails is run again up to ``retries`` times (on a loaded machine Ray's start-up
     can time out); the errors of the failed attempts are kept under ``failed_attempts``."""
     failed = []
+    waited = wait_for_load()
     for _ in range(retries + 1):
         res = _launch_once(spec, timeout_s, env)
         if "error" not in res:
@@ -327,7 +328,25 @@ def launch(spec: dict, timeout_s: float, env: dict | None = None, retries: int =
         failed.append(res["error"])
     if failed:
         res["failed_attempts"] = failed
+    if waited:
+        res["waited_for_load_s"] = waited
     return res
+
+
+#: --wait-for-load: the 1-minute load average a child waits for, and for at most how long
+LOAD_GATE = {"max_load": None, "max_wait_s": 300.0}
+
+
+def wait_for_load() -> float:
+    """Wait (at most ``max_wait_s``) until the 1-minute load average is at most ``max_load``;
+    the seconds waited."""
+    if LOAD_GATE["max_load"] is None:
+        return 0.0
+    t0 = time.perf_counter()
+    while (os.getloadavg()[0] > LOAD_GATE["max_load"]
+           and time.perf_counter() - t0 < LOAD_GATE["max_wait_s"]):
+        time.sleep(5)
+    return time.perf_counter() - t0
 
 
 def _launch_once(spec: dict, timeout_s: float, env: dict | None) -> dict:
@@ -519,7 +538,8 @@ def _num(x, fmt: str = ",.0f") -> str:
     return "–" if x is None else format(x, fmt)
 
 
-def load_range(results: dict) -> str:
+def child_loads(results: dict) -> list:
+    """The 1-minute load average at every child's launch."""
     loads = []
     for section in ("training", "consumption", "time_to_first_step"):
         stack = [results.get(section, {})]
@@ -531,7 +551,26 @@ def load_range(results: dict) -> str:
                 stack.extend(item.values())
             elif isinstance(item, list):
                 stack.extend(item)
+    return loads
+
+
+def load_range(results: dict) -> str:
+    loads = child_loads(results)
     return f"{min(loads):.1f}–{max(loads):.1f}" if loads else "–"
+
+
+def busy_warning(results: dict):
+    """A warning when some child started on a machine busier than its cores."""
+    loads = child_loads(results)
+    cores = results["machine"]["nproc"] or 1
+    if not loads or max(loads) <= cores:
+        return None
+    busy = sum(1 for x in loads if x > cores)
+    return (f"Warning: {busy} of {len(loads)} processes started with a load average above the "
+            f"{cores} cores (up to {max(loads):.1f}). Eager PyTorch's OpenMP threads wait for "
+            "each other at every op, so its steps slow down many times over when the cores are "
+            "oversubscribed: these figures do not represent the machine. Re-run when it is idle "
+            "(--wait-for-load).")
 
 
 def markdown(results: dict) -> str:
@@ -546,6 +585,9 @@ def markdown(results: dict) -> str:
         f"at the children's launches {load_range(results)} (this machine is shared).",
         "",
     ]
+    warning = busy_warning(results)
+    if warning:
+        lines += [f"**{warning}**", ""]
     training = results.get("training", {})
     for cname, title in (("with_closure", "a step closure reading the loss every step"),
                          ("without_closure", "no step closure")):
@@ -597,6 +639,9 @@ def markdown(results: dict) -> str:
 
 def print_tables(results: dict) -> None:
     print(f"load average (1 min) at the children's launches: {load_range(results)}")
+    warning = busy_warning(results)
+    if warning:
+        print(warning)
     training = results.get("training", {})
     for cname in ("with_closure", "without_closure"):
         if not training:
@@ -668,6 +713,9 @@ def main(argv=None):
     p.add_argument("--sections", default="training,consumption,startup",
                    help="comma-separated subset of training, consumption, startup")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per child process")
+    p.add_argument("--wait-for-load", type=float, default=None, metavar="LOAD",
+                   help="before each child, wait (up to 5 minutes) until the 1-minute load "
+                   "average is at most LOAD: on a shared machine, e.g. 1.5 on 2 cores")
     p.add_argument("--readme", action="store_true",
                    help="rewrite README.md's generated performance block from this run")
     p.add_argument("--out", default=str(HERE / "results" / "train_throughput.json"))
@@ -686,6 +734,7 @@ def main(argv=None):
             update_readme(markdown(results))
             print("rewrote the generated block of README.md")
         return
+    LOAD_GATE["max_load"] = args.wait_for_load
     if args.quick:
         args.rounds = 1
     if args.rounds < 1:
