@@ -69,7 +69,7 @@ README_END = "<!-- train_throughput.py: end generated block -->"
 MODEL_LABELS = {
     "mlp_784_512_512_10_b64": "MLP 784-512-512-10, batch 64, Adam",
     "mlp_16_64_64_4_b16": "MLP 16-64-64-4, batch 16, Adam",
-    "transformer_lm_2x128_seq64_b8": "small transformer LM (2 x d128, seq 64, batch 8), Adam",
+    "transformer_lm_2x128_seq64_b8": "small transformer LM (2 × d128, seq 64, batch 8), Adam",
 }
 #: steps per training run: a few seconds of steady state for the slowest variant
 TRAIN_STEPS = {"mlp_784_512_512_10_b64": 1500, "mlp_16_64_64_4_b16": 4000,
@@ -334,7 +334,7 @@ def launch(spec: dict, timeout_s: float, env: dict | None = None, retries: int =
 
 
 #: --wait-for-load: the 1-minute load average a child waits for, and for at most how long
-LOAD_GATE = {"max_load": None, "max_wait_s": 300.0}
+LOAD_GATE = {"max_load": None, "max_wait_s": 120.0}
 
 
 def wait_for_load() -> float:
@@ -579,8 +579,9 @@ def markdown(results: dict) -> str:
     commit = (results["git"]["commit"] or "?")[:7]
     lines = [
         f"Run of {results['date'][:10]} at commit `{commit}` on {m['nproc']} cores, "
-        f"{m['memory_gib']} GiB, torch {m['torch']}, ray {m['ray']}; {results['rounds']} "
-        f"interleaved round(s){', --quick' if results['quick'] else ''}; "
+        f"{m['memory_gib']} GiB, torch {m['torch']}, ray {m['ray']}; "
+        + (f"medians of {results['rounds']} interleaved rounds" if results["rounds"] > 1
+           else "1 round") + f"{' (--quick: a smoke run)' if results['quick'] else ''}; "
         f"CSX default compiler: `{results.get('default_compiler')}`; 1-minute load average "
         f"at the children's launches {load_range(results)} (this machine is shared).",
         "",
@@ -602,7 +603,7 @@ def markdown(results: dict) -> str:
                 e = entry[cname][v]
                 cell = _num(e["steps_per_s"])
                 if v != "eager" and e["ratio_vs_eager"] is not None:
-                    cell += f" (**{e['ratio_vs_eager']:.2f}×**)"
+                    cell += f" ({e['ratio_vs_eager']:.2f}×)"
                 if e.get("steps_per_s_after_switch"):
                     cell += f"; {_num(e['steps_per_s_after_switch'])} after the inductor switch"
                 cells.append(cell)
@@ -714,7 +715,7 @@ def main(argv=None):
                    help="comma-separated subset of training, consumption, startup")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per child process")
     p.add_argument("--wait-for-load", type=float, default=None, metavar="LOAD",
-                   help="before each child, wait (up to 5 minutes) until the 1-minute load "
+                   help="before each child, wait (up to 2 minutes) until the 1-minute load "
                    "average is at most LOAD: on a shared machine, e.g. 1.5 on 2 cores")
     p.add_argument("--readme", action="store_true",
                    help="rewrite README.md's generated performance block from this run")
