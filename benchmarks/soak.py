@@ -75,7 +75,7 @@ def soak(steps: int, workers: int, sample_every: int, wafer_s: float, in_process
         loss, ids = step(batch)
         if (i + 1) % sample_every == 0 or i == 0:
             check(loss, ids)  # a sync point: the client waits for the wafer here
-            d = backend.driver().call("describe")
+            d = backend.driver().describe()
             samples.append({"step": i + 1, "t": time.perf_counter() - t0,
                             "client_rss": rss_bytes(), "driver_rss": d["rss_bytes"],
                             "outputs_kept": d["outputs_kept"]})

@@ -189,7 +189,7 @@ def test_validate_only_traces_one_step_and_runs_nothing(tmp_path):
         step(batch)
     assert calls == [1]
     assert not (tmp_path / "cc").exists()  # nothing compiled
-    assert backend.driver().call("describe")["state_tensors"] == 0
+    assert backend.driver().describe()["state_tensors"] == 0
 
 
 def test_compile_only_compiles_and_caches_without_running(tmp_path):

@@ -18,6 +18,7 @@ from torch.overrides import TorchFunctionMode
 from executor.backends.base import Backend, CompiledModel, check_options
 from executor.backends.csx_run import CSXRun
 from executor.engine.handles import StateHandle, Store
+from workers.flow import DEFAULT_LOOKAHEAD_STEPS
 
 log = logging.getLogger("cstream")
 
@@ -78,20 +79,26 @@ class CSXBackend(Backend):
     ``drop_data``, ``max_checkpoints``, ``retrace_every_iteration``; and: ``in_process`` (run the
     driver in this process, no Ray), ``address`` (an existing Ray cluster; ``RAY_ADDRESS`` is
     read too), ``device`` (``"cpu"``, or ``"cuda"`` where present: where the driver executes),
-    ``compiler`` (``"fx"`` or ``"inductor"``), ``lookahead`` (steps the client and wafer may run
-    ahead of each other).
+    ``compiler`` (``"auto"``: the fx graph at once, inductor compiled in the background and
+    switched in when the run is long enough; ``"fx"`` or ``"inductor"`` force one), ``lookahead``
+    (steps the wafer may run past the client's last finished step), ``num_threads`` (threads the
+    driver runs the step's ops on; default: the node's CPUs on Ray, this process's setting
+    in-process, where it is process-wide).
+
+    With the same thread count, the fx replay gives the CPU backend's numbers bit for bit.
     """
 
     name = "CSX"
     options = ("artifact_dir", "compile_dir", "compile_only", "validate_only", "drop_data",
                "max_checkpoints", "retrace_every_iteration", "in_process", "address", "device",
-               "compiler", "lookahead")
+               "compiler", "lookahead", "num_threads")
 
     def __init__(self, artifact_dir=None, compile_dir=None, compile_only: bool = False,
                  validate_only: bool = False, drop_data: bool = False,
                  max_checkpoints: Optional[int] = None, retrace_every_iteration: bool = False,
                  in_process: bool = False, address: Optional[str] = None, device: str = "cpu",
-                 compiler: str = "fx", lookahead: int = 8, **unknown):
+                 compiler: str = "auto", lookahead: int = DEFAULT_LOOKAHEAD_STEPS,
+                 num_threads: Optional[int] = None, **unknown):
         check_options(self.name, unknown, self.options)
         from executor.engine.compiler import COMPILERS
 
@@ -104,10 +111,16 @@ class CSXBackend(Backend):
         if str(device).startswith("cuda") and in_process and not torch.cuda.is_available():
             raise RuntimeError(f'cstream.backend("CSX", device={device!r}) needs CUDA, which '
                                "this machine does not have.")
-        if not isinstance(lookahead, int) or lookahead < 1:
+        if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
             raise ValueError(f"lookahead: expected a positive int, got {lookahead!r}.")
+        if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(
+                num_threads, int) or num_threads < 1):
+            raise ValueError(f'cstream.backend("CSX", num_threads={num_threads!r}): expected a '
+                             "positive int (threads for the wafer's ops) or None.")
         super().__init__(artifact_dir=artifact_dir, max_checkpoints=max_checkpoints)
-        self.compile_dir = Path(compile_dir) if compile_dir else self.artifact_dir / "cached_compile"
+        # resolved here, on the client: a driver on another node writes where the user said
+        self.compile_dir = (Path(compile_dir) if compile_dir
+                            else Path(self.artifact_dir) / "cached_compile").resolve()
         self.compile_only = bool(compile_only)
         self.validate_only = bool(validate_only)
         self.drop_data = bool(drop_data) or self.compile_only or self.validate_only
@@ -117,6 +130,7 @@ class CSXBackend(Backend):
         self.exec_device = str(device)
         self.compiler = compiler
         self.lookahead = lookahead
+        self.num_threads = num_threads
         self.store = Store()
         self.store.fetch = self._fetch
         self.store.push = self._push
@@ -127,6 +141,7 @@ class CSXBackend(Backend):
         self._run: Optional[CSXRun] = None
         self.last_compile: dict = {}
         _install_freeze_hook()
+        self.driver()  # on Ray: starts Ray and the driver actor in the background now
 
     @property
     def forces_single_step(self) -> bool:
@@ -142,11 +157,11 @@ class CSXBackend(Backend):
 
     def _fetch(self, slots) -> dict:
         remote = [s for s in slots if s.kind == "remote"]
-        values = self.driver().call("get_state", [s.key for s in remote]) if remote else {}
+        values = self.driver().get_state([s.key for s in remote]) if remote else {}
         return values
 
     def _push(self, slot, value) -> None:
-        self.driver().call("put_state", {slot.key: value.detach().to("cpu")})
+        self.driver().put_state({slot.key: value.detach().to("cpu")})
 
     def sync_state_to_driver(self) -> None:
         """Ship every state tensor that is not on the wafer yet (lazy ones as programs)."""
@@ -164,7 +179,7 @@ class CSXBackend(Backend):
         items = {}
         for s in pending:
             items[s.key] = s.program if s.kind == "lazy" else s.value
-        self.driver().call("put_state", items)
+        self.driver().put_state(items)
         for s in pending:
             s.value = s.value.to("meta") if s.value.device.type != "meta" else s.value
             s.kind, s.program = "remote", None

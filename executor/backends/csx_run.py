@@ -7,7 +7,11 @@ Phases of a traced step (one screen):
 2. later calls -- replay: nothing is traced; the call returns handles for this step's outputs and
                   re-queues the step closures that were called inside the step;
    (``retrace_every_iteration``: capture again, compare with the first graph, refuse a change);
-3. closures    -- fetch the outputs they need, waiting for the wafer to reach the step.
+3. closures    -- read the outputs they need. Outputs handed to step closures stream back in
+                  batches: one ``collect`` call brings every step the wafer finished since the
+                  last one (and tells the wafer how far the client is), so a closure on a step
+                  already done costs no call. The client blocks only when a closure needs a step
+                  the wafer has not finished, or when it is ``lookahead`` steps ahead.
 """
 
 from __future__ import annotations
@@ -24,8 +28,13 @@ from executor import phases
 from executor.engine.capture import Captured, OutputLeaf, capture, first_difference
 from executor.engine.errors import CompileError
 from executor.engine.handles import StateHandle
+from workers.flow import FlowPolicy
 
 log = logging.getLogger("cstream")
+
+STREAMED_MAX_NUMEL = 1 << 16
+"""Returned tensors up to this many elements stream back with every step; larger ones are
+fetched when read."""
 
 
 class CSXRun:
@@ -35,11 +44,12 @@ class CSXRun:
         self.executor = executor
         self.store = backend.store
         self.driver = backend.driver()
+        self.policy = FlowPolicy.from_config(executor.cs_config, lookahead_steps=backend.lookahead)
         resume = getattr(executor.dataloader, "_resume_states", None)
         cs = executor.cs_config
         n = cs.num_csx * cs.num_workers_per_csx
         with phases.phase(f"starting {n} input worker{'s' if n > 1 else ''}"):
-            spec = self.driver.call("open_input", executor.dataloader, cs, resume)
+            spec = self.driver.open_input(executor.dataloader, cs, resume, self.policy)
         self._open_input_s = time.perf_counter() - self._t_created
         self.spec_leaves, self.spec = tree_flatten(spec)
         tensors = [t for t in self.spec_leaves if isinstance(t, torch.Tensor)]
@@ -48,9 +58,14 @@ class CSXRun:
         self.captured: Optional[Captured] = None
         self.started = False
         self.executes = not backend.forces_single_step
-        self.known_done = -1
-        self._ack = None  # the last ack call, read when it is done
-        self._acked = -1
+        self.known_done = -1  # the last step the wafer is known to have finished
+        self._ack = None  # the last asynchronous ack, read when it is done
+        self._acked = -1  # the last step acknowledged to the wafer
+        self._client_done = -1  # the last step whose closures ran
+        self._streamed: list[int] = []  # output indices that stream back for every step
+        self._values: dict[int, dict] = {}  # step -> {output index: value} collected
+        self._collected = -1  # outputs collected through this step
+        self.collect_calls = 0
         self.report: dict = {}
         self._stats: dict[int, dict] = {}
         self._snapshot_cache: Optional[dict] = None
@@ -59,11 +74,11 @@ class CSXRun:
 
     # -- batches -------------------------------------------------------------------------------
     def next_batch(self, step: int):
-        la = self.backend.lookahead
-        if self.started and step - self.known_done > la:
+        la = self.policy.lookahead_steps
+        if self.started and self.executes and step - self.known_done > la:
             # wait until the wafer is half the look-ahead behind, not just inside it: the next
             # la/2 steps then go without a call
-            self.known_done = self.driver.call("wait_done", step - max(1, la // 2))
+            self._collect(step - self.policy.ack_every_steps)
         leaves = [
             self.store.handle(self.store.new_slot("batch", t, name=f"batch[{i}]"))
             if isinstance(t, torch.Tensor) else t
@@ -137,10 +152,19 @@ class CSXRun:
         b.sync_state_to_driver()
         consts = []
         with phases.phase("compiling"):
-            self.report = self.driver.call(
-                "load_program", cap.graph, [s.key for s in cap.state_slots], consts,
-                cap.batch_metas, [(tuple(s.value.shape), s.value.dtype) for s in cap.state_slots],
-                b.compile_only)
+            self.report = self.driver.load_program(
+                cap.graph, [s.key for s in cap.state_slots], consts, cap.batch_metas,
+                [(tuple(s.value.shape), s.value.dtype) for s in cap.state_slots],
+                b.compile_only, self.executor.num_steps)
+        # what step closures read streams back every step: the closures' arguments, and the
+        # step's small return values (a loss), which closures called in the loop are given
+        streamed = {leaf.index for _, _, ls in cap.closures for leaf in ls
+                    if isinstance(leaf, OutputLeaf)}
+        streamed.update(leaf.index for leaf in cap.out_leaves if isinstance(leaf, OutputLeaf)
+                        and leaf.meta.numel() <= STREAMED_MAX_NUMEL)
+        if cap.closures:
+            streamed.update(cap.readable.values())  # closures may read metrics
+        self._streamed = sorted(streamed)
         if cap is not None:
             self.report["trace_s"] = cap.trace_s
             self.report["ops"] = cap.num_ops
@@ -149,7 +173,7 @@ class CSXRun:
             log.info("compile_only: compiled; nothing run")
             return
         ex = self.executor
-        self.driver.call("start", ex.num_steps, ex.checkpoint_iterations(), b.lookahead)
+        self.driver.start(ex.num_steps, ex.checkpoint_iterations())
 
     # -- end of step ---------------------------------------------------------------------------
     def end_step(self, step: int) -> dict:
@@ -163,22 +187,25 @@ class CSXRun:
         self.started = True
         if not self.executes:
             return
-        self.report = self.driver.call("load_program", None, [], [], [])
+        self.report = self.driver.load_program(None, [], [], [])
         ex = self.executor
-        self.driver.call("start", ex.num_steps, ex.checkpoint_iterations(), self.backend.lookahead)
+        self.driver.start(ex.num_steps, ex.checkpoint_iterations())
 
     def step_done(self, step: int) -> None:
-        """Tell the wafer the client is past ``step``, every ``lookahead // 2`` steps: the
-        wafer may stay between half and all of the look-ahead in front of the client, for a
-        fraction of the calls."""
+        """The client finished ``step``'s closures. The wafer hears of it with the next
+        ``collect``, or by an asynchronous ack every ``lookahead // 2`` steps when the client
+        has nothing to collect: the wafer stays between half and all of the look-ahead in
+        front of the client, for a fraction of the calls."""
         if not self.executes:
             return
+        self._client_done = step
+        self._values.pop(step, None)
         if self._ack is not None and self._ack.ready():
             self.known_done = max(self.known_done, self._ack.result())  # raises a wafer failure
             self._ack = None
-        every = max(1, self.backend.lookahead // 2)
-        if step - self._acked >= every or step == self.executor.num_steps - 1:
-            self._ack = self.driver.call_async("ack", step)
+        if (step - self._acked >= self.policy.ack_every_steps
+                or step == self.executor.num_steps - 1) and self._ack is None:
+            self._ack = self.driver.ack_async(step)
             self._acked = step
 
     def _read_output(self, slot) -> torch.Tensor:
@@ -188,12 +215,34 @@ class CSXRun:
                 "step outputs have no values."
             )
         step, index = slot.program
-        return self._fetch(step, [index])[0]
+        return self._outputs_of(step, [index])[0]
+
+    def _collect(self, until: int) -> None:
+        """One round trip: the streamed outputs of every step the wafer finished since the
+        last collect, once it has finished ``until``; acknowledges the client's progress."""
+        got = self.driver.collect(self._collected + 1, until, self._streamed, self._client_done)
+        self.collect_calls += 1
+        self._acked = max(self._acked, self._client_done)
+        for s, values in got.values.items():
+            if s > self._client_done:
+                self._values[s] = dict(zip(self._streamed, values))
+        self._collected = max(self._collected, got.done)
+        self.known_done = max(self.known_done, got.done)
+        self._add_stats(got.stats)
+
+    def _outputs_of(self, step: int, indices: list) -> list:
+        """Outputs ``indices`` of ``step``: from the collected ones, else fetched."""
+        if all(i in self._streamed for i in indices):
+            if step > self._collected:
+                self._collect(step)
+            have = self._values.get(step)
+            if have is not None:
+                return [have[i] for i in indices]
+        return self._fetch(step, indices)
 
     def _fetch(self, step: int, indices: list) -> list:
-        """Outputs ``indices`` of ``step`` (waits for the wafer to finish it), recording the
-        per-step figures that came with them."""
-        values, stats = self.driver.call("fetch", step, indices)
+        """Outputs ``indices`` of ``step``, in a call of their own (waits for the wafer)."""
+        values, stats = self.driver.fetch(step, indices)
         self._add_stats(stats)
         self.known_done = max(self.known_done, step)
         return values
@@ -218,7 +267,7 @@ class CSXRun:
         fetched = {}
         for s, idx in wanted.items():
             idx = sorted(set(idx))
-            fetched.update({(s, i): v for i, v in zip(idx, self._fetch(s, idx))})
+            fetched.update({(s, i): v for i, v in zip(idx, self._outputs_of(s, idx))})
 
         def replace(h):
             if h._slot.kind == "output":
@@ -243,7 +292,7 @@ class CSXRun:
                 return None
             if not cache:  # metric state is small: one call brings all of it
                 indices = sorted(cap.readable.values())
-                cache.update(zip(indices, self._fetch(step, indices)))
+                cache.update(zip(indices, self._outputs_of(step, indices)))
             return cache[index]
 
         self.store.step_reader = reader
@@ -264,7 +313,7 @@ class CSXRun:
             missing = [s.key for s in slots if s.key not in cache]
             if missing:
                 keys = [s.key for s in self.store.slots() if s.kind == "remote"]
-                cache.update(self.driver.call("snapshot", step, keys))
+                cache.update(self.driver.snapshot(step, keys))
             return {s.key: cache[s.key] for s in slots}
 
         self.store.read_context = reader
@@ -276,26 +325,27 @@ class CSXRun:
             self._checkpoint_step = None
 
     def worker_states(self, step: int) -> list:
-        return self.driver.call("worker_states", step)
+        return self.driver.worker_states(step)
 
     def progress_stats(self, step: int) -> Optional[dict]:
         """The wafer's newest per-step figures, fetched now (waits for ``step``, the step being
         run by the client, to finish on the wafer); None before the wafer started."""
         if not (self.started and self.executes):
             return None
-        self._fetch(step, [])
+        if step > self._collected:
+            self._collect(step)
         return self._stats[max(self._stats)] if self._stats else None
 
     def close(self, ok: bool) -> dict:
         summary = {}
         try:
             if self.started and self.executes:
-                summary = self.driver.call("finish", wait=ok)
+                summary = self.driver.finish(wait=ok)
                 t_finished = time.perf_counter()
                 self._add_stats(summary.pop("stats", []))
                 summary["startup"] = self._startup(summary, t_finished)
             else:
-                self.driver.call("finish", wait=False)
+                self.driver.finish(wait=False)
         finally:
             self.store.running = False
             self.store.output_reader = None
@@ -304,14 +354,15 @@ class CSXRun:
         for step, s in self._stats.items():
             if step in records:
                 records[step].update({k: v for k, v in s.items() if k != "step"})
-        summary["compile"] = self.report
+        summary["compile"] = {**self.report, **summary.pop("program", {})}
+        summary["collect_calls"] = self.collect_calls
         return summary
 
     def _startup(self, summary: dict, t_finished: float) -> dict:
         """Tracing, compile, input start-up and the time from the start of the run to the end
         of the first step on the wafer (the wafer's clock mapped onto this process's)."""
-        startup = {"trace_s": self.report.get("trace_s"), "compile_s": self.report.get("compile_s"),
-                   "open_input_s": self._open_input_s}
+        startup = {**self.driver.startup, "trace_s": self.report.get("trace_s"),
+                   "compile_s": self.report.get("compile_s"), "open_input_s": self._open_input_s}
         first = self._stats.get(1)
         if first is not None and summary.get("wafer_wall_s") is not None:
             wafer_start = t_finished - summary["wafer_wall_s"]

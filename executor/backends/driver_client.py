@@ -1,122 +1,238 @@
-"""Talking to the wafer driver: the same calls in-process or to a Ray actor."""
+"""Talking to the wafer driver: one typed interface, in-process or to a Ray actor.
+
+:class:`DriverClient` names every call the client makes. :class:`LocalDriverClient` calls the
+driver in this process; :class:`RayDriverClient` sends the same calls to the driver actor. The
+Ray actor (and Ray itself, when embedded) is started in a background thread as soon as the
+backend exists, so Ray's start-up overlaps the user building the model; the first call waits
+for it.
+"""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
 import os
+import time
+from typing import Optional
 
-from executor.driver import DriverError, WaferDriver
+from executor.driver import Collected, DriverError, WaferDriver
 from executor.phases import phase
 
+INPUT_RESERVE_CPUS = 0.25
+"""CPUs of the driver's node the driver leaves unreserved for input workers (0.01 each)."""
 
-class _Done:
-    def __init__(self, value=None, error=None):
-        self._value, self._error = value, error
+
+class Future:
+    """The result of an asynchronous call."""
+
+    def __init__(self, value=None, error: Optional[BaseException] = None, ref=None):
+        self._value, self._error, self._ref = value, error, ref
 
     def ready(self) -> bool:
-        return True
+        if self._ref is None:
+            return True
+        import ray
+
+        done, _ = ray.wait([self._ref], timeout=0)
+        return bool(done)
 
     def result(self):
+        if self._ref is not None:
+            import ray
+
+            return ray.get(self._ref)
         if self._error is not None:
             raise self._error
         return self._value
 
 
 class DriverClient:
-    """``call(method, *args)`` blocks for the result; ``call_async`` returns a future."""
+    """The calls the client makes to the wafer driver (see :class:`WaferDriver`)."""
+
+    startup: dict
 
     @staticmethod
     def create(backend) -> "DriverClient":
         if backend.in_process:
-            return LocalDriverClient(WaferDriver(
-                device=backend.exec_device, compile_dir=str(backend.compile_dir),
-                compiler=backend.compiler, use_ray_workers=False))
+            return LocalDriverClient(backend)
         return RayDriverClient(backend)
 
-    def call(self, method: str, *args, **kwargs):
-        raise NotImplementedError
-
-    def call_async(self, method: str, *args, **kwargs):
-        raise NotImplementedError
+    def put_state(self, items: dict) -> int: ...
+    def get_state(self, keys: list) -> dict: ...
+    def load_program(self, graph, state_order, consts, batch_metas, state_metas=None,
+                     compile_only=False, num_steps=None) -> dict: ...
+    def open_input(self, dataloader, cs_config, resume_states, policy): ...
+    def start(self, num_steps: int, checkpoint_steps: list) -> None: ...
+    def collect(self, since: int, until: int, indices: list, ack: int) -> Collected: ...
+    def fetch(self, step: int, indices: list) -> tuple: ...
+    def wait_done(self, step: int) -> int: ...
+    def ack_async(self, step: int) -> Future: ...
+    def snapshot(self, step: int, keys: list) -> dict: ...
+    def worker_states(self, step: int) -> list: ...
+    def finish(self, wait: bool) -> dict: ...
+    def describe(self) -> dict: ...
 
     def close(self) -> None:
         pass
 
 
 class LocalDriverClient(DriverClient):
-    def __init__(self, driver: WaferDriver):
-        self.driver = driver
+    def __init__(self, backend):
+        t0 = time.perf_counter()
+        self.driver = WaferDriver(device=backend.exec_device, compile_dir=str(backend.compile_dir),
+                                  compiler=backend.compiler, use_ray_workers=False,
+                                  num_threads=backend.num_threads)
+        self.startup = {"driver_s": time.perf_counter() - t0}
 
-    def call(self, method, *args, **kwargs):
-        return getattr(self.driver, method)(*args, **kwargs)
+    def put_state(self, items):
+        return self.driver.put_state(items)
 
-    def call_async(self, method, *args, **kwargs):
+    def get_state(self, keys):
+        return self.driver.get_state(keys)
+
+    def load_program(self, *args, **kwargs):
+        return self.driver.load_program(*args, **kwargs)
+
+    def open_input(self, dataloader, cs_config, resume_states, policy):
+        return self.driver.open_input(dataloader, cs_config, resume_states, policy)
+
+    def start(self, num_steps, checkpoint_steps):
+        return self.driver.start(num_steps, checkpoint_steps)
+
+    def collect(self, since, until, indices, ack):
+        return self.driver.collect(since, until, indices, ack)
+
+    def fetch(self, step, indices):
+        return self.driver.fetch(step, indices)
+
+    def wait_done(self, step):
+        return self.driver.wait_done(step)
+
+    def ack_async(self, step):
         try:
-            return _Done(self.call(method, *args, **kwargs))
+            return Future(self.driver.ack(step))
         except Exception as e:  # surfaced when the result is read
-            return _Done(error=e)
+            return Future(error=e)
+
+    def snapshot(self, step, keys):
+        return self.driver.snapshot(step, keys)
+
+    def worker_states(self, step):
+        return self.driver.worker_states(step)
+
+    def finish(self, wait):
+        return self.driver.finish(wait=wait)
+
+    def describe(self):
+        return self.driver.describe()
 
     def close(self):
         with contextlib.suppress(Exception):
             self.driver.finish(wait=False)
 
 
-class _RayFuture:
-    def __init__(self, ref):
-        self.ref = ref
+def default_num_threads() -> int:
+    """Threads for the driver: the CPUs of the largest node of the Ray cluster (this machine's
+    when Ray is embedded)."""
+    import ray
 
-    def ready(self) -> bool:
-        import ray
-
-        done, _ = ray.wait([self.ref], timeout=0)
-        return bool(done)
-
-    def result(self):
-        import ray
-
-        return ray.get(self.ref)
+    cpus = [n["Resources"].get("CPU", 0) for n in ray.nodes() if n.get("Alive")]
+    return max(1, int(max(cpus, default=os.cpu_count() or 1)))
 
 
 class RayDriverClient(DriverClient):
-    """The driver as a Ray actor. Ray is started here (embedded, loopback) unless it runs."""
+    """The driver as a Ray actor. Ray is started here (embedded, loopback) unless it runs.
+
+    The actor reserves ``min(num_threads, node CPUs - INPUT_RESERVE_CPUS)`` CPUs and runs the
+    step's ops on ``num_threads`` threads (default: the node's CPUs). Creating the client
+    starts Ray (``ray.init`` must run on the main thread) and asks for the actor without waiting
+    for it: its process starts while the user builds the model; the first call waits."""
 
     def __init__(self, backend):
         import ray
 
         from executor.ray_session import ensure_ray
 
+        t0 = time.perf_counter()
         self.started_ray = ensure_ray(address=backend.address)
-        options = dict(max_concurrency=16, num_cpus=0, name=f"cstream-wafer-{os.getpid()}-"
-                       f"{id(backend):x}")
+        t1 = time.perf_counter()
+        threads = backend.num_threads or default_num_threads()
+        node_cpus = max(float(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n.get("Alive"))
+        options = dict(max_concurrency=16, name=f"cstream-wafer-{os.getpid()}-{id(backend):x}",
+                       num_cpus=round(max(0.0, min(threads, node_cpus - INPUT_RESERVE_CPUS)), 2))
         if str(backend.exec_device).startswith("cuda"):
             options["num_gpus"] = 1
-        actor_cls = ray.remote(WaferDriver)
-        with phase("starting the wafer driver"):
-            self.actor = actor_cls.options(**options).remote(
-                device=backend.exec_device, compile_dir=str(backend.compile_dir),
-                compiler=backend.compiler, use_ray_workers=True)
-            ray.get(self.actor.ping.remote())
+        self.actor = ray.remote(WaferDriver).options(**options).remote(
+            device=backend.exec_device, compile_dir=str(backend.compile_dir),
+            compiler=backend.compiler, use_ray_workers=True, num_threads=threads)
+        self._ping = self.actor.ping.remote()
+        self._t_asked = t1
+        self.startup = {"ray_start_s": t1 - t0, "num_threads": threads,
+                        "num_cpus": options["num_cpus"]}
         atexit.register(self.close)
 
-    def call(self, method, *args, **kwargs):
-        import ray
-
+    def _actor(self):
         if self.actor is None:
             raise DriverError("the wafer driver was shut down with its backend; create a new "
                               "backend with cstream.backend(...).")
+        if self._ping is not None:
+            ping, self._ping = self._ping, None
+            self._get(ping, "start-up")
+            self.startup["driver_ready_s"] = time.perf_counter() - self._t_asked
+        return self.actor
+
+    def _get(self, ref, what: str):
+        import ray
+
         try:
-            return ray.get(getattr(self.actor, method).remote(*args, **kwargs))
+            return ray.get(ref)
         except ray.exceptions.RayActorError as e:
             raise DriverError(
-                f"the wafer driver actor died during {method}(): {e}. The run cannot continue. "
+                f"the wafer driver actor died during {what}: {e}. The run cannot continue. "
                 "Checkpoints already written are complete (cstream.save writes atomically): "
                 "resume from the newest one with cstream.load and load_state_dict on the model, "
                 "optimizer and dataloader."
             ) from e
 
-    def call_async(self, method, *args, **kwargs):
-        return _RayFuture(getattr(self.actor, method).remote(*args, **kwargs))
+    def put_state(self, items):
+        return self._get(self._actor().put_state.remote(items), "put_state")
+
+    def get_state(self, keys):
+        return self._get(self._actor().get_state.remote(keys), "get_state")
+
+    def load_program(self, *args, **kwargs):
+        return self._get(self._actor().load_program.remote(*args, **kwargs), "load_program")
+
+    def open_input(self, dataloader, cs_config, resume_states, policy):
+        return self._get(self._actor().open_input.remote(dataloader, cs_config, resume_states,
+                                                         policy), "open_input")
+
+    def start(self, num_steps, checkpoint_steps):
+        return self._get(self._actor().start.remote(num_steps, checkpoint_steps), "start")
+
+    def collect(self, since, until, indices, ack):
+        return self._get(self._actor().collect.remote(since, until, indices, ack), "collect")
+
+    def fetch(self, step, indices):
+        return self._get(self._actor().fetch.remote(step, indices), "fetch")
+
+    def wait_done(self, step):
+        return self._get(self._actor().wait_done.remote(step), "wait_done")
+
+    def ack_async(self, step):
+        return Future(ref=self._actor().ack.remote(step))
+
+    def snapshot(self, step, keys):
+        return self._get(self._actor().snapshot.remote(step, keys), "snapshot")
+
+    def worker_states(self, step):
+        return self._get(self._actor().worker_states.remote(step), "worker_states")
+
+    def finish(self, wait):
+        return self._get(self._actor().finish.remote(wait=wait), "finish")
+
+    def describe(self):
+        return self._get(self._actor().describe.remote(), "describe")
 
     def close(self):
         import ray

@@ -9,8 +9,12 @@ Two compilers:
   seconds from its cache.
 
 The cache lives in ``compile_dir/<key>/`` where ``key`` hashes the graph, the input spec, the
-compiler and the torch/cstream versions; inductor's own artifacts are kept under
-``compile_dir/inductor``. A hit is logged.
+device and the torch/cstream versions. An inductor compile leaves its artifact there
+(``inductor/``: the compiled module, saved with ``torch._inductor.standalone_compile``), and
+inductor's kernel cache lives in ``compile_dir/inductor-cache``. A process that finds the
+artifact loads it: nothing is compiled (``cache_hit``). The compile itself runs in a separate
+process (:func:`start_inductor_compile`, ``python -m executor.engine.compile_job``), so the
+wafer keeps running steps while it compiles.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ import hashlib
 import json
 import logging
 import os
+import pickle
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -27,14 +34,13 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 log = logging.getLogger("cstream.compile")
-COMPILERS = ("fx", "inductor")
+COMPILERS = ("auto", "fx", "inductor")
 CSTREAM_VERSION = "0.1.0"
 
 
-def cache_key(graph_code: str, input_spec: list, compiler: str, device: str) -> str:
+def cache_key(graph_code: str, input_spec: list, device: str) -> str:
     h = hashlib.sha256()
-    for part in (graph_code, repr(input_spec), compiler, device, torch.__version__,
-                 CSTREAM_VERSION):
+    for part in (graph_code, repr(input_spec), device, torch.__version__, CSTREAM_VERSION):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:24]
@@ -98,50 +104,102 @@ def _drop_detach(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
-def compile_step(gm: torch.fx.GraphModule, example: tuple, compiler: str, device: str,
-                 compile_dir: Optional[Path]) -> tuple[CompiledStep, dict]:
-    """Compile ``gm`` (captured by :func:`executor.engine.capture.capture`).
-
-    ``example`` holds real ``(state, batch, consts)`` lists on the execution device.
-    Returns the compiled step and a report: ``{"compiler", "cache_hit", "compile_s", "key"}``.
-    """
-    if compiler not in COMPILERS:
-        raise ValueError(f"compiler: expected one of {COMPILERS}, got {compiler!r}.")
-    t0 = time.perf_counter()
+def input_spec(example: tuple) -> list:
     state, batch, consts = example
-    spec = [(tuple(t.shape), str(t.dtype)) for t in (*state, *batch, *consts)]
-    key = cache_key(gm.code, spec, compiler, device)
-    report = {"compiler": compiler, "cache_hit": False, "key": key}
-    entry = None
-    if compile_dir is not None:
-        entry = Path(compile_dir) / key
-        manifest = entry / "manifest.json"
-        if manifest.exists():
-            report["cache_hit"] = True
-            log.info("compile cache hit: %s (%s)", key, compiler)
-    if compiler == "fx":
-        gm = gm.to(device) if device != "cpu" else gm
-        _drop_detach(gm)
-        step = CompiledStep(gm, None, "fx")
-    else:
-        if compile_dir is not None:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(compile_dir) / "inductor")
-        pure, changed = functionalize(gm, example)
-        from torch._inductor import compile as inductor_compile
+    return [(tuple(t.shape), str(t.dtype)) for t in (*state, *batch, *consts)]
 
-        fn = inductor_compile(pure, [*state, *batch, *consts])
-        step = CompiledStep(fn, changed, "inductor")
-    report["compile_s"] = time.perf_counter() - t0
-    if entry is not None:
-        entry.mkdir(parents=True, exist_ok=True)
-        (entry / "graph.py").write_text(gm.code)
-        info = {"key": key, "compiler": compiler, "device": device, "torch": torch.__version__,
+
+def fx_step(gm: torch.fx.GraphModule, device: str) -> CompiledStep:
+    """The captured graph replayed op by op, state updated in place: nothing to compile."""
+    gm = gm.to(device) if device != "cpu" else gm
+    _drop_detach(gm)
+    return CompiledStep(gm, None, "fx")
+
+
+class CacheEntry:
+    """``compile_dir/<key>/``: the graph's code, a manifest, and the inductor artifact."""
+
+    def __init__(self, compile_dir: Path, key: str):
+        self.compile_dir = Path(compile_dir)
+        self.key = key
+        self.dir = self.compile_dir / key
+
+    @property
+    def inductor_cache(self) -> Path:
+        return self.compile_dir / "inductor-cache"
+
+    @property
+    def artifact(self) -> Path:
+        return self.dir / "inductor"
+
+    @property
+    def changed_file(self) -> Path:
+        return self.dir / "inductor.changed.json"
+
+    def has_artifact(self) -> bool:
+        return self.artifact.exists() and self.changed_file.exists()
+
+    def write_manifest(self, gm: torch.fx.GraphModule, spec: list, device: str) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "graph.py").write_text(gm.code)
+        info = {"key": self.key, "device": device, "torch": torch.__version__,
                 "inputs": len(spec), "ops": sum(1 for n in gm.graph.nodes
-                                                  if n.op == "call_function"),
-                "last_compile_s": report["compile_s"], "cache_hit": report["cache_hit"]}
-        tmp = entry / "manifest.json.tmp"
-        tmp.write_text(json.dumps(info, indent=1))
-        os.replace(tmp, entry / "manifest.json")
-    if not report["cache_hit"]:
-        log.info("compiled step %s with %s in %.2f s", key, compiler, report["compile_s"])
-    return step, report
+                                                if n.op == "call_function"),
+                "inductor_artifact": self.has_artifact()}
+        _write_atomic(self.dir / "manifest.json", json.dumps(info, indent=1))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _inductor_env(entry: CacheEntry) -> None:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(entry.inductor_cache)
+
+
+def compile_inductor_artifact(gm: torch.fx.GraphModule, example: tuple, entry: CacheEntry) -> None:
+    """Functionalise ``gm``, compile it with inductor and save the artifact in ``entry``."""
+    from torch._inductor import standalone_compile
+
+    _inductor_env(entry)
+    pure, changed = functionalize(gm, example)
+    state, batch, consts = example
+    artifact = standalone_compile(pure, [*state, *batch, *consts],
+                                  dynamic_shapes="from_example_inputs")
+    entry.dir.mkdir(parents=True, exist_ok=True)
+    tmp = entry.dir / f"inductor.tmp{os.getpid()}"
+    artifact.save(path=str(tmp), format="binary")
+    os.replace(tmp, entry.artifact)
+    _write_atomic(entry.changed_file, json.dumps(changed))
+
+
+def load_inductor_artifact(entry: CacheEntry) -> CompiledStep:
+    """The compiled step saved in ``entry`` (no compile; inductor's kernel cache is reused)."""
+    from torch._inductor.standalone_compile import CompiledArtifact
+
+    _inductor_env(entry)
+    fn = CompiledArtifact.load(path=str(entry.artifact), format="binary")
+    changed = json.loads(entry.changed_file.read_text())
+    return CompiledStep(fn, changed, "inductor")
+
+
+def start_inductor_compile(gm: torch.fx.GraphModule, example: tuple,
+                           entry: CacheEntry) -> subprocess.Popen:
+    """Compile in a separate process (``python -m executor.engine.compile_job JOB``), which
+    leaves the artifact in ``entry``; the caller keeps running meanwhile."""
+    entry.dir.mkdir(parents=True, exist_ok=True)
+    job = entry.dir / f"job.{os.getpid()}.pkl"
+    metas = tuple([(tuple(t.shape), t.dtype) for t in part] for part in example)
+    with open(job, "wb") as f:
+        pickle.dump({"graph": gm, "metas": metas, "device": str(example[0][0].device)
+                     if example[0] else "cpu", "compile_dir": str(entry.compile_dir),
+                     "key": entry.key}, f)
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(entry.inductor_cache))
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    log_file = open(entry.dir / "compile.log", "ab")
+    return subprocess.Popen([sys.executable, "-m", "executor.engine.compile_job", str(job)],
+                            env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)

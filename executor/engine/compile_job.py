@@ -1,0 +1,29 @@
+"""``python -m executor.engine.compile_job JOB``: compile one captured step with inductor in
+its own process and save the artifact in the compile cache (see
+:func:`executor.engine.compiler.start_inductor_compile`)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+from pathlib import Path
+
+import torch
+import torch._higher_order_ops.triton_kernel_wrap  # noqa: F401  (unpickling captured graphs)
+
+from executor.engine.compiler import CacheEntry, compile_inductor_artifact
+
+
+def main(job_path: str) -> int:
+    job = pickle.loads(Path(job_path).read_bytes())
+    device = job["device"]
+    example = tuple([torch.zeros(s, dtype=d, device=device) for s, d in part]
+                    for part in job["metas"])
+    compile_inductor_artifact(job["graph"], example, CacheEntry(job["compile_dir"], job["key"]))
+    os.remove(job_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,193 @@
+"""The wafer's input feed: one input stream per CS-X, each drained in step order by a feeder
+thread into a bounded buffer, so the wafer takes ready batches without paying the transport on
+its own time. A step's input is complete when every CS-X's buffer has delivered its part."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import traceback
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from workers.flow import FlowPolicy
+
+
+class BatchSpecError(ValueError):
+    """A batch does not match the spec the step was traced with."""
+
+
+class _Failure:
+    def __init__(self, exc: BaseException, tb: str):
+        self.exc, self.tb = exc, tb
+
+
+@dataclass
+class StepInput:
+    """One step's batch: the CS-Xs' parts joined, what each part's worker reported, and (on
+    checkpoint steps) the input position after it."""
+    batch: Any
+    infos: list
+    worker_states: Optional[list]
+
+
+def check_leaves(leaves, where: str) -> None:
+    tensors = 0
+    for i, leaf in enumerate(leaves):
+        if leaf is None:
+            continue
+        if not isinstance(leaf, torch.Tensor):
+            raise BatchSpecError(
+                f"{where}: leaf {i} of the batch is a {type(leaf).__name__} ({leaf!r:.60}), not a "
+                "tensor. Batches must be (nested) tensors; convert other values in input_fn or "
+                "the dataset's collate_fn.")
+        tensors += 1
+        if leaf.dim() > 0 and leaf.shape[0] == 0:
+            raise BatchSpecError(
+                f"{where}: leaf {i} of the batch is empty (shape {tuple(leaf.shape)}). Check "
+                "batch_size and the data set's length.")
+    if tensors == 0:
+        raise BatchSpecError(f"{where}: the batch holds no tensor.")
+
+
+def concat_parts(parts: list):
+    """Join the per-CS-X sub-batches along the batch dimension (data parallel)."""
+    if len(parts) == 1:
+        return parts[0]
+    flats = [tree_flatten(p) for p in parts]
+    spec = flats[0][1]
+    for i, (_, s) in enumerate(flats[1:], 1):
+        if s != spec:
+            raise BatchSpecError(
+                f"CS-X {i} received a batch whose structure differs from CS-X 0's ({s} vs {spec})."
+            )
+    leaves = []
+    for column in zip(*(f[0] for f in flats)):
+        if isinstance(column[0], torch.Tensor):
+            leaves.append(torch.cat(column, dim=0))
+        else:
+            leaves.append(column[0])
+    return tree_unflatten(leaves, spec)
+
+
+class InputFeed:
+    """Args:
+        streams: one input stream per CS-X (``workers.stream.CsxInputStream`` on Ray,
+            ``workers.local_stream.LocalInputStream`` in-process).
+        policy: the run's :class:`FlowPolicy` (``input_buffer_batches`` bounds each buffer).
+    """
+
+    def __init__(self, streams: list, policy: FlowPolicy):
+        self.streams = streams
+        self.policy = policy
+        self._buffers: list[queue.Queue] = []
+        self._threads: list[threading.Thread] = []
+        self._parts: list = []
+        self._stop = threading.Event()
+        specs = [s.peek_spec() for s in streams]
+        self._part_specs = [tree_flatten(sp) for sp in specs]
+        for c, (leaves, _) in enumerate(self._part_specs):
+            check_leaves(leaves, f"the first batch of CS-X {c}")
+        self.spec = concat_parts(specs)
+
+    # -- feeding -------------------------------------------------------------------------------
+    def start(self, num_steps: int, checkpoint_steps: set) -> None:
+        capacity = self.policy.input_buffer_batches
+        self._buffers = [queue.Queue(maxsize=capacity) for _ in self.streams]
+        self._parts = [None] * len(self.streams)
+        self._threads = [
+            threading.Thread(target=self._feed, args=(c, s, self._buffers[c], num_steps,
+                                                      checkpoint_steps),
+                             name=f"feeder-csx{c}", daemon=True)
+            for c, s in enumerate(self.streams)]
+        for t in self._threads:
+            t.start()
+
+    def _put(self, buf: queue.Queue, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                buf.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _feed(self, c: int, stream, buf: queue.Queue, num_steps: int, checkpoints: set):
+        """Pull CS-X ``c``'s batches in step order; keep the input position for checkpoints."""
+        try:
+            for step in range(num_steps):
+                if self._stop.is_set():
+                    return
+                b, info = stream.next()
+                self._check_batch(step, c, b, info)
+                states = stream.worker_states() if step in checkpoints else None
+                if not self._put(buf, (b, info, states)):
+                    return
+        except BaseException as e:  # handed to the wafer loop, which reports it
+            self._put(buf, _Failure(e, traceback.format_exc()))
+
+    def _check_batch(self, step: int, c: int, batch, info) -> None:
+        leaves, spec = tree_flatten(batch)
+        want_leaves, want_spec = self._part_specs[c]
+        where = (f"step {step + 1}, CS-X {c}, worker {info.local_worker_id} (its batch "
+                 f"#{info.worker_step})")
+        if spec != want_spec:
+            raise BatchSpecError(
+                f"{where}: the batch structure changed: the traced graph was built for "
+                f"{want_spec}, this batch is {spec}. The graph is static (seed 002): every "
+                "batch must have the same structure, shapes and dtypes (use drop_last=True).")
+        for i, (got, want) in enumerate(zip(leaves, want_leaves)):
+            if not isinstance(got, torch.Tensor) or got.shape != want.shape \
+                    or got.dtype != want.dtype:
+                check_leaves(leaves, where)
+                raise BatchSpecError(
+                    f"{where}: leaf {i} of the batch is {tuple(got.shape)} {got.dtype}, the traced "
+                    f"graph expects {tuple(want.shape)} {want.dtype}. The graph is static (seed "
+                    "002): every batch must have the same shapes and dtypes; a short last batch "
+                    "is the usual cause (use drop_last=True).")
+
+    # -- taking --------------------------------------------------------------------------------
+    def occupancy(self) -> float:
+        """Mean batches waiting per CS-X buffer."""
+        return sum(b.qsize() for b in self._buffers) / max(len(self._buffers), 1)
+
+    def take(self, timeout: Optional[float]) -> Optional[StepInput]:
+        """The next step's input, or None if some CS-X's part did not arrive within ``timeout``
+        (0: do not wait). Parts already taken are kept for the next call."""
+        for c, buf in enumerate(self._buffers):
+            if self._parts[c] is not None:
+                continue
+            try:
+                item = buf.get_nowait() if not timeout else buf.get(timeout=timeout)
+            except queue.Empty:
+                return None
+            if isinstance(item, _Failure):
+                raise item.exc
+            self._parts[c] = item
+        parts, self._parts = self._parts, [None] * len(self._buffers)
+        states = [s for _, _, st in parts for s in (st or [])]
+        return StepInput(concat_parts([b for b, _, _ in parts]), [i for _, i, _ in parts],
+                         states if any(st is not None for _, _, st in parts) else None)
+
+    # -- closing -------------------------------------------------------------------------------
+    def close(self) -> list:
+        """Stop the feeders, close the streams; the streams' final stats."""
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=2)
+        stats = []
+        for s in self.streams:
+            try:
+                stats.append(s.stats())
+            finally:
+                try:
+                    s.close()
+                except Exception:  # a feeder blocked in the stream: closing is best effort
+                    pass
+        for t in self._threads:
+            t.join(timeout=10)
+        self._threads, self._buffers, self.streams = [], [], []
+        return stats

@@ -1,0 +1,268 @@
+"""The wafer loop: runs steps back to back as a small state machine.
+
+Each call of :meth:`WaferLoop._step` makes one transition::
+
+    READY ──(look-ahead used up)──▶ WAITING_FOR_CLIENT ──(client acks)──▶ READY
+    READY ──(a CS-X's buffer empty)──▶ WAITING_FOR_INPUT ──(input arrives)──▶ step runs ──▶ READY
+    READY ──(last step done)──▶ FINISHED;   any ──(stop())──▶ STOPPED;   any ──(error)──▶ FAILED
+
+:meth:`run` calls it until a terminal phase, in the driver's wafer thread; tests call it by hand
+with ``block=False``. The client reads step outputs in batches (:meth:`collect`): one call
+returns every finished step's outputs since the client's last call, and carries the client's
+acknowledgement. The wafer never runs more than ``policy.lookahead_steps`` steps past the last
+acknowledged step, so it never keeps more outputs than that.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from executor.wafer.feed import InputFeed, StepInput
+from executor.wafer.state import StateStore
+from workers.flow import FlowPolicy
+
+
+class DriverError(RuntimeError):
+    """The wafer failed while running a step."""
+
+
+def _timeline_fields(infos: list, end_unix: float) -> dict:
+    """The wall-clock times of a step for the run's timeline: its end, and per CS-X when its
+    batch was produced by its worker and when it reached the wafer's side of the transport."""
+    out = {"end_unix": end_unix}
+    if all(i.produced_unix is not None for i in infos):
+        out["produce_start_unix"] = [float(i.produced_unix[0]) for i in infos]
+        out["produce_end_unix"] = [float(i.produced_unix[1]) for i in infos]
+        out["received_unix"] = [float(i.received_unix or i.produced_unix[1]) for i in infos]
+    if all(i.produce_cpu_s is not None for i in infos):
+        out["produce_cpu_s"] = [float(i.produce_cpu_s) for i in infos]
+    return out
+
+
+class Phase(enum.Enum):
+    READY = "ready"
+    WAITING_FOR_CLIENT = "waiting for the client"
+    WAITING_FOR_INPUT = "waiting for input"
+    FINISHED = "finished"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (Phase.FINISHED, Phase.STOPPED, Phase.FAILED)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    num_steps: int
+    checkpoint_steps: frozenset
+    num_csx: int = 1
+    min_step_seconds: Callable[[int], float] = lambda samples_per_csx: 0.0
+    """The simulated wafer's floor on a step's time, given the samples on one CS-X."""
+
+
+@dataclass
+class Collected:
+    """What one :meth:`WaferLoop.collect` returns."""
+    done: int
+    """The last step the wafer finished."""
+    values: dict
+    """``{step: [output values]}`` for the steps finished since the client's last call."""
+    stats: list
+    """Per-step figures not sent before."""
+
+
+class WaferLoop:
+    """Args:
+        state: the resident state tensors.
+        feed: the run's input feed (started by the loop's owner).
+        program: ``(state list, batch tensors) -> outputs``, updating the state list in place;
+            None runs no model (the wafer only consumes input).
+        state_order: the state keys in the order ``program`` takes them.
+        plan: steps, checkpoint steps, the simulated speed.
+        policy: the bounds (``lookahead_steps``).
+    """
+
+    def __init__(self, state: StateStore, feed: InputFeed, program, state_order: list,
+                 plan: RunPlan, policy: FlowPolicy, device: torch.device):
+        self.state = state
+        self.feed = feed
+        self.program = program
+        self.state_order = list(state_order)
+        self.plan = plan
+        self.policy = policy
+        self.device = device
+        self.phase = Phase.READY
+        self.next_step = 0
+        self.done = -1
+        self.acked = -1
+        self.outputs: dict[int, list] = {}
+        self.snapshots: dict[int, dict] = {}
+        self.worker_states: dict[int, list] = {}
+        self.stats: list[dict] = []
+        self._stats_sent = 0
+        self.error: Optional[BaseException] = None
+        self.error_text: Optional[str] = None
+        self.cond = threading.Condition()
+        self._stop = False
+        self._wait_t0: Optional[float] = None
+        self._occupancy = 0.0
+        self.t_start = time.perf_counter()
+
+    # -- the state machine -----------------------------------------------------------------------
+    def run(self) -> None:
+        while not self.phase.terminal:
+            self.phase = self._step(block=True)
+
+    def _step(self, block: bool = True) -> Phase:
+        try:
+            return self._transition(block)
+        except BaseException as e:  # reported to the client with the traceback
+            with self.cond:
+                self.error = e
+                self.error_text = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+                self.cond.notify_all()
+            return Phase.FAILED
+
+    def _transition(self, block: bool) -> Phase:
+        if self._stop:
+            return Phase.STOPPED
+        if self.next_step >= self.plan.num_steps:
+            return Phase.FINISHED
+        if self.next_step > self.acked + self.policy.lookahead_steps:
+            if block:
+                with self.cond:
+                    self.cond.wait_for(lambda: self._stop or self.next_step <= self.acked
+                                       + self.policy.lookahead_steps, timeout=0.5)
+            return Phase.WAITING_FOR_CLIENT
+        if self._wait_t0 is None:
+            self._wait_t0 = time.perf_counter()
+            self._occupancy = self.feed.occupancy()
+        inp = self.feed.take(timeout=0.2 if block else 0)
+        if inp is None:
+            return Phase.WAITING_FOR_INPUT
+        self._run_step(inp)
+        return Phase.FINISHED if self.next_step >= self.plan.num_steps else Phase.READY
+
+    def _run_step(self, inp: StepInput) -> None:
+        step = self.next_step
+        t0, t1 = self._wait_t0, time.perf_counter()
+        self._wait_t0 = None
+        leaves = [t.to(self.device) if isinstance(t, torch.Tensor) else t
+                  for t in tree_flatten(inp.batch)[0]]
+        samples = int(leaves[0].shape[0]) if leaves and leaves[0].dim() else 1
+        outputs = []
+        if self.program is not None:
+            state = self.state.in_order(self.state_order)
+            outputs = self.program(state, [t for t in leaves if isinstance(t, torch.Tensor)],
+                                   step)
+            self.state.update(self.state_order, state)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        floor_s = self.plan.min_step_seconds(samples // self.plan.num_csx)
+        remaining = floor_s - (time.perf_counter() - t1)
+        if remaining > 0:
+            time.sleep(remaining)  # the simulated wafer's speed
+        t2 = time.perf_counter()
+        end_unix = time.time()
+        with self.cond:
+            self.outputs[step] = [o.detach() for o in outputs]
+            if step in self.plan.checkpoint_steps:
+                order = self.state_order or list(self.state.tensors)
+                self.snapshots[step] = self.state.get(order)
+                self.worker_states[step] = inp.worker_states or []
+            self.stats.append({
+                "step": step + 1, "samples": samples, "compute_s": t2 - t1,
+                "wafer_t": t2 - self.t_start, "input_wait_s": t1 - t0,
+                "buffer_occupancy": self._occupancy,
+                "workers": [i.local_worker_id for i in inp.infos],
+                "bytes": sum(i.nbytes for i in inp.infos),
+                **_timeline_fields(inp.infos, end_unix),
+            })
+            self.done = step
+            self.next_step = step + 1
+            self.cond.notify_all()
+
+    # -- the client's side -------------------------------------------------------------------------
+    def stop(self) -> None:
+        with self.cond:
+            self._stop = True
+            self.cond.notify_all()
+
+    def raise_if_failed(self) -> None:
+        e = self.error
+        if e is None:
+            return
+        if type(e).__module__.startswith("workers") or isinstance(e, ValueError) and \
+                type(e).__name__ == "BatchSpecError":
+            raise e
+        raise DriverError(f"the wafer failed while running: {self.error_text}")
+
+    def _ack(self, step: int) -> None:
+        if step <= self.acked:
+            return
+        self.acked = step
+        for s in [s for s in self.outputs if s <= step]:
+            del self.outputs[s]
+        for s in [s for s in self.snapshots if s <= step]:
+            del self.snapshots[s]
+        self.cond.notify_all()
+
+    def ack(self, step: int) -> int:
+        """The client finished ``step``'s closures: its outputs and snapshot can go."""
+        with self.cond:
+            self._ack(step)
+            self.raise_if_failed()
+            return self.done
+
+    def wait_done(self, step: int, timeout: Optional[float] = None,
+                  alive: Callable[[], bool] = lambda: True) -> int:
+        """Block until the wafer finished ``step`` (or failed, or stopped before it)."""
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        with self.cond:
+            while self.done < step:
+                self.raise_if_failed()
+                if self.phase.terminal or not alive():
+                    self.raise_if_failed()
+                    if self.done < step:
+                        raise DriverError(f"the wafer stopped before step {step + 1}.")
+                if deadline is not None and time.perf_counter() > deadline:
+                    break
+                self.cond.wait(0.2)
+            return self.done
+
+    def take_stats(self) -> list:
+        new = self.stats[self._stats_sent:]
+        self._stats_sent = len(self.stats)
+        return new
+
+    def collect(self, since: int, until: int, indices: list, ack: int = -1,
+                alive: Callable[[], bool] = lambda: True) -> Collected:
+        """Outputs ``indices`` of every step from ``since`` to the last one finished, once the
+        wafer has finished ``until``; acknowledges ``ack`` first."""
+        with self.cond:
+            self._ack(ack)
+        self.wait_done(until, alive=alive)
+        with self.cond:
+            values = {s: [self.outputs[s][i].to("cpu", copy=True) for i in indices]
+                      for s in range(max(since, self.acked + 1), self.done + 1)}
+            return Collected(self.done, values, self.take_stats())
+
+    def fetch(self, step: int, indices: list, alive: Callable[[], bool] = lambda: True):
+        """Outputs ``indices`` of one ``step`` (waits for it)."""
+        self.wait_done(step, alive=alive)
+        with self.cond:
+            outs = self.outputs.get(step)
+            if outs is None:
+                raise DriverError(
+                    f"the outputs of step {step + 1} are gone: the client acknowledged that step, "
+                    "so the wafer dropped them. Read step outputs inside a step closure.")
+            return [outs[i].to("cpu", copy=True) for i in indices], self.take_stats()

@@ -1,0 +1,168 @@
+"""The wafer's program: the compiled step it runs, and tiered compilation.
+
+``compiler="fx"`` replays the captured graph op by op (nothing to compile). ``"inductor"``
+runs the inductor artifact: loaded from the compile cache if there, else compiled first (in a
+separate process) before the first step. ``"auto"`` (the default) starts on fx at once; if the
+cache holds the inductor artifact it is loaded in the background at once, and otherwise it is
+compiled in the background when the run is long enough to profit (the fx steps still to run
+would take at least ``TIER_UP_MIN_S``). Once the inductor version is ready it is run beside fx
+on one step, from the same state and batch; if its outputs and updated state agree with fx's
+(``torch.allclose``, rtol 1e-3, atol 1e-5: fused kernels round differently), the wafer switches
+to it from the next step. When and how long it took is in :attr:`Program.report`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Optional
+
+import torch
+
+from executor.engine import compiler as compilers
+from executor.engine.compiler import CacheEntry, CompiledStep
+
+log = logging.getLogger("cstream.compile")
+
+TIER_UP_MIN_S = 30.0
+"""Compile inductor in the background only when the fx steps left would take this long."""
+TIER_UP_PROBE_STEPS = 20
+"""Steps timed on fx before deciding whether a background compile pays."""
+
+
+def _agree(a: list, b: list) -> tuple[bool, float]:
+    worst = 0.0
+    for x, y in zip(a, b):
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return False, float("inf")
+        if x.is_floating_point():
+            if not torch.allclose(x, y, rtol=1e-3, atol=1e-5, equal_nan=True):
+                return False, float((x - y).abs().max())
+            if x.numel():
+                worst = max(worst, float((x.float() - y.float()).abs().max()))
+        elif not torch.equal(x, y):
+            return False, float("inf")
+    return True, worst
+
+
+class Program:
+    """``program(state, batch, step) -> outputs``: runs one step, updating ``state`` in place."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example: tuple, compiler: str, device: str,
+                 entry: Optional[CacheEntry], num_steps: Optional[int] = None):
+        t0 = time.perf_counter()
+        self.consts = list(example[2])
+        self.mode = compiler
+        self.num_steps = num_steps
+        self.report: dict = {"compiler": compiler, "cache_hit": False, "key": entry and entry.key}
+        self._gm, self._example, self._entry = gm, example, entry
+        self._candidate: Optional[CompiledStep] = None
+        self._tier_thread: Optional[threading.Thread] = None
+        self._tier_error: Optional[str] = None
+        self._fx_times: list[float] = []
+        if entry is not None:
+            entry.write_manifest(gm, compilers.input_spec(example), device)
+        if compiler == "inductor":
+            self.active = self._inductor_now()
+        else:
+            self.active = compilers.fx_step(gm, device)
+            if compiler == "auto" and entry is not None and entry.has_artifact():
+                self.report["cache_hit"] = True
+                self._start_tier_up(compile_first=False)
+        self.report["active"] = self.active.compiler
+        self.report["compile_s"] = time.perf_counter() - t0
+
+    # -- one compiler, now ------------------------------------------------------------------------
+    def _inductor_now(self) -> CompiledStep:
+        entry = self._entry
+        if entry is None:
+            raise ValueError('compiler="inductor" needs a compile_dir to keep its artifact in.')
+        if entry.has_artifact():
+            self.report["cache_hit"] = True
+            log.info("compile cache hit: %s (inductor): nothing compiled", entry.key)
+        else:
+            t0 = time.perf_counter()
+            proc = compilers.start_inductor_compile(self._gm, self._example, entry)
+            if proc.wait() != 0 or not entry.has_artifact():
+                raise RuntimeError(self._compile_failure(proc.returncode))
+            log.info("compiled step %s with inductor in %.2f s", entry.key,
+                     time.perf_counter() - t0)
+        return compilers.load_inductor_artifact(entry)
+
+    def _compile_failure(self, rc) -> str:
+        logf = self._entry.dir / "compile.log"
+        tail = logf.read_text(errors="replace")[-2000:] if logf.exists() else ""
+        return f"the inductor compile failed (exit code {rc}); its log {logf} ends:\n{tail}"
+
+    # -- tiered compilation ---------------------------------------------------------------------
+    def _start_tier_up(self, compile_first: bool) -> None:
+        self.report["tier_up"] = {"compiled_in_background": compile_first}
+
+        def work():
+            t0 = time.perf_counter()
+            try:
+                if compile_first:
+                    proc = compilers.start_inductor_compile(self._gm, self._example, self._entry)
+                    if proc.wait() != 0 or not self._entry.has_artifact():
+                        raise RuntimeError(self._compile_failure(proc.returncode))
+                candidate = compilers.load_inductor_artifact(self._entry)
+                self.report["tier_up"]["ready_s"] = time.perf_counter() - t0
+                self._candidate = candidate
+            except Exception as e:  # the run goes on with fx; the profile says why
+                self._tier_error = f"{type(e).__name__}: {e}"
+                self.report["tier_up"]["error"] = self._tier_error
+                log.warning("tiered compilation: staying on fx: %s", self._tier_error)
+
+        self._tier_thread = threading.Thread(target=work, name="tier-up", daemon=True)
+        self._tier_thread.start()
+
+    def _maybe_start_tier_up(self, step: int, took_s: float) -> None:
+        if self.mode != "auto" or self._tier_thread is not None or self._entry is None \
+                or self.num_steps is None:
+            return
+        self._fx_times.append(took_s)
+        if len(self._fx_times) < TIER_UP_PROBE_STEPS:
+            return
+        per_step = sorted(self._fx_times)[len(self._fx_times) // 2]
+        left_s = per_step * (self.num_steps - step - 1)
+        if left_s >= TIER_UP_MIN_S:
+            self.report["tier_up_started_at_step"] = step + 1
+            log.info("tiered compilation: compiling inductor in the background (fx steps left: "
+                     "~%.0f s)", left_s)
+            self._start_tier_up(compile_first=True)
+        else:
+            self._fx_times = []
+            self.mode = "fx"  # too short to profit: decided once
+            self.report["tier_up"] = {"skipped": f"the fx steps left take ~{left_s:.1f} s, "
+                                                 f"under {TIER_UP_MIN_S:.0f} s"}
+
+    def _try_switch(self, state: list, batch: list, step: int) -> list:
+        candidate, self._candidate = self._candidate, None
+        before = [t.clone() for t in state]
+        outputs = self.active(state, batch, self.consts)
+        cand_out = candidate(before, batch, self.consts)
+        ok, diff = _agree(list(outputs) + list(state), list(cand_out) + list(before))
+        tier = self.report.setdefault("tier_up", {})
+        tier.update(checked_at_step=step + 1, max_abs_diff=diff, agreed=ok)
+        if ok:
+            self.active = candidate
+            self.report["active"] = "inductor"
+            tier["switched_at_step"] = step + 2
+            log.info("tiered compilation: inductor agrees with fx at step %d; switched",
+                     step + 1)
+        else:
+            self.mode = "fx"
+            log.warning("tiered compilation: inductor's outputs differ from fx's at step %d "
+                        "(max abs diff %g); staying on fx", step + 1, diff)
+        return outputs
+
+    def __call__(self, state: list, batch: list, step: int) -> list:
+        if self._candidate is not None:
+            return self._try_switch(state, batch, step)
+        if self.mode != "auto" or self._tier_thread is not None:
+            return self.active(state, batch, self.consts)
+        t0 = time.perf_counter()
+        outputs = self.active(state, batch, self.consts)
+        self._maybe_start_tier_up(step, time.perf_counter() - t0)
+        return outputs
