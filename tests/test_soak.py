@@ -10,11 +10,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from soak import soak  # noqa: E402
 
+from workers.flow import DEFAULT_LOOKAHEAD_STEPS  # noqa: E402
+
 
 def _check(r):
     assert r["client_rss_growth"] < 0.05, r["client_rss_growth"]
     assert r["driver_rss_growth"] < 0.05, r["driver_rss_growth"]
-    assert r["max_outputs_kept"] <= 9  # the bounded look-ahead (8) plus the step in hand
+    assert r["max_outputs_kept"] <= DEFAULT_LOOKAHEAD_STEPS  # the look-ahead is a hard bound
 
 
 def test_a_short_soak_keeps_memory_flat_and_buffers_bounded(ray_session):

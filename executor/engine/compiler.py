@@ -26,7 +26,6 @@ import os
 import pickle
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Callable, Optional
 

@@ -1,0 +1,283 @@
+"""The wafer path: the loop's state machine driven by hand, outputs streamed back in batches,
+the driver's threads, the compile cache and tiered compilation."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+import cstream as cstorch
+from executor.engine import compiler as compilers
+from executor.wafer.feed import InputFeed
+from executor.wafer.loop import Phase, RunPlan, WaferLoop
+from executor.wafer.state import StateStore
+from workers.config import CSConfig
+from workers.dataloader import DataLoader
+from workers.flow import FlowPolicy
+from workers.local_stream import LocalInputStream
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# -- the loop, by hand ----------------------------------------------------------------------------
+def _loop(input_fn, num_steps, lookahead=3, program=None):
+    stream = LocalInputStream(DataLoader(input_fn), CSConfig(), 0)
+    policy = FlowPolicy(lookahead_steps=lookahead, input_buffer_batches=2)
+    feed = InputFeed([stream], policy)
+    plan = RunPlan(num_steps=num_steps, checkpoint_steps=frozenset())
+    feed.start(num_steps, plan.checkpoint_steps)
+    loop = WaferLoop(StateStore(torch.device("cpu")), feed, program, [], plan, policy,
+                     torch.device("cpu"))
+    return loop, feed
+
+
+def _until_not(loop, phase):
+    """Step with blocking waits (each bounded) until the loop leaves ``phase``."""
+    for _ in range(200):
+        p = loop._step(block=True)
+        if p is not phase:
+            return p
+    raise AssertionError(f"the loop stayed {phase}")
+
+
+def test_the_loop_waits_for_input_runs_steps_and_stops_at_the_look_ahead():
+    gate = threading.Event()
+
+    def input_fn():
+        for i in range(100):
+            if i >= 2:
+                gate.wait()
+            yield torch.full((2,), float(i))
+
+    def program(state, batch, step):
+        return [batch[0].sum()]
+
+    loop, feed = _loop(input_fn, num_steps=6, lookahead=3, program=program)
+    try:
+        assert _until_not(loop, Phase.WAITING_FOR_INPUT) is Phase.READY  # step 1 ran
+        assert _until_not(loop, Phase.WAITING_FOR_INPUT) is Phase.READY  # step 2 ran
+        assert loop.done == 1
+        assert loop._step(block=False) is Phase.WAITING_FOR_INPUT  # batch 3 is held back
+        gate.set()
+        assert _until_not(loop, Phase.WAITING_FOR_INPUT) is Phase.READY
+        assert loop.done == 2
+        # steps 0..2 ran and none was acknowledged: the look-ahead (3) is used up
+        assert loop._step(block=False) is Phase.WAITING_FOR_CLIENT
+        assert sorted(loop.outputs) == [0, 1, 2]
+        got = loop.collect(since=0, until=2, indices=[0], ack=0)
+        assert {s: [float(v) for v in vals] for s, vals in got.values.items()} == {
+            1: [2.0], 2: [4.0]}
+        assert [s["step"] for s in got.stats] == [1, 2, 3]
+        assert sorted(loop.outputs) == [1, 2]  # the acknowledged step's outputs are gone
+        assert _until_not(loop, Phase.WAITING_FOR_INPUT) is Phase.READY
+        assert loop._step(block=False) is Phase.WAITING_FOR_CLIENT
+        assert len(loop.outputs) <= 3  # a hard bound
+        loop.ack(5)
+        assert _until_not(loop, Phase.WAITING_FOR_INPUT) is Phase.READY
+        assert _until_not(loop, Phase.WAITING_FOR_INPUT) is Phase.FINISHED
+        assert loop.done == 5
+    finally:
+        feed.close()
+
+
+def test_the_loop_stops_when_asked_and_fails_with_the_input_error():
+    def endless():
+        while True:
+            yield torch.zeros(2)
+
+    loop, feed = _loop(endless, num_steps=10)
+    loop.stop()
+    assert loop._step(block=False) is Phase.STOPPED
+    feed.close()
+
+    def broken():
+        yield torch.zeros(2)
+        raise ValueError("row 7 is corrupt")
+
+    loop, feed = _loop(broken, num_steps=10)
+    try:
+        assert _until_not(loop, Phase.WAITING_FOR_INPUT) is Phase.READY
+        assert _until_not(loop, Phase.WAITING_FOR_INPUT) is Phase.FAILED
+        with pytest.raises(Exception, match="row 7 is corrupt"):
+            loop.raise_if_failed()
+    finally:
+        feed.close()
+
+
+# -- runs -----------------------------------------------------------------------------------------
+def _data(n=24, batch=4):
+    g = torch.Generator().manual_seed(3)
+    return [(torch.randn(batch, 8, generator=g), torch.randint(0, 3, (batch,), generator=g))
+            for _ in range(n)]
+
+
+def _train(kind, steps=12, on_closure=None, workers=1, **options):
+    """Seed 000's loop (a step closure every step); AdamW; returns losses and the executor."""
+    torch.manual_seed(0)
+    backend = cstorch.backend(kind, **options)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
+    compiled = cstorch.compile(model, backend)
+    opt = cstorch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+
+    @cstorch.trace
+    def step(batch):
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(compiled(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    @cstorch.step_closure
+    def post(loss):
+        losses.append(loss.item())
+        if on_closure is not None:
+            on_closure(len(losses) - 1)
+
+    ex = cstorch.utils.data.DataExecutor(
+        cstorch.utils.data.DataLoader(_data), num_steps=steps,
+        cs_config=cstorch.utils.CSConfig(num_workers_per_csx=workers))
+    for batch in ex:
+        post(step(batch))
+    return losses, ex
+
+
+@pytest.fixture
+def threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_in_process_csx_equals_the_cpu_backend_bit_for_bit_at_the_same_thread_count(n, threads):
+    torch.set_num_threads(n)
+    cpu, _ = _train("CPU")
+    cstorch.current_backend().shutdown()
+    csx, ex = _train("CSX", in_process=True, compiler="fx", num_threads=n)
+    assert csx == cpu
+    assert ex.summary["num_threads"] == n
+
+
+def test_the_ray_driver_runs_with_its_threads_and_equals_the_cpu_backend_bit_for_bit(
+        ray_session, threads):
+    torch.set_num_threads(2)
+    cpu, _ = _train("CPU")
+    cstorch.current_backend().shutdown()
+    csx, ex = _train("CSX", compiler="fx", num_threads=2)
+    assert csx == cpu
+    profile = json.loads((ex.run_dir / "profile.json").read_text())
+    assert profile["summary"]["num_threads"] == 2
+    startup = profile["summary"]["startup"]
+    for part in ("ray_start_s", "driver_ready_s", "open_input_s", "trace_s", "compile_s",
+                 "time_to_first_step_s"):
+        assert startup[part] >= 0, part
+
+
+def test_outputs_stream_back_in_batches_so_closures_on_finished_steps_make_no_call():
+    calls = []
+
+    def on_closure(i):
+        run = cstorch.current_executor()._run
+        if i == 0:
+            run.driver.wait_done(7)  # the wafer is now 8 steps ahead
+        calls.append(run.collect_calls)
+
+    cpu, _ = _train("CPU", steps=16)
+    cstorch.current_backend().shutdown()
+    csx, ex = _train("CSX", in_process=True, compiler="fx", steps=16, lookahead=8,
+                     on_closure=on_closure)
+    assert csx == cpu
+    # step 1's closure collected step 1 alone; then one collect brought steps 2-8, whose
+    # closures made no call of their own
+    assert calls[:8] == [1] + [2] * 7
+    assert ex.summary["collect_calls"] < 16
+
+
+def test_compile_dir_is_resolved_on_the_client(tmp_path):
+    backend = cstorch.backend("CSX", in_process=True, compile_dir="cc")
+    assert backend.compile_dir == (tmp_path / "cc").resolve()
+
+
+# -- the compile cache and tiered compilation -----------------------------------------------------
+@pytest.fixture(scope="module")
+def warm_cache(tmp_path_factory):
+    """A compile cache holding the inductor artifact of ``_train``'s step (compiled once)."""
+    cc = tmp_path_factory.mktemp("warm") / "cc"
+    from executor import runtime
+
+    runtime.reset()
+    _train("CSX", in_process=True, compiler="inductor", compile_only=True, compile_dir=cc)
+    runtime.reset()
+    assert list(cc.glob("*/inductor")), "the inductor artifact was not written"
+    return cc
+
+
+def test_a_cache_hit_compiles_nothing(warm_cache, monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("the compile function was called on a cache hit")
+
+    monkeypatch.setattr(compilers, "start_inductor_compile", refuse)
+    monkeypatch.setattr(compilers, "compile_inductor_artifact", refuse)
+    fx, _ = _train("CSX", in_process=True, compiler="fx")
+    cstorch.current_backend().shutdown()
+    ind, ex = _train("CSX", in_process=True, compiler="inductor", compile_dir=warm_cache)
+    assert ex.summary["compile"]["cache_hit"] is True
+    assert ex.summary["compile"]["active"] == "inductor"
+    assert ind == pytest.approx(fx, rel=1e-4)
+
+
+CACHE_SCRIPT = textwrap.dedent("""
+    import sys, torch
+    sys.path.insert(0, sys.argv[2])
+    from test_wafer import _train
+    _, ex = _train("CSX", in_process=True, compiler="inductor", compile_dir=sys.argv[1])
+    print("cache_hit", ex.summary["compile"]["cache_hit"])
+""")
+
+
+def test_a_second_process_running_the_same_script_reuses_the_artifact(warm_cache, tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(CACHE_SCRIPT)
+    out = subprocess.run([sys.executable, str(script), str(warm_cache), str(REPO / "tests")],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    assert "cache_hit True" in out.stdout
+    assert not list(warm_cache.glob("*/job.*.pkl"))  # no compile job was started
+
+
+def test_tiered_compilation_switches_to_inductor_after_it_agreed_with_fx(warm_cache):
+    def on_closure(i):
+        if i == 0:  # let the background load finish: the switch comes at the next boundary
+            driver = cstorch.current_backend().driver().driver
+            driver._program._tier_thread.join()
+
+    fx, _ = _train("CSX", in_process=True, compiler="fx", steps=20)
+    cstorch.current_backend().shutdown()
+    auto, ex = _train("CSX", in_process=True, compiler="auto", compile_dir=warm_cache,
+                      steps=20, lookahead=2, on_closure=on_closure)
+    tier = ex.summary["compile"]["tier_up"]
+    assert tier["agreed"] is True
+    assert 2 <= tier["switched_at_step"] <= 5
+    assert ex.summary["compile"]["active"] == "inductor"
+    assert auto[:tier["switched_at_step"] - 1] == fx[:tier["switched_at_step"] - 1]
+    assert auto == pytest.approx(fx, rel=1e-4)
+    profile = json.loads((ex.run_dir / "profile.json").read_text())
+    assert profile["summary"]["compile"]["tier_up"]["switched_at_step"] == tier["switched_at_step"]
+
+
+def test_a_short_run_stays_on_fx_and_says_why(tmp_path):
+    _, ex = _train("CSX", in_process=True, compiler="auto", steps=30)
+    c = ex.summary["compile"]
+    assert c["active"] == "fx"
+    assert "under 30 s" in c["tier_up"]["skipped"]
