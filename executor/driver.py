@@ -14,6 +14,7 @@ for the step's ops.
 
 from __future__ import annotations
 
+import importlib
 import threading
 import time
 import warnings
@@ -21,7 +22,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-import torch._higher_order_ops.triton_kernel_wrap  # noqa: F401  (unpickling captured graphs)
 
 from executor.engine.compiler import CacheEntry, cache_key, input_spec
 from executor.wafer.feed import BatchSpecError, InputFeed
@@ -106,6 +106,8 @@ class WaferDriver:
     def __init__(self, device: str = "cpu", compile_dir: Optional[str] = None,
                  compiler: str = "auto", use_ray_workers: bool = False,
                  num_threads: Optional[int] = None):
+        if use_ray_workers:  # an actor: captured graphs arrive pickled, and unpickling needs it
+            importlib.import_module("torch._higher_order_ops.triton_kernel_wrap")
         self.device = torch.device(device)
         self.compile_dir = Path(compile_dir) if compile_dir else None
         self.compiler = compiler
@@ -193,7 +195,8 @@ class WaferDriver:
                     states = [s for s in resume_states if s.wse_id == c]
                 streams.append(Stream(dataloader, cs_config, c, resume_states=states,
                                       in_flight_per_worker=self.policy
-                                      .requests_in_flight_per_worker, zero_copy=True))
+                                      .requests_in_flight_per_worker, zero_copy=True,
+                                      policy=self.policy))
             self._feed = InputFeed(streams, self.policy)
         except BaseException:
             for s in streams:

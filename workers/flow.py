@@ -18,7 +18,7 @@ from typing import Optional
 
 from workers.config import CSConfig
 
-DEFAULT_LOOKAHEAD_STEPS = 16
+DEFAULT_LOOKAHEAD_STEPS = 64
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,8 @@ class FlowPolicy:
     """The wafer runs at most this many steps past the last step whose closures the client has
     finished; it is also the most step outputs the wafer keeps. A hard bound."""
     input_buffer_batches: int = 4
-    """Batches each CS-X's input buffer on the wafer holds (filled by one feeder thread)."""
+    """Batches each CS-X's input buffer on the wafer holds (filled by one feeder thread); for
+    small batches, as many as one worker reply carries (see :meth:`buffer_batches`)."""
     batches_per_fetch: int = 4
     """The most batches an input worker sends in one reply (one Ray call, one object)."""
     small_batch_bytes: int = 64 * 1024
@@ -63,6 +64,11 @@ class FlowPolicy:
         if 0 < batch_bytes < self.small_batch_bytes:
             return max(self.batches_per_fetch, self.small_reply_batches)
         return self.batches_per_fetch
+
+    def buffer_batches(self, batch_bytes: int) -> int:
+        """The capacity of a CS-X's input buffer for batches of ``batch_bytes``."""
+        return max(self.input_buffer_batches, self.batches_per_reply(batch_bytes)
+                   if 0 < batch_bytes < self.small_batch_bytes else 0)
 
     @property
     def ack_every_steps(self) -> int:

@@ -33,6 +33,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
 from workers.context import DataLoaderCheckpoint, WorkerInfo, worker_context
 from workers.dataloader import DataLoader, EmptyDataLoaderError
+from workers.flow import FlowPolicy
 
 # ---------------------------------------------------------------------------------------------
 # Transport: torch tensors <-> numpy arrays
@@ -382,11 +383,15 @@ class InputWorkerImpl:
         start: where to start: ``worker_step`` (batches this worker delivered before),
             ``samples_streamed``, ``epoch``, ``batch_in_epoch`` and ``loader_state``.
         capacity: the most batches produced but not yet fetched.
+        policy: the run's :class:`~workers.flow.FlowPolicy`; once the first batch is made, a
+            worker whose batches are small holds ``policy.batches_per_reply(nbytes)`` of them,
+            as many as one reply then carries.
     """
 
     def __init__(self, dataloader: DataLoader, info: WorkerInfo, start: dict | None = None,
-                 capacity: int = 2):
+                 capacity: int = 2, policy: FlowPolicy | None = None):
         start = dict(start or {})
+        self.policy = policy
         self.info = info
         self.dataloader = dataloader
         self.capacity = max(1, int(capacity))
@@ -488,6 +493,11 @@ class InputWorkerImpl:
                 except BaseException as e:  # noqa: BLE001 (sent to the consumer)
                     self._fail(e, f"while producing batch {index} of this worker")
                     return
+                if self.produced == 1 and self.policy is not None:
+                    nbytes = sum(t.numel() * t.element_size() for t in tree_flatten(batch)[0]
+                                 if isinstance(t, torch.Tensor))
+                    with self._cond:
+                        self.capacity = max(self.capacity, self.policy.batches_per_reply(nbytes))
                 del batch
                 if not self._put(item):
                     return

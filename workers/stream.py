@@ -24,6 +24,7 @@ import torch
 from torch.utils._pytree import tree_map_only
 
 from workers.config import CSConfig
+from workers.flow import FlowPolicy
 from workers.context import DataLoaderCheckpoint, WorkerInfo
 from workers.dataloader import DataLoader, EmptyDataLoaderError
 from workers.errors import (
@@ -116,6 +117,8 @@ class CsxInputStream:
             batches_per_fetch)`` produced batches, so it is never more than
             :attr:`max_batches_ahead` batches ahead of :meth:`next`.
         name_prefix: actors are named ``f"{name_prefix}-csx{wse_id}-w{w}"``.
+        policy: the run's :class:`~workers.flow.FlowPolicy`: when the first batch is small,
+            replies then carry up to ``policy.batches_per_reply(nbytes)`` batches.
 
     >>> import torch, ray
     >>> from workers import CSConfig
@@ -133,7 +136,8 @@ class CsxInputStream:
 
     def __init__(self, dataloader, cs_config, wse_id, *, resume_states=None,
                  in_flight_per_worker=2, batches_per_fetch=None, name_prefix="cstream",
-                 zero_copy=False):
+                 zero_copy=False, policy: FlowPolicy | None = None):
+        self.policy = policy
         self.zero_copy = bool(zero_copy)  # True: the caller is each batch's only reader
         if not isinstance(dataloader, DataLoader):
             raise TypeError(
@@ -280,7 +284,7 @@ class CsxInputStream:
                 return InputWorker.options(
                     name=wk.name, num_cpus=_NUM_CPUS, scheduling_strategy="SPREAD",
                     max_concurrency=2,
-                ).remote(self._dataloader_ref, wk.info, start, self.capacity)
+                ).remote(self._dataloader_ref, wk.info, start, self.capacity, self.policy)
             except ValueError as e:
                 if "already" not in str(e) and "taken" not in str(e):
                     raise
@@ -365,6 +369,12 @@ class CsxInputStream:
         wk.pending.popleft()
         items = reply["items"] if reply["kind"] == "chunk" else [reply]
         received_unix = time.time()
+        if self.policy is not None and items[0]["kind"] != "error" and self.batches_per_fetch > 1:
+            # small batches: as many per reply as the worker now holds (it sized its buffer
+            # from the same rule)
+            m = self.policy.batches_per_reply(items[0]["nbytes"])
+            if m > self.batches_per_fetch:
+                self.batches_per_fetch, self.capacity = m, max(self.capacity, m)
         for i, item in enumerate(items):
             item["received_unix"] = received_unix
             # a broken invariant, never silently wrong data

@@ -141,7 +141,10 @@ class CSXBackend(Backend):
         self._run: Optional[CSXRun] = None
         self.last_compile: dict = {}
         _install_freeze_hook()
-        self.driver()  # on Ray: starts Ray and the driver actor in the background now
+        from executor.engine import warmup
+
+        warmup.start()  # the first trace's set-up, while Ray starts and the model is built
+        self.driver()  # on Ray: starts Ray, and the driver actor in the background
 
     @property
     def forces_single_step(self) -> bool:

@@ -25,6 +25,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
 from executor import phases
+from executor.engine import warmup
 from executor.engine.capture import Captured, OutputLeaf, capture, first_difference
 from executor.engine.errors import CompileError
 from executor.engine.handles import StateHandle
@@ -108,6 +109,7 @@ class CSXRun:
                 del ex._closures[mark:]
                 return taken
 
+            warmup.wait()
             self.backend.preinitialize_all()  # optimizer state exists before tracing (seed 003)
             with phases.phase("tracing"):
                 new = capture(self.store, traced.fn, args, kwargs, take,
@@ -203,8 +205,8 @@ class CSXRun:
         if self._ack is not None and self._ack.ready():
             self.known_done = max(self.known_done, self._ack.result())  # raises a wafer failure
             self._ack = None
-        if (step - self._acked >= self.policy.ack_every_steps
-                or step == self.executor.num_steps - 1) and self._ack is None:
+        if step - self._acked >= self.policy.ack_every_steps \
+                or step == self.executor.num_steps - 1:
             self._ack = self.driver.ack_async(step)
             self._acked = step
 

@@ -177,7 +177,8 @@ class RayDriverClient(DriverClient):
                               "backend with cstream.backend(...).")
         if self._ping is not None:
             ping, self._ping = self._ping, None
-            self._get(ping, "start-up")
+            with phase("starting the wafer driver"):
+                self._get(ping, "start-up")
             self.startup["driver_ready_s"] = time.perf_counter() - self._t_asked
         return self.actor
 

@@ -114,6 +114,8 @@ class WaferLoop:
         self.cond = threading.Condition()
         self._stop = False
         self._wait_t0: Optional[float] = None
+        self._client_t0: Optional[float] = None  # since when the look-ahead is used up
+        self._client_wait_s = 0.0
         self._occupancy = 0.0
         self.t_start = time.perf_counter()
 
@@ -138,6 +140,8 @@ class WaferLoop:
         if self.next_step >= self.plan.num_steps:
             return Phase.FINISHED
         if self.next_step > self.acked + self.policy.lookahead_steps:
+            if self._client_t0 is None:
+                self._client_t0 = time.perf_counter()
             if block:
                 with self.cond:
                     self.cond.wait_for(lambda: self._stop or self.next_step <= self.acked
@@ -146,6 +150,9 @@ class WaferLoop:
         if self._wait_t0 is None:
             self._wait_t0 = time.perf_counter()
             self._occupancy = self.feed.occupancy()
+            if self._client_t0 is not None:
+                self._client_wait_s = self._wait_t0 - self._client_t0
+                self._client_t0 = None
         inp = self.feed.take(timeout=0.2 if block else 0)
         if inp is None:
             return Phase.WAITING_FOR_INPUT
@@ -182,6 +189,7 @@ class WaferLoop:
             self.stats.append({
                 "step": step + 1, "samples": samples, "compute_s": t2 - t1,
                 "wafer_t": t2 - self.t_start, "input_wait_s": t1 - t0,
+                "client_wait_s": self._client_wait_s,
                 "buffer_occupancy": self._occupancy,
                 "workers": [i.local_worker_id for i in inp.infos],
                 "bytes": sum(i.nbytes for i in inp.infos),
@@ -189,6 +197,7 @@ class WaferLoop:
             })
             self.done = step
             self.next_step = step + 1
+            self._client_wait_s = 0.0
             self.cond.notify_all()
 
     # -- the client's side -------------------------------------------------------------------------

@@ -1,0 +1,45 @@
+"""Warm up the tracing machinery in the background.
+
+The first ``make_fx`` trace in a process costs ~1 s more than later ones (lazy imports and
+first-use set-up inside torch). :func:`start` runs a tiny trace in a background thread -- with a
+fake-tensor mode and a backward pass, as a captured step has -- while the user builds the model
+and Ray starts; :func:`wait` (called before the first real capture) joins it, so two traces
+never run at once.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+_thread: Optional[threading.Thread] = None
+
+
+def _trace_once() -> None:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def step(x, w):
+        w = w.detach().requires_grad_(True)
+        loss = torch.nn.functional.cross_entropy(x @ w, torch.zeros(2, dtype=torch.long))
+        loss.backward()
+        return loss, w.grad
+
+    try:
+        mode = FakeTensorMode()
+        make_fx(step)(mode.from_tensor(torch.zeros(2, 3)), mode.from_tensor(torch.zeros(3, 4)))
+    except Exception:  # only a warm-up: the real capture reports its own errors
+        pass
+
+
+def start() -> None:
+    global _thread
+    if _thread is None:
+        _thread = threading.Thread(target=_trace_once, name="cstream-trace-warmup", daemon=True)
+        _thread.start()
+
+
+def wait() -> None:
+    if _thread is not None:
+        _thread.join()
