@@ -12,6 +12,7 @@ The same class runs in-process (tests, debugging) or as a Ray actor (``ray.remot
 
 from __future__ import annotations
 
+import hashlib
 import queue
 import threading
 import time
@@ -154,8 +155,10 @@ def _timeline_fields(infos: list, end_unix: float) -> dict:
 
 class WaferDriver:
     def __init__(self, device: str = "cpu", compile_dir: Optional[str] = None,
-                 compiler: str = "fx", use_ray_workers: bool = False, seed: Optional[int] = None):
+                 compiler: str = "fx", use_ray_workers: bool = False):
         self.device = torch.device(device)
+        # the wafer's own random stream: the client seeds it (set_rng_state) before each run
+        self.rng = torch.Generator(device=self.device)
         self.compile_dir = compile_dir
         self.compiler = compiler
         self.use_ray_workers = use_ray_workers
@@ -207,9 +210,22 @@ class WaferDriver:
             state = [self.state[k] for k in state_order]
         batch = [torch.zeros(s, dtype=d, device=self.device) for s, d in batch_metas]
         step, report = compile_step(graph, (state, batch, self._consts), self.compiler,
-                                    str(self.device), self.compile_dir)
+                                    str(self.device), self.compile_dir, generator=self.rng)
         self._step_fn = step
         return report
+
+    # -- randomness ------------------------------------------------------------------------------
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        """Continue the wafer's random stream from the client's generator state (a CPU
+        generator's state; a CUDA wafer seeds its own generator from it)."""
+        if self.device.type == "cpu":
+            self.rng.set_state(state)
+        else:
+            self.rng.manual_seed(int.from_bytes(hashlib.sha256(state.numpy().tobytes())
+                                                .digest()[:8], "little"))
+
+    def get_rng_state(self) -> torch.Tensor:
+        return self.rng.get_state()
 
     # -- a run ---------------------------------------------------------------------------------
     def _reset_run(self):
@@ -220,6 +236,7 @@ class WaferDriver:
         self._done = -1
         self._acked = -1
         self._outputs: dict[int, list] = {}
+        self._fed_consts: dict[int, Optional[list]] = {}  # step -> plain-tensor arguments
         self._snapshots: dict[int, dict] = {}
         self._worker_states: dict[int, list] = {}
         self._stats: list[dict] = []
@@ -354,8 +371,9 @@ class WaferDriver:
                 outputs = []
                 if self._step_fn is not None:
                     state = [self.state[k] for k in order]
+                    consts = self._consts_of(step) if self._consts else self._consts
                     outputs = self._step_fn(state, [t for t in leaves if isinstance(
-                        t, torch.Tensor)], self._consts)
+                        t, torch.Tensor)], consts)
                     for k, v in zip(order, state):
                         self.state[k] = v
                     if self.device.type == "cuda":
@@ -371,6 +389,7 @@ class WaferDriver:
                     if step in cfg["checkpoint_steps"]:
                         self._snapshots[step] = {k: self.state[k].detach().to("cpu", copy=True)
                                                  for k in order or self.state}
+                        self._snapshots[step]["rng"] = self.rng.get_state()
                         self._worker_states[step] = states
                     self._stats.append({
                         "step": step + 1, "samples": samples, "compute_s": t2 - t1,
@@ -387,6 +406,24 @@ class WaferDriver:
                 self._error = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
                 self._error_exc = e
                 self._lock.notify_all()
+
+    def feed_consts(self, step: int, values: Optional[list]) -> None:
+        """The plain-tensor arguments the client called ``step`` with (None: unchanged)."""
+        with self._lock:
+            self._fed_consts[step] = values
+            self._lock.notify_all()
+
+    def _consts_of(self, step: int) -> list:
+        """Step ``step``'s plain-tensor arguments: waits until the client has called it."""
+        with self._lock:
+            while step not in self._fed_consts:
+                if self._stop:
+                    raise DriverError("the run was stopped")
+                self._lock.wait(0.2)
+            values = self._fed_consts.pop(step)
+        if values is not None:
+            self._consts = [c.to(self.device) for c in values]
+        return self._consts
 
     def _raise_if_failed(self):
         if self._error is not None:
@@ -463,7 +500,8 @@ class WaferDriver:
             self._lock.notify_all()
         for f in self._feeders:
             f.join(timeout=2)
-        summary = {"steps": self._done + 1, "stats": self._take_stats(), "workers": []}
+        summary = {"steps": self._done + 1, "stats": self._take_stats(), "workers": [],
+                   "rng_state": self.rng.get_state()}
         for s in self._streams:
             try:
                 summary["workers"].append(s.stats())

@@ -135,6 +135,14 @@ class Backend:
         for obj in list(self._stateful):
             obj._ensure_preinitialized()
 
+    # -- randomness ----------------------------------------------------------------------------
+    def get_rng_state(self) -> torch.Tensor:
+        """The state of the generator the step's random ops draw from (eager: this process's)."""
+        return torch.get_rng_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        torch.set_rng_state(state)
+
     # -- checkpoint retention ------------------------------------------------------------
     def register_checkpoint(self, path) -> None:
         """Called by :func:`cstream.save`; keeps only the newest ``max_checkpoints`` files."""
