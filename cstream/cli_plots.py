@@ -150,7 +150,8 @@ def plot_workers(report: dict, path: Path, title: str):
         ax = axes[0][1]
         ax.bar(xs, [1000 * p for p in produce], color="#ff7f0e", width=0.6)
         for x, w in zip(xs, workers):
-            ax.annotate(f"{w['produce_batches_per_s']:,.0f}/s", (x, 1000 * produce[x]),
+            rate = w["produce_batches_per_s"]
+            ax.annotate(f"{rate:,.1f}/s" if rate < 100 else f"{rate:,.0f}/s", (x, 1000 * produce[x]),
                         textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
         ax.set_xticks(xs, labels, fontsize=8)
         ax.set_ylim(0, 1000 * max(produce) * 1.15 or 1)

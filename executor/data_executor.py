@@ -52,8 +52,10 @@ class DataExecutor:
         checkpoint_steps: an int N (checkpoint every N steps and always on the final step) or a
             :class:`Schedule`; None for no checkpoints.
         cs_config: a :class:`cstream.utils.CSConfig`.
-        writer: a ``torch.utils.tensorboard.SummaryWriter``; receives ``rate``,
-            ``global_rate`` and the wafer's figures every step.
+        writer: a ``torch.utils.tensorboard.SummaryWriter``; receives every step, once the
+            wafer has reported it, ``rate``, ``global_rate``, the wafer's and every input
+            worker's figures (:class:`executor.report.StepScalars`) and what the step writes
+            with ``cstream.summarize_scalar``; the run summary at the end.
         profiler_activities: subset of ``["rate", "global_rate"]`` (both by default).
 
     >>> import torch, cstream
