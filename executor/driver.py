@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from executor.engine.compiler import compile_step
 from executor.engine.handles import LazyInit
+from workers.duplicates import check_streams
 
 
 warnings.filterwarnings("ignore", message=r".*LeafSpec.*deprecated", category=FutureWarning)
@@ -93,14 +94,18 @@ def remap_worker_states(states: list, cs_config) -> list:
         positions.append((int(usd.get("epoch", 0)), int(ls["next_global_batch"]), s))
     epoch, nxt, ref = max(positions, key=lambda p: (p[0], p[1]))
     total = sum(s.worker_step for s in states if s.wse_id == 0)
-    part = (ref.user_state_dict or {}).get("loader_state_of")
+    ref_usd = ref.user_state_dict or {}
+    part = ref_usd.get("loader_state_of")
     out = []
     for c in range(C):
         for w in range(W):
             usd = {"epoch": epoch, "batch_in_epoch": 1 if nxt else 0,
-                   "loader_state": {"next_global_batch": nxt, "epoch": epoch}}
+                   "loader_state": dict(ref_usd["loader_state"], next_global_batch=nxt,
+                                        epoch=epoch)}
             if part:
                 usd["loader_state_of"] = part
+            if "rng" in ref_usd:  # every worker draws the same global shuffle
+                usd["rng"] = ref_usd["rng"]
             out.append(DataLoaderCheckpoint(
                 local_worker_id=w, num_workers_per_csx=W, num_csx=C, wse_id=c,
                 appliance_step=ref.appliance_step, worker_step=(total - w + W - 1) // W,
@@ -246,6 +251,7 @@ class WaferDriver:
         self._started = False
         self._run_cfg = None
         self._t_start = None
+        self._duplicates = None
 
     def open_input(self, dataloader, cs_config, resume_states=None, in_flight_per_worker=2):
         """Create one input stream per CS-X (the workers start streaming into its buffer)."""
@@ -265,10 +271,18 @@ class WaferDriver:
                                         in_flight_per_worker=in_flight_per_worker,
                                         zero_copy=True))
         specs = [s.peek_spec() for s in self._streams]
+        report = check_streams(self._streams, dataloader.input_fn_name,
+                               cs_config.duplicate_samples)
+        self._duplicates = None if report is None else report.to_dict()
         self._part_specs = [tree_flatten(sp) for sp in specs]
         for c, (leaves, _) in enumerate(self._part_specs):
             _check_leaves(leaves, f"the first batch of CS-X {c}")
         return _concat(specs) if len(specs) > 1 else specs[0]
+
+    def input_checks(self) -> dict:
+        """What the checks of the input side found when the run's input opened:
+        ``{"duplicates": report dict or None}`` (see :mod:`workers.duplicates`)."""
+        return {"duplicates": self._duplicates}
 
     def _check_batch(self, step: int, c: int, batch, info) -> None:
         leaves, spec = tree_flatten(batch)
@@ -482,7 +496,8 @@ class WaferDriver:
             for s in [s for s in self._snapshots if s <= step]:
                 del self._snapshots[s]
             self._lock.notify_all()
-            self._raise_if_failed()
+            # a failure is raised where the client needs a step the wafer did not finish
+            # (wait_done, fetch, finish), so every finished step keeps its closures
             return self._done
 
     def finish(self, wait: bool = True) -> dict:

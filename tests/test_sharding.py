@@ -668,11 +668,11 @@ def shuffled_input_fn():
 
 
 def test_input_workers_see_the_cpu_backends_global_batches_across_epochs():
-    from workers.dataloader import DataLoader, iterate_cycled
-    from workers.input_worker import _Source
+    from workers.dataloader import DataLoader
+    from workers.resume import Source
 
     loader = DataLoader(shuffled_input_fn)
-    cpu = iterate_cycled(loader, loader.build())
+    cpu = Source(loader, loader.build())
     expected = [next(cpu).tolist() for _ in range(18)]  # three epochs
     assert expected[:6] != expected[6:12] != expected[12:]
     assert sorted(i for b in expected[6:12] for i in b) == list(range(100, 124))
@@ -681,23 +681,24 @@ def test_input_workers_see_the_cpu_backends_global_batches_across_epochs():
     shards = {}
     for info in infos(C, W):
         with worker_context(info):
-            source = _Source(loader, loader.build(info), epoch=0, batch_in_epoch=0)
+            source = Source(loader, loader.build(info))
             shards[(info.wse_id, info.local_worker_id)] = [next(source).tolist() for _ in range(6)]
     assert reassemble(shards, C, W) == expected
 
 
 def test_input_worker_resumes_a_sharded_sampler_from_its_saved_state():
     from workers.dataloader import DataLoader
-    from workers.input_worker import _Source
+    from workers.resume import Source
 
     loader = DataLoader(shuffled_input_fn)
     info = WorkerInfo(local_worker_id=1, num_workers_per_csx=2, num_csx=2, wse_id=1)
     with worker_context(info):
-        source = _Source(loader, loader.build(info), epoch=0, batch_in_epoch=0)
+        source = Source(loader, loader.build(info))
         full = [next(source).tolist() for _ in range(7)]  # 3 batches an epoch
-        source = _Source(loader, loader.build(info), epoch=0, batch_in_epoch=0)
+        source = Source(loader, loader.build(info))
         head = [next(source).tolist() for _ in range(4)]  # epoch 1, one batch in
-        saved = (source.epoch, source.batch_in_epoch, source.state())
-        assert saved == (1, 1, {"next_global_batch": 2, "epoch": 1})
-        resumed = _Source(loader, loader.build(info), *saved)
+        saved = source.position()
+        assert (saved["epoch"], saved["batch_in_epoch"], saved["loader_state"]) == (
+            1, 1, {"next_global_batch": 2, "epoch": 1})
+        resumed = Source(loader, loader.build(info), saved)
         assert head + [next(resumed).tolist() for _ in range(3)] == full

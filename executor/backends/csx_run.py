@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import warnings
 from typing import Optional
 
 import torch
@@ -24,6 +25,7 @@ from executor import phases
 from executor.engine.capture import Captured, OutputLeaf, capture, first_difference
 from executor.engine.errors import CompileError
 from executor.engine.handles import StateHandle
+from workers.errors import UnshardedInputWarning
 
 log = logging.getLogger("cstream")
 
@@ -40,6 +42,11 @@ class CSXRun:
         n = cs.num_csx * cs.num_workers_per_csx
         with phases.phase(f"starting {n} input worker{'s' if n > 1 else ''}"):
             spec = self.driver.call("open_input", executor.dataloader, cs, resume)
+        self.input_checks = self.driver.call("input_checks")
+        duplicates = self.input_checks.get("duplicates")
+        if duplicates is not None:
+            # stacklevel: CSXRun -> Backend.start_run -> DataExecutor.__iter__ -> the user's loop
+            warnings.warn(duplicates["message"], UnshardedInputWarning, stacklevel=4)
         self._open_input_s = time.perf_counter() - self._t_created
         self.spec_leaves, self.spec = tree_flatten(spec)
         tensors = [t for t in self.spec_leaves if isinstance(t, torch.Tensor)]
@@ -341,6 +348,7 @@ class CSXRun:
             if step in records:
                 records[step].update({k: v for k, v in s.items() if k != "step"})
         summary["compile"] = self.report
+        summary["input_checks"] = self.input_checks
         return summary
 
     def _startup(self, summary: dict, t_finished: float) -> dict:

@@ -62,6 +62,32 @@ class LocalDriverClient(DriverClient):
             self.driver.finish(wait=False)
 
 
+def input_side_error(error: BaseException) -> BaseException | None:
+    """The input side's own exception (``InputWorkerError``, ``EmptyDataLoaderError``, ...)
+    that a Ray error from the driver actor carries, ready to raise in the client: its message
+    as the input side wrote it, no Ray header, its traceback starting here; the Ray error stays
+    reachable as ``__cause__``. None for any other error."""
+    cause = getattr(error, "cause", None)
+    if cause is None or not type(cause).__module__.startswith("workers."):
+        return None
+    cause = cause.with_traceback(None)
+    cause.__cause__ = error
+    cause.__suppress_context__ = True
+    return cause
+
+
+def _ray_get(ref):
+    import ray
+
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as e:
+        mine = input_side_error(e)
+        if mine is None:
+            raise
+    raise mine
+
+
 class _RayFuture:
     def __init__(self, ref):
         self.ref = ref
@@ -73,9 +99,7 @@ class _RayFuture:
         return bool(done)
 
     def result(self):
-        import ray
-
-        return ray.get(self.ref)
+        return _ray_get(self.ref)
 
 
 class RayDriverClient(DriverClient):
@@ -106,7 +130,7 @@ class RayDriverClient(DriverClient):
             raise DriverError("the wafer driver was shut down with its backend; create a new "
                               "backend with cstream.backend(...).")
         try:
-            return ray.get(getattr(self.actor, method).remote(*args, **kwargs))
+            return _ray_get(getattr(self.actor, method).remote(*args, **kwargs))
         except ray.exceptions.RayActorError as e:
             raise DriverError(
                 f"the wafer driver actor died during {method}(): {e}. The run cannot continue. "
