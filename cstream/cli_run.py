@@ -552,9 +552,11 @@ def cmd_sweep(args) -> int:
               "more workers cannot deliver faster; sweep on Ray to measure the input side.")
     try:
         if exp.backend.type == "CSX" and not exp.backend.options.get("in_process"):
+            from cstream.backend import resolve_csx_options
             from executor.ray_session import ensure_ray
 
-            ray_started = ensure_ray(address=exp.backend.options.get("address"))
+            address = resolve_csx_options(exp.backend.options).get("address")
+            ray_started = ensure_ray(address=address)
         for i, point in enumerate(points, 1):
             cs = point.cs_config
             where = f"[{i}/{len(points)}] num_csx={cs.num_csx} num_workers_per_csx=" \

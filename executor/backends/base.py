@@ -96,7 +96,9 @@ class Backend:
             raise ValueError(
                 f"max_checkpoints: expected a positive int or None, got {max_checkpoints!r}."
             )
-        self.artifact_dir = Path(artifact_dir) if artifact_dir else Path.cwd() / "cstream_logs"
+        # resolved here, on the client: a relative path means the user's working directory,
+        # not that of a Ray worker on an existing cluster
+        self.artifact_dir = (Path(artifact_dir) if artifact_dir else Path("cstream_logs")).resolve()
         self.max_checkpoints = max_checkpoints
         self.device = Device(self, torch_device)
         self._checkpoints: deque[Path] = deque()

@@ -76,8 +76,8 @@ class CSXBackend(Backend):
 
     Options (seed 000): ``artifact_dir``, ``compile_dir``, ``compile_only``, ``validate_only``,
     ``drop_data``, ``max_checkpoints``, ``retrace_every_iteration``; and: ``in_process`` (run the
-    driver in this process, no Ray), ``address`` (an existing Ray cluster; ``RAY_ADDRESS`` is
-    read too), ``device`` (``"cpu"``, or ``"cuda"`` where present: where the driver executes),
+    driver in this process, no Ray), ``address`` (an existing Ray cluster; :func:`cstream.backend` fills it from
+    ``RAY_ADDRESS``), ``device`` (``"cpu"``, or ``"cuda"`` where present: where the driver executes),
     ``compiler`` (``"fx"`` or ``"inductor"``), ``lookahead`` (steps the client and wafer may run
     ahead of each other).
     """
@@ -107,7 +107,8 @@ class CSXBackend(Backend):
         if not isinstance(lookahead, int) or lookahead < 1:
             raise ValueError(f"lookahead: expected a positive int, got {lookahead!r}.")
         super().__init__(artifact_dir=artifact_dir, max_checkpoints=max_checkpoints)
-        self.compile_dir = Path(compile_dir) if compile_dir else self.artifact_dir / "cached_compile"
+        self.compile_dir = (Path(compile_dir).resolve() if compile_dir
+                            else self.artifact_dir / "cached_compile")
         self.compile_only = bool(compile_only)
         self.validate_only = bool(validate_only)
         self.drop_data = bool(drop_data) or self.compile_only or self.validate_only
