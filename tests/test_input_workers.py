@@ -17,7 +17,12 @@ from torch.utils.data import Dataset, Sampler
 from workers import CSConfig, get_worker_info
 from workers.context import get_worker_state
 from workers.dataloader import DataLoader, EmptyDataLoaderError
-from workers.errors import InputWorkerError, StragglerWarning, WorkerCrashLoopError
+from workers.errors import (
+    InputWorkerError,
+    StragglerWarning,
+    UnshardedInputWarning,
+    WorkerCrashLoopError,
+)
 from workers.stream import CsxInputStream
 
 Pair = collections.namedtuple("Pair", ["features", "label"])

@@ -41,6 +41,12 @@ class CSConfig:
     batches_per_fetch: int = 4
     """Batches an input worker sends per transfer (one Ray call and one object): more amortises
     Ray's per-transfer cost; each worker then runs up to this many times further ahead."""
+    input_bytes_in_flight_per_csx: Optional[int] = None
+    """The most bytes of batches in flight between one CS-X's input workers and its input
+    buffer (produced and waiting in the workers, in replies on their way, received and not yet
+    in the buffer), split equally over its workers; each worker always has at least one batch
+    in flight. None: a quarter of the Ray object store, shared by the CS-Xs (see
+    :func:`workers.flow.input_bytes_in_flight_per_worker`)."""
     max_worker_restarts: int = 3
     """How many times a crashed input worker is restarted before the run fails."""
     straggler_timeout_s: float = 60.0
@@ -60,6 +66,8 @@ class CSConfig:
         _positive_int("input_buffer_batches", self.input_buffer_batches)
         _positive_int("batches_per_fetch", self.batches_per_fetch)
         _positive_int("duplicate_check_batches", self.duplicate_check_batches)
+        if self.input_bytes_in_flight_per_csx is not None:
+            _positive_int("input_bytes_in_flight_per_csx", self.input_bytes_in_flight_per_csx)
         if self.duplicate_samples not in DUPLICATE_SAMPLES:
             raise ValueError(
                 f"CSConfig.duplicate_samples: expected one of {DUPLICATE_SAMPLES}, got "

@@ -28,6 +28,7 @@ from workers.context import DataLoaderCheckpoint, WorkerInfo
 from workers.dataloader import DataLoader, EmptyDataLoaderError
 from workers.duplicates import WorkerKeys
 from workers.errors import InputWorkerError, StragglerWarning, WorkerCrashLoopError
+from workers.flow import input_bytes_in_flight_per_worker
 from workers.input_worker import InputWorker, unpack_batch
 from workers.local_stream import BatchInfo, sample_key_batches
 from workers.resume import ExhaustedIteratorError, ResumeError, check_position, start_position
@@ -95,6 +96,15 @@ def input_error(wse_id: int, local_worker_id: int, num_workers: int, reply: dict
                             reply.get("index"))
 
 
+def local_object_store_bytes() -> int | None:
+    """The size of this node's Ray object store (where the batches of this stream arrive)."""
+    node = ray.get_runtime_context().get_node_id()
+    for n in ray.nodes():
+        if n.get("NodeID") == node:
+            return int(n.get("Resources", {}).get("object_store_memory", 0)) or None
+    return None
+
+
 def _first_lines(text: str, n: int = 6) -> str:
     lines = [ln for ln in str(text).strip().splitlines() if ln.strip()]
     return "\n".join(lines[:n]) + ("\n..." if len(lines) > n else "")
@@ -118,10 +128,11 @@ class CsxInputStream:
             batches_per_fetch)`` produced batches, so it is never more than
             :attr:`max_batches_ahead` batches ahead of :meth:`next`.
         name_prefix: actors are named ``f"{name_prefix}-csx{wse_id}-w{w}"``.
-        in_flight_bytes_per_worker: the most bytes of one worker's batches in flight at once:
-            produced and buffered in the worker, in replies on their way, and received here but
-            not yet handed out by :meth:`next` (at least one batch is always allowed); None:
-            bounded in batches only.
+
+    Each worker's batches in flight -- produced and buffered in the worker, in replies on their
+    way, received here and not yet handed out by :meth:`next` -- are bounded in bytes too, by
+    :func:`workers.flow.input_bytes_in_flight_per_worker` (``CSConfig.input_bytes_in_flight_per_csx``
+    or a share of this node's object store); at least one batch is always in flight.
 
     >>> import torch, ray
     >>> from workers import CSConfig
@@ -139,7 +150,7 @@ class CsxInputStream:
 
     def __init__(self, dataloader, cs_config, wse_id, *, resume_states=None,
                  in_flight_per_worker=2, batches_per_fetch=None, name_prefix="cstream",
-                 zero_copy=False, in_flight_bytes_per_worker=None):
+                 zero_copy=False):
         self.zero_copy = bool(zero_copy)  # True: the caller is each batch's only reader
         if not isinstance(dataloader, DataLoader):
             raise TypeError(
@@ -178,13 +189,6 @@ class CsxInputStream:
                 f"CsxInputStream: name_prefix={name_prefix!r}; it must be a non-empty string "
                 "(actors are named '<name_prefix>-csx<c>-w<w>')."
             )
-        if in_flight_bytes_per_worker is not None and (
-                isinstance(in_flight_bytes_per_worker, bool)
-                or not isinstance(in_flight_bytes_per_worker, int) or in_flight_bytes_per_worker < 1):
-            raise ValueError(
-                f"CsxInputStream: in_flight_bytes_per_worker={in_flight_bytes_per_worker!r}; it "
-                "must be an int >= 1 (bytes) or None."
-            )
         if not ray.is_initialized():
             raise RuntimeError(
                 "CsxInputStream starts its input workers as Ray actors, and Ray is not "
@@ -199,7 +203,9 @@ class CsxInputStream:
         self.in_flight_per_worker = in_flight_per_worker
         self.batches_per_fetch = batches_per_fetch
         self.capacity = max(in_flight_per_worker, batches_per_fetch)
-        self.in_flight_bytes_per_worker = in_flight_bytes_per_worker
+        self.in_flight_bytes_per_worker = input_bytes_in_flight_per_worker(
+            cs_config, None if cs_config.input_bytes_in_flight_per_csx else
+            local_object_store_bytes())
         self.name_prefix = name_prefix
         W = cs_config.num_workers_per_csx
         self.num_workers = W
@@ -575,6 +581,7 @@ class CsxInputStream:
             "batches_per_s": batches / elapsed,
             "bytes": sum(w["bytes"] for w in workers),
             "bytes_per_s": sum(w["bytes"] for w in workers) / elapsed,
+            "in_flight_bytes_per_worker": self.in_flight_bytes_per_worker,
             "wait_s": self._wait_s,
             "startup_s": startup,
             "elapsed_s": now - self._t_start,
