@@ -403,9 +403,11 @@ def test_trace_prints_where_the_timeline_is_and_the_file_follows_the_trace_event
     out = cstream("run", small_config, "--in-process", "--artifact-dir", "art", "--no-progress",
                   cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    tr = cstream("trace", "art/executors/latest", cwd=tmp_path)
+    tr = cstream("trace", "art/executors/latest", "--png", "0.5", cwd=tmp_path)
     assert tr.returncode == 0, tr.stderr
     lines = tr.stdout.splitlines()
+    assert lines.pop() == "timeline plot: art/executors/latest/timeline.png"
+    assert (tmp_path / "art/executors/latest/timeline.png").read_bytes()[:8] == PNG
     assert lines[0] == "trace: art/executors/latest/trace.json"
     assert lines[1] == "  2 input workers: 12 batch productions, 12 transfers"
     assert lines[2] == "  wafer: 12 steps, 12 input waits"
