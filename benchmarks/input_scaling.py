@@ -7,10 +7,12 @@ For 1, 2, 4 and 8 workers and two kinds of input function:
 
 it measures batches/s reaching the simulated wafer (no model: the wafer only consumes) beside
 ``torch.utils.data.DataLoader(num_workers=N)`` on the same data set, and the wafer's input-wait
-fraction. It also measures worker -> wafer transport of 4 MiB batches. Variants interleave and
-medians are reported. Writes ``benchmarks/results/input_scaling.json`` and ``input_scaling.png``.
+fraction. It also measures worker -> wafer transport of 4 MiB batches, and of 32 MiB batches
+from 4 workers at the defaults with the object store's peak use and the bytes Ray spilled to
+disk. Variants interleave and medians are reported. Writes
+``benchmarks/results/input_scaling.json`` and ``input_scaling.png``.
 
-    python benchmarks/input_scaling.py [--quick]
+    python benchmarks/input_scaling.py [--quick] [--only-32mib]
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -60,6 +63,59 @@ def cstream_rate(kind: str, workers: int, steps: int, nbytes: int = 0, **config)
             "bytes_per_s": nb / span}
 
 
+class ObjectStoreSampler(threading.Thread):
+    """Samples the Ray object store's use (in memory plus fallback files) every ``every_s``;
+    ``peak_bytes`` is the most seen, ``spilled_bytes`` what Ray spilled to disk meanwhile."""
+
+    def __init__(self, every_s: float = 0.05):
+        super().__init__(daemon=True)
+        self.every_s = every_s
+        self.peak_bytes = 0
+        self._stop = threading.Event()
+        first = self._stats()
+        self.capacity_bytes = first.object_store_bytes_avail
+        self._spilled0 = first.spilled_bytes_total
+
+    @staticmethod
+    def _stats():
+        from ray._private import internal_api
+
+        reply = internal_api.get_memory_info_reply(internal_api.get_state_from_address(None))
+        return reply.store_stats
+
+    def run(self):
+        while not self._stop.is_set():
+            s = self._stats()
+            self.peak_bytes = max(self.peak_bytes, s.object_store_bytes_used
+                                  + s.object_store_bytes_fallback)
+            self._stop.wait(self.every_s)
+
+    def finish(self) -> dict:
+        self._stop.set()
+        self.join()
+        spilled = self._stats().spilled_bytes_total - self._spilled0
+        return {"peak_object_store_bytes": self.peak_bytes,
+                "object_store_bytes": self.capacity_bytes, "spilled_bytes": spilled}
+
+
+def transport_32mib(rounds: int, steps: int = 240) -> dict:
+    """32 MiB batches from 4 workers into one CS-X at the defaults: MB/s reaching the wafer,
+    the object store's peak use and the bytes spilled to disk (medians over ``rounds``)."""
+    runs = []
+    for _ in range(rounds):
+        sampler = ObjectStoreSampler()
+        sampler.start()
+        r = cstream_rate("none", 4, steps, nbytes=32 << 20)
+        runs.append({"MBps": r["bytes_per_s"] / 1e6, **sampler.finish()})
+    row = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    row["max_spilled_bytes"] = max(r["spilled_bytes"] for r in runs)
+    row["runs"] = runs
+    print(f"32 MiB batches, 4 workers -> wafer, defaults: {row['MBps']:.0f} MB/s, object store "
+          f"peak {row['peak_object_store_bytes'] / 2**20:.0f} MiB of "
+          f"{row['object_store_bytes'] / 2**20:.0f} MiB, spilled {row['max_spilled_bytes']} bytes")
+    return row
+
+
 def torch_rate(kind: str, workers: int, steps: int) -> float:
     dataset = SlowBatches(kind, steps * 4)
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers,
@@ -83,7 +139,20 @@ def main(argv=None):
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "input_scaling.json"))
     p.add_argument("--plot-only", action="store_true",
                    help="redraw the PNG from the JSON results at --out; measure nothing")
+    p.add_argument("--only-32mib", action="store_true",
+                   help="measure only the 32 MiB x 4 workers row and update it in --out")
     args = p.parse_args(argv)
+    if args.only_32mib:
+        out = Path(args.out)
+        results = json.loads(out.read_text()) if out.exists() else {}
+        backend = cstorch.backend("CSX", artifact_dir=tempfile.mkdtemp(prefix="cstream-bench-"))
+        results["transport_32MiB_4_workers"] = transport_32mib(args.rounds)
+        results["transport_32MiB_4_workers"]["cpu_count"] = os.cpu_count()
+        backend.shutdown()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1, default=float))
+        print(f"wrote {out}")
+        return
     if args.plot_only:
         out = Path(args.out)
         plot(json.loads(out.read_text()), out.with_suffix(".png"))
@@ -129,6 +198,7 @@ def main(argv=None):
     results["transport_4MiB_GBps"] = statistics.median(trans[default]) / 1e9
     results["transport_4MiB_GBps_one_batch_per_fetch"] = statistics.median(trans[1]) / 1e9
     results["batches_per_fetch"] = default
+    results["transport_32MiB_4_workers"] = transport_32mib(rounds)
     print(f"transport of 4 MiB batches, 2 workers -> wafer: {results['transport_4MiB_GBps']:.2f} "
           f"GB/s (batches_per_fetch={default}); "
           f"{results['transport_4MiB_GBps_one_batch_per_fetch']:.2f} GB/s with 1")

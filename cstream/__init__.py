@@ -18,16 +18,27 @@ from cstream._trace import TracedStep, compile_step, trace  # noqa: E402
 from cstream.backend import backend, current_backend  # noqa: E402
 from cstream.closures import checkpoint_closure, current_executor, step_closure  # noqa: E402
 from cstream.creation import full, full_like, ones, ones_like, zeros, zeros_like  # noqa: E402
-from cstream.errors import TracingError  # noqa: E402
+from cstream.errors import (  # noqa: E402
+    CompileError,
+    ExhaustedIteratorError,
+    InputWorkerError,
+    ResumeError,
+    TracingError,
+    UnshardedInputError,
+    UnshardedInputWarning,
+    WorkerCrashLoopError,
+)
+from cstream.rng import get_rng_state, set_rng_state  # noqa: E402
 from cstream.saving import load, save  # noqa: E402
 from cstream.summaries import summarize_scalar  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CompileError", "ExhaustedIteratorError", "InputWorkerError", "ResumeError",
+    "UnshardedInputError", "UnshardedInputWarning", "WorkerCrashLoopError",
     "TracedStep", "TracingError", "amp", "backend", "checkpoint_closure", "compile",
     "compile_step", "current_backend", "current_executor", "distributed", "full", "full_like",
-    "load", "metrics", "ones", "ones_like", "optim", "save", "step_closure", "summarize_scalar",
-    "trace", "utils",
-    "zeros", "zeros_like",
+    "get_rng_state", "load", "metrics", "ones", "ones_like", "optim", "save", "set_rng_state",
+    "step_closure", "summarize_scalar", "trace", "utils", "zeros", "zeros_like",
 ]

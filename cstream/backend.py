@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from executor import runtime
 from executor.backends import CPUBackend, GPUBackend
 
@@ -12,6 +14,15 @@ def _csx_backend():
     from executor.backends.csx import CSXBackend
 
     return CSXBackend
+
+
+def resolve_csx_options(options: dict) -> dict:
+    """The CSX backend's options with what comes from the environment filled in, read here
+    once: ``RAY_ADDRESS`` (an existing Ray cluster) when no ``address`` is given."""
+    options = dict(options)
+    if options.get("address") is None and os.environ.get("RAY_ADDRESS"):
+        options["address"] = os.environ["RAY_ADDRESS"]
+    return options
 
 
 def backend(backend_type: str = "CSX", **options):
@@ -33,6 +44,7 @@ def backend(backend_type: str = "CSX", **options):
     key = backend_type.upper()
     if key == "CSX":
         cls = _csx_backend()
+        options = resolve_csx_options(options)
     elif key in BACKENDS:
         cls = BACKENDS[key]
     else:

@@ -5,6 +5,7 @@ experiment's name in each title."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 SHARE_COLOURS = {"compute": "#2ca02c", "input-starved": "#d62728", "client-bound": "#7f7f7f"}
 
@@ -150,7 +151,8 @@ def plot_workers(report: dict, path: Path, title: str):
         ax = axes[0][1]
         ax.bar(xs, [1000 * p for p in produce], color="#ff7f0e", width=0.6)
         for x, w in zip(xs, workers):
-            ax.annotate(f"{w['produce_batches_per_s']:,.0f}/s", (x, 1000 * produce[x]),
+            rate = w["produce_batches_per_s"]
+            ax.annotate(f"{rate:,.1f}/s" if rate < 100 else f"{rate:,.0f}/s", (x, 1000 * produce[x]),
                         textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
         ax.set_xticks(xs, labels, fontsize=8)
         ax.set_ylim(0, 1000 * max(produce) * 1.15 or 1)
@@ -207,6 +209,58 @@ def plot_sweep(rows: list[dict], target: float, path: Path, title: str, best: di
     h2, l2 = ax2.get_legend_handles_labels()
     ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="lower right")
     ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+TRACK_COLOURS = {"produce": "#ff7f0e", "transfer": "#bcbd22", "input wait": "#d62728",
+                 "compute": "#2ca02c"}
+
+
+def plot_timeline(trace: dict, path: Path, title: str, seconds: float = 2.0,
+                  start_s: Optional[float] = None) -> Path:
+    """timeline.png: ``seconds`` of the trace (from ``start_s``; default: the start of the
+    wafer's second step, after start-up) as one row per track -- every worker's production and
+    transfers, the wafer's input waits and compute, the client's steps and closures."""
+    plt = _pyplot()
+    events = trace.get("traceEvents", [])
+    names = {(e["pid"], e.get("tid")): e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e["name"] in ("thread_name", "process_name")}
+    spans = [e for e in events if e.get("ph") == "X"]
+    if start_s is None:
+        computes = sorted(e["ts"] for e in spans if e["name"] == "compute")
+        start_s = computes[1] / 1e6 if len(computes) > 1 else 0.0
+    lo, hi = start_s * 1e6, (start_s + seconds) * 1e6
+    tracks = sorted({(e["pid"], e["tid"]) for e in spans},
+                    key=lambda t: (0 if t[0] >= 10 else t[0], t[0], t[1]))
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(tracks) + 1.6), dpi=120)
+    labels = []
+    for row, (pid, tid) in enumerate(tracks):
+        proc = names.get((pid, None), str(pid)).split(" (")[0]
+        labels.append(f"{proc}: {names.get((pid, tid), tid)}")
+        for e in spans:
+            if (e["pid"], e["tid"]) != (pid, tid) or e["ts"] + e["dur"] < lo or e["ts"] > hi:
+                continue
+            colour = TRACK_COLOURS.get(e["name"], "#1f77b4" if e["name"].startswith("step ")
+                                       else "#9467bd")
+            ax.broken_barh([((e["ts"] - lo) / 1e3, max(e["dur"] / 1e3, 0.05))],
+                           (row - 0.35, 0.7), color=colour, edgecolor="white", linewidth=0.3)
+    ax.set_yticks(range(len(tracks)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, seconds * 1e3)
+    ax.set_xlabel(f"ms from {start_s:.2f} s into the run")
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=c, label=n) for n, c in TRACK_COLOURS.items()]
+    handles += [Patch(color="#1f77b4", label="client step"),
+                Patch(color="#9467bd", label="closure / start-up phase")]
+    ax.legend(handles=handles, fontsize=7, ncol=6, loc="lower center", bbox_to_anchor=(0.5, 1.0),
+              frameon=False)
+    fig.suptitle(title, fontsize=10)
+    ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path)

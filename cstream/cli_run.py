@@ -356,7 +356,8 @@ def cmd_run(args) -> int:
 def _layout(cs) -> str:
     wafer = ("as fast as the step runs" if cs.wafer_samples_per_sec is None
              and cs.wafer_seconds_per_step is None else
-             f"{cs.wafer_samples_per_sec:g} samples/s" if cs.wafer_samples_per_sec is not None
+             f"{cs.wafer_samples_per_sec:g} samples/s per CS-X" if cs.wafer_samples_per_sec
+             is not None
              else f"{1000 * cs.wafer_seconds_per_step:g} ms/step")
     return (f"{cs.num_csx} CS-X x {cs.num_workers_per_csx} workers, wafer {wafer}")
 
@@ -388,36 +389,58 @@ def advice(rows: list[dict], target: float) -> str:
     """Why no worker count of one CS-X count reached ``target``, and what to try.
 
     * client-bound -- the wafer waited for the client more than for input;
-    * machine-bound -- the input workers' CPU demand (CPU seconds per second, measured in each
-      worker) reached :data:`MACHINE_BOUND_SHARE` of the machine's cores: more workers share
-      the same cores;
-    * input-bound -- the wafer starved while cores were free: more workers help.
+    * machine-bound -- the input buffer was full when steps began (the workers kept up) and the
+      wafer still lost time taking batches: the wafer driver shares the machine's cores with the
+      workers; or the workers' CPU demand (CPU seconds per second, measured in each worker)
+      reached :data:`MACHINE_BOUND_SHARE` of the machine's cores. More workers share the same
+      cores;
+    * input-bound -- the wafer starved with an empty buffer while cores were free: more
+      workers help.
 
     >>> row = {"num_csx": 1, "num_workers_per_csx": 4, "utilisation": 0.5,
-    ...        "starved_fraction": 0.5, "client_bound_fraction": 0.0, "machine_cpus": 2}
+    ...        "starved_fraction": 0.5, "client_bound_fraction": 0.0, "machine_cpus": 2,
+    ...        "mean_buffer_occupancy": 0.1, "buffer_batches": 4}
     >>> advice([dict(row, input_cpu_cores=1.9)], 0.95).split(":")[0]
     'machine-bound'
     >>> advice([dict(row, input_cpu_cores=0.2)], 0.95).split(":")[0]
     'input-bound'
+    >>> advice([dict(row, input_cpu_cores=0.2, mean_buffer_occupancy=3.9)], 0.95).split(":")[0]
+    'machine-bound'
     """
-    last = max(rows, key=lambda r: r["num_workers_per_csx"])
+    rows = sorted(rows, key=lambda r: r["num_workers_per_csx"])
+    last = rows[-1]
     w, c = last["num_workers_per_csx"], last["num_csx"]
     starved = last.get("starved_fraction") or 0.0
     client = last.get("client_bound_fraction") or 0.0
     demand, cpus = last.get("input_cpu_cores"), last.get("machine_cpus")
+    occupancy, depth = last.get("mean_buffer_occupancy"), last.get("buffer_batches")
+    changed = ""
+    if len(rows) > 1 and rows[-2].get("samples_per_s") and last.get("samples_per_s"):
+        before = rows[-2]
+        change = last["samples_per_s"] / before["samples_per_s"] - 1
+        changed = (f" From {before['num_workers_per_csx']} to {w} workers per CS-X samples/s "
+                   f"changed by {change:+.0%}.")
     if client > starved and client > 0.02:
         return (f"client-bound: at {w} workers per CS-X the wafer waited {client:.0%} of its "
                 f"time for the client (step closures, checkpoints, the script's own work) and "
-                f"{starved:.0%} for input; more workers cannot help.")
+                f"{starved:.0%} for input; more workers cannot help.{changed}")
+    on_cores = f" on this machine's {cpus} cores" if cpus else ""
+    if occupancy is not None and depth and occupancy >= 0.5 * depth:
+        return (f"machine-bound: at {w} workers per CS-X the input buffer held {occupancy:.1f} "
+                f"of its {depth} batches when a step began, so the workers kept ahead, yet the "
+                f"wafer lost {starved:.0%} of its time taking batches: the wafer "
+                f"driver shares the cores with {c * w} input workers{on_cores}"
+                + (f" (the workers used {demand:.1f} of them)" if demand is not None else "")
+                + ". More workers "
+                f"cannot help; measure with more cores (a Ray cluster: backend address).{changed}")
     if demand is not None and cpus and demand >= MACHINE_BOUND_SHARE * cpus:
         return (f"machine-bound: {c * w} input workers ({w} per CS-X) kept {demand:.1f} of this "
                 f"machine's {cpus} cores busy, so more workers share the same cores; measure on "
-                "more cores (a Ray cluster: backend address) or make input_fn cheaper.")
-    more = 2 * w
+                f"more cores (a Ray cluster: backend address) or make input_fn cheaper.{changed}")
     return (f"input-bound: at {w} workers per CS-X the wafer starved {starved:.0%} of its time"
             + (f" while the workers used {demand:.1f} of {cpus} cores" if demand is not None
                and cpus else "")
-            + f"; add workers (try {more} per CS-X).")
+            + f"; add workers (try {2 * w} per CS-X).{changed}")
 
 
 def sweep_table(rows: list[dict], target: float) -> str:
@@ -470,6 +493,7 @@ SWEEP_ROW_KEYS = ("samples_per_s", "global_rate", "utilisation", "starved_fracti
 def _sweep_row(exp, result) -> dict:
     return {"num_csx": exp.cs_config.num_csx,
             "num_workers_per_csx": exp.cs_config.num_workers_per_csx,
+            "buffer_batches": exp.cs_config.input_buffer_batches,
             "run_dir": str(result.run_dir), **{k: result.report.get(k) for k in SWEEP_ROW_KEYS}}
 
 
@@ -528,9 +552,11 @@ def cmd_sweep(args) -> int:
               "more workers cannot deliver faster; sweep on Ray to measure the input side.")
     try:
         if exp.backend.type == "CSX" and not exp.backend.options.get("in_process"):
+            from cstream.backend import resolve_csx_options
             from executor.ray_session import ensure_ray
 
-            ray_started = ensure_ray(address=exp.backend.options.get("address"))
+            address = resolve_csx_options(exp.backend.options).get("address")
+            ray_started = ensure_ray(address=address)
         for i, point in enumerate(points, 1):
             cs = point.cs_config
             where = f"[{i}/{len(points)}] num_csx={cs.num_csx} num_workers_per_csx=" \

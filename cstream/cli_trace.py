@@ -20,6 +20,9 @@ def add_parser(subparsers) -> None:
                     "from profile.json).",
         epilog="example:\n  cstream trace cstream_logs/executors/latest")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (.../executors/NNNNNN)")
+    p.add_argument("--png", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
+                   help="also draw timeline.png: SECONDS (default 2) of the timeline from the "
+                        "wafer's second step, one row per track")
     p.set_defaults(func=cmd_trace)
 
 
@@ -47,4 +50,15 @@ def cmd_trace(args) -> int:
     print(f"  client: {spans['client']} spans (steps, closures, start-up phases)")
     print("open it: https://ui.perfetto.dev -> Open trace file (the file stays on this machine), "
           "or chrome://tracing -> Load")
+    if args.png is not None:
+        if not args.png > 0:
+            raise CLIError(f"--png: expected a positive number of seconds, got {args.png}")
+        from cstream.cli_plots import plot_timeline
+
+        doc = json.loads(path.read_text())
+        name = (doc.get("otherData") or {}).get("name") or "run"
+        png = plot_timeline(doc, run_dir / "timeline.png", f"{name} (run "
+                            f"{run_dir.resolve().name}): {args.png:g} s of the timeline",
+                            seconds=args.png)
+        print(f"timeline plot: {png}")
     return 0

@@ -1,5 +1,13 @@
 """Errors users meet, re-exported at the top level."""
 
 from executor.engine.errors import CompileError, TracingError
+from workers.errors import (
+    InputWorkerError,
+    UnshardedInputError,
+    UnshardedInputWarning,
+    WorkerCrashLoopError,
+)
+from workers.resume import ExhaustedIteratorError, ResumeError
 
-__all__ = ["CompileError", "TracingError"]
+__all__ = ["CompileError", "ExhaustedIteratorError", "InputWorkerError", "ResumeError",
+           "TracingError", "UnshardedInputError", "UnshardedInputWarning", "WorkerCrashLoopError"]

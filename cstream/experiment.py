@@ -384,7 +384,8 @@ class Progress:
     loss: Optional[float]
     """The loss of step ``loss_step`` (None without a model)."""
     rate: Optional[float]
-    """The client's smoothed samples/s at the last refresh (None before the second step)."""
+    """samples/s at the last refresh: the wafer's over its last 10 steps on CSX, the client's
+    smoothed rate elsewhere (None before the second step)."""
     buffer_fill: Optional[float]
     """Batches ready per CS-X when the wafer began the step last refreshed (CSX only)."""
     loss_step: Optional[int] = None
@@ -472,14 +473,14 @@ def run_experiment(exp: Experiment, *, artifact_dir=None, progress: Optional[Cal
                     poll = getattr(executor._run, "progress_stats", None)
                     if poll is not None:
                         if i == 0:
-                            with phase("first step on the wafer"):
+                            with phase("first batch through the wafer"):
                                 stats = poll(i)
                         else:
                             stats = poll(i)
                         fill = None if stats is None else stats.get("buffer_occupancy")
                     if loss is not None:
                         last_loss, loss_step = float(loss.item()), i + 1
-                    rate = executor.profiler.rate() if i > 0 else None
+                    rate = _progress_rate(executor, i)
                 progress(Progress(i + 1, executor.num_steps, last_loss, rate, fill, loss_step))
         except BaseException as e:
             steps.close()  # the executor writes the profile of the steps that ran
@@ -495,6 +496,18 @@ def run_experiment(exp: Experiment, *, artifact_dir=None, progress: Optional[Cal
         backend.shutdown()
     return RunResult(exp, executor.report, executor.run_dir, executor.step_records,
                      time.perf_counter() - t0, last_loss)
+
+
+def _progress_rate(executor, i: int) -> Optional[float]:
+    """samples/s for the progress display: the wafer's over its last 10 steps where there is a
+    wafer (the client runs ahead of it, so its own rate can exceed what the wafer does), else
+    the client's smoothed rate."""
+    from executor.report import wafer_rate
+
+    stats = getattr(executor._run, "wafer_stats", None)
+    if stats is not None:
+        return wafer_rate(stats())
+    return executor.profiler.rate() if i > 0 else None
 
 
 def _stop_reason(e: BaseException) -> str:

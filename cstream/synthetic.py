@@ -1,7 +1,8 @@
 """Batches of a known per-batch cost, for profiling an input pipeline against the simulated wafer.
 
 ``cost_ms`` of work per batch in each input worker: ``"sleep"`` (I/O-like: reading, decoding in
-native code; workers overlap on any number of cores) or ``"cpu"`` (pure Python arithmetic: one
+native code; workers overlap on any number of cores) or ``"cpu"`` (``cost_ms`` of CPU time in pure
+Python arithmetic, so a worker that shares its core takes longer: one
 core per worker). With W workers per CS-X a pipeline delivers at most ``W * 1000 / cost_ms``
 batches/s, so against a wafer step of ``S`` seconds the wafer is fed once
 ``W >= cost_ms / (1000 * S)``.
@@ -21,9 +22,11 @@ COST_KINDS = ("sleep", "cpu")
 
 
 def _burn(seconds: float) -> None:
-    end = time.perf_counter() + seconds
+    """``seconds`` of this thread's CPU time (not of wall time): like real CPU-bound work, it
+    takes longer when the thread shares its core."""
+    end = time.thread_time() + seconds
     x = 0
-    while time.perf_counter() < end:
+    while time.thread_time() < end:
         for i in range(200):
             x += i * i
 

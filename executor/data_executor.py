@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import os
@@ -14,7 +15,8 @@ from executor.profiler import Profiler
 from executor.report import StepScalars
 from executor.schedule import Schedule, normalize_checkpoint_steps
 from workers.config import CSConfig
-from workers.dataloader import DataLoader
+from workers.dataloader import STATE_FORMAT, DataLoader
+from workers.errors import InputWorkerError
 
 _PARAMS = (
     "dataloader", "num_steps", "checkpoint_steps", "cs_config", "writer", "profiler_activities",
@@ -52,8 +54,10 @@ class DataExecutor:
         checkpoint_steps: an int N (checkpoint every N steps and always on the final step) or a
             :class:`Schedule`; None for no checkpoints.
         cs_config: a :class:`cstream.utils.CSConfig`.
-        writer: a ``torch.utils.tensorboard.SummaryWriter``; receives ``rate``,
-            ``global_rate`` and the wafer's figures every step.
+        writer: a ``torch.utils.tensorboard.SummaryWriter``; receives every step, once the
+            wafer has reported it, ``rate``, ``global_rate``, the wafer's and every input
+            worker's figures (:class:`executor.report.StepScalars`) and what the step writes
+            with ``cstream.summarize_scalar``; the run summary at the end.
         profiler_activities: subset of ``["rate", "global_rate"]`` (both by default).
 
     >>> import torch, cstream
@@ -178,6 +182,7 @@ class DataExecutor:
             )
         self._make_run_dir(backend)
         runtime.set_executor(self)
+        self.dataloader.bind_state_provider(self._dataloader_state)
         t0 = time.perf_counter()
         ok = False
         try:
@@ -201,6 +206,11 @@ class DataExecutor:
             ok = True
         except GeneratorExit:
             raise
+        except InputWorkerError as e:
+            self.stop_reason = self.stop_reason or _describe(e)
+            # the input_fn's failure as the worker reported it, with the traceback of this
+            # run's machinery left out: the user's loop, then this line
+            raise e.with_traceback(None)  # noqa: B904 (its __cause__ is kept)
         except BaseException as e:
             self.stop_reason = self.stop_reason or _describe(e)
             raise
@@ -212,8 +222,26 @@ class DataExecutor:
                     self.summary = run.close(ok) or {}
             finally:
                 runtime.set_executor(None)
+                self.dataloader.bind_state_provider(None)
                 self.summary.setdefault("wall_s", time.perf_counter() - t0)
                 self._write_profile(completed=ok)
+
+    def _dataloader_state(self) -> dict:
+        """What ``DataLoader.state_dict()`` returns during this run: every worker's position
+        after the current step (only on a checkpoint step, inside a checkpoint closure)."""
+        if self._run is None or not self.on_checkpoint_step:
+            raise RuntimeError(
+                "DataLoader.state_dict() reads the workers' positions at a checkpoint step: call "
+                "it inside a @cstream.checkpoint_closure during the run."
+            )
+        states = self._run.worker_states(self.iteration)
+        return {
+            "format": STATE_FORMAT,
+            "num_csx": self.cs_config.num_csx,
+            "num_workers_per_csx": self.cs_config.num_workers_per_csx,
+            "appliance_step": self.user_iteration,
+            "workers": [dataclasses.asdict(s) for s in states],
+        }
 
     def _end_step(self, step: int) -> None:
         run = self._run

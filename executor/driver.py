@@ -14,6 +14,7 @@ for the step's ops.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import threading
 import time
@@ -28,6 +29,7 @@ from executor.wafer.feed import BatchSpecError, InputFeed
 from executor.wafer.loop import Collected, DriverError, Phase, RunPlan, WaferLoop
 from executor.wafer.program import Program
 from executor.wafer.state import StateStore
+from workers.duplicates import check_streams
 from workers.flow import FlowPolicy
 
 __all__ = ["BatchSpecError", "Collected", "DriverError", "WaferDriver", "remap_worker_states",
@@ -67,14 +69,18 @@ def remap_worker_states(states: list, cs_config) -> list:
         positions.append((int(usd.get("epoch", 0)), int(ls["next_global_batch"]), s))
     epoch, nxt, ref = max(positions, key=lambda p: (p[0], p[1]))
     total = sum(s.worker_step for s in states if s.wse_id == 0)
-    part = (ref.user_state_dict or {}).get("loader_state_of")
+    ref_usd = ref.user_state_dict or {}
+    part = ref_usd.get("loader_state_of")
     out = []
     for c in range(C):
         for w in range(W):
             usd = {"epoch": epoch, "batch_in_epoch": 1 if nxt else 0,
-                   "loader_state": {"next_global_batch": nxt, "epoch": epoch}}
+                   "loader_state": dict(ref_usd["loader_state"], next_global_batch=nxt,
+                                        epoch=epoch)}
             if part:
                 usd["loader_state_of"] = part
+            if "rng" in ref_usd:  # every worker draws the same global shuffle
+                usd["rng"] = ref_usd["rng"]
             out.append(DataLoaderCheckpoint(
                 local_worker_id=w, num_workers_per_csx=W, num_csx=C, wse_id=c,
                 appliance_step=ref.appliance_step, worker_step=(total - w + W - 1) // W,
@@ -109,6 +115,8 @@ class WaferDriver:
         if use_ray_workers:  # an actor: captured graphs arrive pickled, and unpickling needs it
             importlib.import_module("torch._higher_order_ops.triton_kernel_wrap")
         self.device = torch.device(device)
+        # the wafer's own random stream: the client seeds it (set_rng_state) before each run
+        self.rng = torch.Generator(device=self.device)
         self.compile_dir = Path(compile_dir) if compile_dir else None
         self.compiler = compiler
         self.use_ray_workers = use_ray_workers
@@ -126,6 +134,7 @@ class WaferDriver:
         self._thread: Optional[threading.Thread] = None
         self.cs_config = None
         self.policy: Optional[FlowPolicy] = None
+        self._duplicates: Optional[dict] = None
 
     # -- state ---------------------------------------------------------------------------------
     def put_state(self, items: dict) -> int:
@@ -171,8 +180,22 @@ class WaferDriver:
         compiler = self.compiler
         if compile_only and compiler == "auto":
             compiler = "inductor"
-        self._program = Program(graph, example, compiler, str(self.device), entry, num_steps)
+        self._program = Program(graph, example, compiler, str(self.device), entry, num_steps,
+                                generator=self.rng)
         return {**self._program.report, "num_threads": self.num_threads}
+
+    # -- randomness ------------------------------------------------------------------------------
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        """Continue the wafer's random stream from the client's generator state (a CPU
+        generator's state; a CUDA wafer seeds its own generator from it)."""
+        if self.device.type == "cpu":
+            self.rng.set_state(state)
+        else:
+            self.rng.manual_seed(int.from_bytes(hashlib.sha256(state.numpy().tobytes())
+                                                .digest()[:8], "little"))
+
+    def get_rng_state(self) -> torch.Tensor:
+        return self.rng.get_state()
 
     # -- a run ---------------------------------------------------------------------------------
     def open_input(self, dataloader, cs_config, resume_states=None, policy=None):
@@ -198,11 +221,19 @@ class WaferDriver:
                                       .requests_in_flight_per_worker, zero_copy=True,
                                       policy=self.policy))
             self._feed = InputFeed(streams, self.policy)
+            report = check_streams(streams, dataloader.input_fn_name,
+                                   cs_config.duplicate_samples)
+            self._duplicates = None if report is None else report.to_dict()
         except BaseException:
             for s in streams:
                 s.close()
             raise
         return self._feed.spec
+
+    def input_checks(self) -> dict:
+        """What the checks of the input side found when the run's input opened:
+        ``{"duplicates": report dict or None}`` (see :mod:`workers.duplicates`)."""
+        return {"duplicates": self._duplicates}
 
     def start(self, num_steps: int, checkpoint_steps: list) -> None:
         cfg = self.cs_config
@@ -212,7 +243,7 @@ class WaferDriver:
         if self._program is not None:
             self._program.num_steps = num_steps
         self._loop = WaferLoop(self.store, self._feed, self._program, self._state_order, plan,
-                               self.policy, self.device)
+                               self.policy, self.device, rng=self.rng)
         self._thread = threading.Thread(target=self._loop.run, name="wafer", daemon=True)
         self._thread.start()
 
@@ -237,6 +268,10 @@ class WaferDriver:
 
     def ack(self, step: int) -> int:
         return self._running().ack(step)
+
+    def feed_consts(self, step: int, values: Optional[list]) -> None:
+        """The plain-tensor arguments the client called ``step`` with (None: unchanged)."""
+        self._running().feed_consts(step, values)
 
     def snapshot(self, step: int, keys: list) -> dict:
         loop = self._running()
@@ -267,6 +302,7 @@ class WaferDriver:
         summary = {"steps": loop.done + 1, "stats": loop.take_stats(),
                    "wafer_wall_s": time.perf_counter() - loop.t_start,
                    "wafer_phase": loop.phase.value, "num_threads": self.num_threads,
+                   "rng_state": self.rng.get_state(),
                    "flow_policy": self.policy.to_dict()}
         if self._program is not None:
             summary["program"] = dict(self._program.report)

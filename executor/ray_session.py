@@ -6,21 +6,38 @@ import os
 import sys
 
 from executor.phases import phase
+from workers.flow import object_store_bytes_for
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
+def machine_memory_bytes() -> int:
+    """This machine's memory (Linux /proc/meminfo, else os.sysconf), 0 where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 0
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     """Make sure Ray is initialised. Returns True when this call started it.
 
-    ``address`` (or ``RAY_ADDRESS``, read here, at the entry point) names an existing cluster;
-    otherwise an embedded Ray is started bound to 127.0.0.1 with the dashboard off.
+    ``address`` names an existing cluster (the caller resolves ``RAY_ADDRESS``: it is read
+    once, in :func:`cstream.backend`); otherwise an embedded Ray is started bound to
+    127.0.0.1 with the dashboard off, its object store sized from the machine's memory
+    (:func:`workers.flow.object_store_bytes_for`).
     """
     import ray
 
     if ray.is_initialized():
         return False
-    address = address or os.environ.get("RAY_ADDRESS")
     common = dict(
         include_dashboard=False,
         log_to_driver=True,
@@ -43,6 +60,6 @@ def _init(ray, address, num_cpus, common) -> None:
             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}},
             num_cpus=num_cpus,  # None: Ray sizes it to the machine
             _node_ip_address="127.0.0.1",
-            object_store_memory=512 * 1024 * 1024,
+            object_store_memory=object_store_bytes_for(machine_memory_bytes()),
             **common,
         )

@@ -231,6 +231,21 @@ def summarize_profile(profile: dict) -> dict:
     return out
 
 
+def wafer_rate(stats: dict, window: int = 10) -> Optional[float]:
+    """samples/s of the wafer over its last ``window`` reported steps (``stats``: step -> the
+    wafer's per-step figures, as the CSX run collects them); None before two steps."""
+    if len(stats) < 2:
+        return None
+    last = max(stats)
+    first = max(min(stats), last - window)
+    if first not in stats or last not in stats:
+        return None
+    span = stats[last]["wafer_t"] - stats[first]["wafer_t"]
+    samples = sum(int(stats[s].get("samples", 0)) for s in range(first + 1, last + 1)
+                  if s in stats)
+    return samples / span if span > 0 else None
+
+
 # -- TensorBoard -----------------------------------------------------------------------------------
 class StepScalars:
     """Writes every step's scalars to a ``SummaryWriter`` as soon as the step's figures are

@@ -114,6 +114,7 @@ def build_trace(profile: dict) -> dict:
     events.sort(key=lambda e: e["ts"])
     return {"traceEvents": _names(profile, pids, tids) + events, "displayTimeUnit": "ms",
             "otherData": {"t0_unix": t0, "steps": len(profile.get("steps", [])),
+                          "name": profile.get("name"),
                           "interrupted": profile.get("interrupted")}}
 
 

@@ -84,9 +84,12 @@ def test_run_shows_progress_a_summary_table_and_writes_profile_and_tensorboard(
     # progress on stderr: the start-up phases with their times, then a line per tenth of the run
     progress = out.stderr.splitlines()
     assert re.fullmatch(r"starting 2 input workers: \d+\.\d\d s", progress[0]), progress
-    assert any(re.fullmatch(r"first step on the wafer: \d+\.\d\d s", ln) for ln in progress)
+    assert any(re.fullmatch(r"first batch through the wafer: \d+\.\d\d s", ln) for ln in progress)
     assert [ln.split("  ")[0] for ln in progress if ln.startswith("step ")] == [
         f"step {k}/12" for k in range(1, 13)]
+    # the rate shown is the wafer's: never above what 8 samples per 5 ms step allow
+    rates = [float(m.replace(",", "")) for m in re.findall(r"rate ([\d,.]+) samples/s", out.stderr)]
+    assert len(rates) == 11 and all(0 < r <= 1600 * 1.01 for r in rates), rates
     lines = out.stdout.splitlines()
     assert lines[0] == "small: 1 CS-X x 2 workers, wafer 5 ms/step"
     rows = table_rows(out.stdout)
@@ -135,7 +138,7 @@ def test_run_json_writes_only_json_to_stdout_and_the_loss_every_step_to_tensorbo
     last_progress = [ln for ln in out.stderr.splitlines() if ln.startswith("step 6/6")][0]
     assert re.match(r"step 6/6  loss \d+\.\d{4}  rate ", last_progress)
     assert [ln.split(":")[0] for ln in out.stderr.splitlines() if ln.endswith(" s")][:4] == [
-        "starting 2 input workers", "tracing", "compiling", "first step on the wafer"]
+        "starting 2 input workers", "tracing", "compiling", "first batch through the wafer"]
     # the step's loss (cstream.summarize_scalar in the experiment's step) every step
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -400,9 +403,11 @@ def test_trace_prints_where_the_timeline_is_and_the_file_follows_the_trace_event
     out = cstream("run", small_config, "--in-process", "--artifact-dir", "art", "--no-progress",
                   cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    tr = cstream("trace", "art/executors/latest", cwd=tmp_path)
+    tr = cstream("trace", "art/executors/latest", "--png", "0.5", cwd=tmp_path)
     assert tr.returncode == 0, tr.stderr
     lines = tr.stdout.splitlines()
+    assert lines.pop() == "timeline plot: art/executors/latest/timeline.png"
+    assert (tmp_path / "art/executors/latest/timeline.png").read_bytes()[:8] == PNG
     assert lines[0] == "trace: art/executors/latest/trace.json"
     assert lines[1] == "  2 input workers: 12 batch productions, 12 transfers"
     assert lines[2] == "  wafer: 12 steps, 12 input waits"

@@ -274,24 +274,29 @@ def test_sharded_sampler_resume_with_another_worker_count_continues_the_global_s
     assert first + reassemble(rotated, C2, W2) == expected
 
 
+def without_digest(state):
+    assert set(state) <= {"next_global_batch", "epoch", "order_digest"}
+    return {k: v for k, v in state.items() if k != "order_digest"}
+
+
 def test_sharded_sampler_resume_at_the_end_of_the_epoch_yields_nothing_then_starts_over():
     s = ShardedSampler(sequential(6, 2))
     s.load_state_dict({"next_global_batch": 3, "epoch": 0})
     assert s.state_dict() == {"next_global_batch": 3, "epoch": 0}
     assert list(s) == []
     assert [list(b) for b in s] == [[0, 1], [2, 3], [4, 5]]
-    assert s.state_dict() == {"next_global_batch": 3, "epoch": 0}
+    assert without_digest(s.state_dict()) == {"next_global_batch": 3, "epoch": 0}
 
 
 def test_sharded_sampler_state_counts_global_batches_after_the_last_one_yielded():
     s = ShardedSampler(sequential(16, 2))
     with worker_context(WorkerInfo(local_worker_id=1, num_workers_per_csx=3)):
         it = iter(s)
-        assert s.state_dict() == {"next_global_batch": 0, "epoch": 0}
+        assert without_digest(s.state_dict()) == {"next_global_batch": 0, "epoch": 0}
         assert list(next(it)) == [2, 3]
-        assert s.state_dict() == {"next_global_batch": 2, "epoch": 0}
+        assert without_digest(s.state_dict()) == {"next_global_batch": 2, "epoch": 0}
         assert list(next(it)) == [8, 9]
-        assert s.state_dict() == {"next_global_batch": 5, "epoch": 0}
+        assert without_digest(s.state_dict()) == {"next_global_batch": 5, "epoch": 0}
 
 
 def test_sharded_sampler_bad_arguments_are_clear_errors():
@@ -485,11 +490,11 @@ def xs(batches):
     return [b["x"].tolist() for b in batches]
 
 
-def test_parquet_dataset_splits_row_groups_over_two_workers(parquet_files):
+def test_parquet_dataset_splits_the_rows_equally_over_two_workers(parquet_files):
     shards = per_worker(lambda: xs(ParquetDataset(parquet_files, columns=["x"], batch_size=4)), C=1, W=2)
     assert shards == {
-        (0, 0): [[0, 1, 2, 6], [7, 8, 10, 11], [12]],  # row groups 0, 2, 4
-        (0, 1): [[3, 4, 5, 9], [13, 14, 15]],          # row groups 1, 3, 5
+        (0, 0): [[0, 1, 2, 3], [4, 5, 6, 7]],  # row groups 0, 1 and 2 of 3 rows of 2
+        (0, 1): [[8, 9, 10, 11], [12, 13, 14, 15]],  # row 2 of row group 2, then 3, 4, 5
     }
 
 
@@ -504,12 +509,12 @@ def test_parquet_dataset_client_reads_all_rows_in_order_with_their_dtypes(parque
 
 
 def test_parquet_dataset_drop_last_drops_each_workers_short_batch(parquet_files):
-    shards = per_worker(lambda: xs(ParquetDataset(parquet_files, columns=["x"], batch_size=4,
+    shards = per_worker(lambda: xs(ParquetDataset(parquet_files, columns=["x"], batch_size=3,
                                                   drop_last=True)), C=1, W=2)
-    assert shards == {(0, 0): [[0, 1, 2, 6], [7, 8, 10, 11]], (0, 1): [[3, 4, 5, 9]]}
+    assert shards == {(0, 0): [[0, 1, 2], [3, 4, 5]], (0, 1): [[8, 9, 10], [11, 12, 13]]}
 
 
-@pytest.mark.parametrize("C,W", [(1, 1), (1, 2), (3, 1), (2, 2)])
+@pytest.mark.parametrize("C,W", [(1, 1), (1, 2), (4, 1), (2, 2), (2, 4)])
 def test_parquet_dataset_every_row_once_and_len_matches(parquet_files, C, W):
     for info in infos(C, W):
         with worker_context(info):
@@ -519,17 +524,20 @@ def test_parquet_dataset_every_row_once_and_len_matches(parquet_files, C, W):
     assert sorted(i for v in shards.values() for b in v for i in b) == list(range(16))
 
 
-def test_parquet_dataset_warns_when_workers_outnumber_row_groups(parquet_files):
-    with pytest.warns(UserWarning) as record:
-        shards = per_worker(lambda: xs(ParquetDataset(parquet_files, columns=["x"], batch_size=8)), C=2, W=4)
-    assert str(record[0].message) == (
-        "ParquetDataset: 6 row group(s) for 8 workers, so 2 worker(s) get no data. Write the files "
-        "with more, smaller row groups (pyarrow.parquet.write_table(..., row_group_size=...)) or "
-        "use fewer input workers."
+def test_parquet_dataset_refuses_rows_that_do_not_split_equally_unless_drop_last(parquet_files):
+    with pytest.raises(ValueError) as e:
+        per_worker(lambda: xs(ParquetDataset(parquet_files, columns=["x"], batch_size=2)), C=3, W=1)
+    assert str(e.value) == (
+        "ParquetDataset: the 16 rows of 2 file(s) cannot be split equally over 3 input workers "
+        "(num_csx * num_workers_per_csx): 3 x 5 rows leaves 1 over, and a worker with more rows "
+        "than the others would stream some rows twice or leave others out within one epoch's "
+        "worth of steps. Use drop_last=True (each epoch leaves out the last 1 rows), a number of "
+        "workers that divides 16, or write a multiple of 3 rows."
     )
-    assert shards[(1, 2)] == [] and shards[(1, 3)] == []
-    assert shards[(1, 1)] == [[13, 14, 15]]
-    assert sorted(i for v in shards.values() for b in v for i in b) == list(range(16))
+    shards = per_worker(lambda: xs(ParquetDataset(parquet_files, columns=["x"], batch_size=5,
+                                                  drop_last=True)), C=3, W=1)
+    assert shards == {(0, 0): [[0, 1, 2, 3, 4]], (1, 0): [[5, 6, 7, 8, 9]],
+                      (2, 0): [[10, 11, 12, 13, 14]]}
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
@@ -537,7 +545,7 @@ def test_parquet_dataset_resumes_mid_row_group_from_its_state(parquet_files, k):
     info = WorkerInfo(local_worker_id=0, num_workers_per_csx=2)
     with worker_context(info):
         full = xs(ParquetDataset(parquet_files, columns=["x"], batch_size=2))
-        assert full == [[0, 1], [2, 6], [7, 8], [10, 11], [12]]
+        assert full == [[0, 1], [2, 3], [4, 5], [6, 7]]
         ds = ParquetDataset(parquet_files, columns=["x"], batch_size=2)
         it = iter(ds)
         head = xs(next(it) for _ in range(k))
@@ -548,21 +556,21 @@ def test_parquet_dataset_resumes_mid_row_group_from_its_state(parquet_files, k):
         assert xs(resumed) == full  # the next epoch starts over
     assert state == {
         1: {"epoch": 0, "row_group": 0, "offset": 2},
-        2: {"epoch": 0, "row_group": 2, "offset": 1},
-        3: {"epoch": 0, "row_group": 4, "offset": 0},
+        2: {"epoch": 0, "row_group": 1, "offset": 1},
+        3: {"epoch": 0, "row_group": 2, "offset": 0},
     }[k]
 
 
 def test_parquet_dataset_state_from_another_worker_is_a_clear_error(parquet_files):
     ds = ParquetDataset(parquet_files, columns=["x"], batch_size=2)
-    ds.load_state_dict({"epoch": 0, "row_group": 1, "offset": 0})
+    ds.load_state_dict({"epoch": 0, "row_group": 3, "offset": 0})
     with worker_context(WorkerInfo(local_worker_id=0, num_workers_per_csx=2)), \
             pytest.raises(ValueError) as e:
         list(ds)
     assert str(e.value) == (
-        "ParquetDataset: the state being resumed points at row group 1, which is not one of this "
-        "worker's row groups ([0, 2, 4]). Resume each worker with its own state_dict() and the "
-        "same number of workers."
+        "ParquetDataset: the state being resumed points at row 0 of row group 3 (row 9 of all "
+        "files), which is not in this worker's rows [0, 8). Resume each worker with its own "
+        "state_dict() and the same number of workers."
     )
     with pytest.raises(ValueError, match=r"row_group=7 but the files hold 6 row groups"):
         ds.load_state_dict({"epoch": 0, "row_group": 7, "offset": 0})
@@ -583,8 +591,8 @@ def test_parquet_dataset_in_torch_dataloader_workers_splits_further(parquet_file
     thread = threading.Thread(target=input_worker)
     thread.start()
     thread.join()
-    # cstream worker 1 of 2 owns row groups 1, 3, 5; its two processes take 1, 5 and 3
-    assert sorted(got) == [[3, 4, 5], [9], [13, 14, 15]]
+    # cstream worker 1 of 2 owns rows 8..15; its two processes take 8..11 and 12..15
+    assert sorted(got) == [[8, 9, 10], [11], [12, 13, 14], [15]]
 
 
 def test_parquet_dataset_pickled_for_a_spawned_torch_worker_keeps_the_input_worker(
@@ -599,7 +607,7 @@ def test_parquet_dataset_pickled_for_a_spawned_torch_worker_keeps_the_input_work
     ds = pickle.loads(shipped)
     monkeypatch.setattr(torch_worker, "_worker_info",
                         torch_worker.WorkerInfo(id=0, num_workers=2, seed=0, dataset=ds))
-    assert xs(ds) == [[3, 4, 5], [13, 14, 15]]  # row groups 1 and 5 of worker 1's 1, 3, 5
+    assert xs(ds) == [[8, 9, 10], [11]]  # the first half of worker 1's rows 8..15
     monkeypatch.setattr(torch_worker, "_worker_info", None)
     assert xs(ds)[0] == [0, 1, 2]  # outside a torch worker process the current context counts
 
@@ -668,11 +676,11 @@ def shuffled_input_fn():
 
 
 def test_input_workers_see_the_cpu_backends_global_batches_across_epochs():
-    from workers.dataloader import DataLoader, iterate_cycled
-    from workers.input_worker import _Source
+    from workers.dataloader import DataLoader
+    from workers.resume import Source
 
     loader = DataLoader(shuffled_input_fn)
-    cpu = iterate_cycled(loader, loader.build())
+    cpu = Source(loader, loader.build())
     expected = [next(cpu).tolist() for _ in range(18)]  # three epochs
     assert expected[:6] != expected[6:12] != expected[12:]
     assert sorted(i for b in expected[6:12] for i in b) == list(range(100, 124))
@@ -681,23 +689,24 @@ def test_input_workers_see_the_cpu_backends_global_batches_across_epochs():
     shards = {}
     for info in infos(C, W):
         with worker_context(info):
-            source = _Source(loader, loader.build(info), epoch=0, batch_in_epoch=0)
+            source = Source(loader, loader.build(info))
             shards[(info.wse_id, info.local_worker_id)] = [next(source).tolist() for _ in range(6)]
     assert reassemble(shards, C, W) == expected
 
 
 def test_input_worker_resumes_a_sharded_sampler_from_its_saved_state():
     from workers.dataloader import DataLoader
-    from workers.input_worker import _Source
+    from workers.resume import Source
 
     loader = DataLoader(shuffled_input_fn)
     info = WorkerInfo(local_worker_id=1, num_workers_per_csx=2, num_csx=2, wse_id=1)
     with worker_context(info):
-        source = _Source(loader, loader.build(info), epoch=0, batch_in_epoch=0)
+        source = Source(loader, loader.build(info))
         full = [next(source).tolist() for _ in range(7)]  # 3 batches an epoch
-        source = _Source(loader, loader.build(info), epoch=0, batch_in_epoch=0)
+        source = Source(loader, loader.build(info))
         head = [next(source).tolist() for _ in range(4)]  # epoch 1, one batch in
-        saved = (source.epoch, source.batch_in_epoch, source.state())
-        assert saved == (1, 1, {"next_global_batch": 2, "epoch": 1})
-        resumed = _Source(loader, loader.build(info), *saved)
+        saved = source.position()
+        assert (saved["epoch"], saved["batch_in_epoch"], without_digest(saved["loader_state"])) == (
+            1, 1, {"next_global_batch": 2, "epoch": 1})
+        resumed = Source(loader, loader.build(info), saved)
         assert head + [next(resumed).tolist() for _ in range(3)] == full

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 
+DUPLICATE_SAMPLES = ("warn", "error", "ignore")
+
+
 def _positive_int(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(
@@ -38,16 +41,38 @@ class CSConfig:
     batches_per_fetch: int = 4
     """Batches an input worker sends per transfer (one Ray call and one object): more amortises
     Ray's per-transfer cost; each worker then runs up to this many times further ahead."""
+    input_bytes_in_flight_per_csx: Optional[int] = None
+    """The most bytes of batches in flight between one CS-X's input workers and its input
+    buffer (produced and waiting in the workers, in replies on their way, received and not yet
+    in the buffer), split equally over its workers; each worker always has at least one batch
+    in flight. None: a quarter of the Ray object store, shared by the CS-Xs (see
+    :func:`workers.flow.input_bytes_in_flight_per_worker`)."""
     max_worker_restarts: int = 3
     """How many times a crashed input worker is restarted before the run fails."""
     straggler_timeout_s: float = 60.0
     """A worker that produces nothing for this long is reported as a straggler."""
+    duplicate_samples: str = "warn"
+    """What to do when input workers stream the same samples (an ``input_fn`` that does not
+    shard): ``"warn"`` (an ``UnshardedInputWarning`` in the user's process, recorded in the
+    run's profile), ``"error"`` (the run stops with ``UnshardedInputError`` before its first
+    step) or ``"ignore"`` (no check)."""
+    duplicate_check_batches: int = 2
+    """How many of each worker's first batches are compared across all workers of all CS-Xs
+    (by sample id where the sampler gives them, by content otherwise)."""
 
     def __post_init__(self):
         _positive_int("num_csx", self.num_csx)
         _positive_int("num_workers_per_csx", self.num_workers_per_csx)
         _positive_int("input_buffer_batches", self.input_buffer_batches)
         _positive_int("batches_per_fetch", self.batches_per_fetch)
+        _positive_int("duplicate_check_batches", self.duplicate_check_batches)
+        if self.input_bytes_in_flight_per_csx is not None:
+            _positive_int("input_bytes_in_flight_per_csx", self.input_bytes_in_flight_per_csx)
+        if self.duplicate_samples not in DUPLICATE_SAMPLES:
+            raise ValueError(
+                f"CSConfig.duplicate_samples: expected one of {DUPLICATE_SAMPLES}, got "
+                f"{self.duplicate_samples!r}."
+            )
         for name in ("wafer_samples_per_sec", "wafer_seconds_per_step"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):

@@ -8,12 +8,13 @@ iterates what comes back.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import inspect
 from collections.abc import Mapping
 from typing import Any, Callable, Iterable
 
 from workers.context import DataLoaderCheckpoint, WorkerInfo, get_worker_info, worker_context
+
+STATE_FORMAT = "cstream.dataloader/1"
 
 
 class EmptyDataLoaderError(ValueError):
@@ -66,6 +67,7 @@ class DataLoader:
         self._len = None
         self._resume = None
         self._resume_states = None
+        self._state_provider = None
 
     # -- building --------------------------------------------------------------------------
     def build(self, info: WorkerInfo | None = None):
@@ -117,27 +119,21 @@ class DataLoader:
         run that calls :meth:`load_state_dict` first streams exactly the samples the
         uninterrupted run would have streamed next.
         """
-        from executor import runtime
-
-        executor = runtime.current_executor()
-        if executor is None or executor._run is None or not executor.on_checkpoint_step:
+        if self._state_provider is None:
             raise RuntimeError(
                 "DataLoader.state_dict() reads the workers' positions at a checkpoint step: call "
                 "it inside a @cstream.checkpoint_closure during the run."
             )
-        states = executor._run.worker_states(executor.iteration)
-        cfg = executor.cs_config
-        return {
-            "format": "cstream.dataloader/1",
-            "num_csx": cfg.num_csx,
-            "num_workers_per_csx": cfg.num_workers_per_csx,
-            "appliance_step": executor.user_iteration,
-            "workers": [dataclasses.asdict(s) for s in states],
-        }
+        return self._state_provider()
+
+    def bind_state_provider(self, provider: Callable[[], dict] | None) -> None:
+        """Set by the executor running this DataLoader (None when the run ends): the callable
+        :meth:`state_dict` returns the workers' positions from."""
+        self._state_provider = provider
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Resume every worker from ``state_dict`` (from :meth:`state_dict`) in the next run."""
-        if not isinstance(state_dict, Mapping) or state_dict.get("format") != "cstream.dataloader/1":
+        if not isinstance(state_dict, Mapping) or state_dict.get("format") != STATE_FORMAT:
             raise ValueError(
                 "DataLoader.load_state_dict expects what DataLoader.state_dict() returned inside "
                 f"a checkpoint closure (a dict with format 'cstream.dataloader/1'), got "
@@ -145,6 +141,13 @@ class DataLoader:
             )
         self._resume = dict(state_dict)
         self._resume_states = [DataLoaderCheckpoint(**w) for w in state_dict["workers"]]
+
+    def __getstate__(self) -> dict:
+        # workers receive the recipe, not the client's run
+        state = dict(self.__dict__)
+        state["_state_provider"] = None
+        state["_client_loader"] = None
+        return state
 
     def resume_topology(self):
         r = getattr(self, "_resume", None)
@@ -163,30 +166,3 @@ class DataLoader:
         except (TypeError, ValueError):
             pass
         return f"DataLoader({self.input_fn_name}{sig})"
-
-
-def iterate_cycled(dataloader: DataLoader, loader, what: str = "input_fn"):
-    """Yield batches from ``loader`` forever, starting a new epoch when it is exhausted.
-
-    Raises :class:`EmptyDataLoaderError` when an epoch yields no batch at all.
-    """
-    epoch = 0
-    while True:
-        produced = False
-        for batch in loader:
-            produced = True
-            yield batch
-        if not produced:
-            raise EmptyDataLoaderError(
-                f"{what} {dataloader.input_fn_name} returned a dataloader that yields no batch"
-                + (f" (epoch {epoch})" if epoch else "")
-                + ". Check that the data set is not empty and that batch_size is not larger "
-                "than the data set with drop_last=True (use a smaller batch_size or "
-                "drop_last=False)."
-            )
-        epoch += 1
-        parts = [loader] + [getattr(loader, n, None) for n in ("batch_sampler", "sampler", "dataset")]
-        parts.append(getattr(getattr(loader, "batch_sampler", None), "sampler", None))
-        for part in {id(p): p for p in parts if p is not None}.values():
-            if callable(getattr(part, "set_epoch", None)):
-                part.set_epoch(epoch)

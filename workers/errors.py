@@ -6,6 +6,10 @@ its errors are re-raised in the client), so every class pickles with all of its 
 
 from __future__ import annotations
 
+import os
+import threading
+import traceback
+
 
 def _where(wse_id: int, local_worker_id: int, num_workers_per_csx: int | None = None) -> str:
     where = f"CS-X {wse_id}, input worker {local_worker_id}"
@@ -14,19 +18,40 @@ def _where(wse_id: int, local_worker_id: int, num_workers_per_csx: int | None = 
     return where
 
 
+_PACKAGE_DIRS = tuple(
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d) + os.sep
+    for d in ("workers", "executor", "cstream"))
+
+
+def user_traceback(exc: BaseException) -> str:
+    """The traceback of ``exc`` as the user's code sees it: the frames of cstream's own input
+    machinery (and of the thread that runs it) above the first frame outside it are left out.
+    Chained exceptions of the user's (``raise ... from ...``) are kept."""
+    tb = exc.__traceback__
+    while tb is not None and (tb.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIRS)
+                              or tb.tb_frame.f_code.co_filename == threading.__file__):
+        tb = tb.tb_next
+    if tb is None:  # raised by cstream itself: keep everything
+        tb = exc.__traceback__
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
 class InputWorkerError(RuntimeError):
     """``input_fn`` (or the dataloader it returned) raised inside an input worker.
 
-    Carries the original exception's type name, message and the full traceback text from the
-    worker, so the failure can be read where it surfaces (the client), not only in worker logs.
+    The first line names the CS-X, the worker, the batch (the worker's own count, and the CS-X
+    step it was for) and the user's exception; the user's own traceback from the worker
+    follows. Every field travels with the exception (it pickles whole).
 
-    >>> e = InputWorkerError(0, 1, "ValueError", "bad row", "Traceback ...", "while building")
-    >>> "CS-X 0, input worker 1" in str(e) and "ValueError: bad row" in str(e)
-    True
+    >>> e = InputWorkerError(0, 1, "ValueError", "bad row", "Traceback ...", "while building",
+    ...                      num_workers_per_csx=2, batch=3)
+    >>> str(e).splitlines()[0]
+    'CS-X 0, input worker 1 of 2, batch 3 (step 8): input_fn failed while building: ValueError: bad row'
     """
 
     def __init__(self, wse_id: int, local_worker_id: int, exc_type: str, exc_message: str,
-                 traceback_text: str, during: str = "", num_workers_per_csx: int | None = None):
+                 traceback_text: str, during: str = "", num_workers_per_csx: int | None = None,
+                 batch: int | None = None):
         self.wse_id = wse_id
         self.local_worker_id = local_worker_id
         self.exc_type = exc_type
@@ -34,18 +59,36 @@ class InputWorkerError(RuntimeError):
         self.traceback_text = traceback_text
         self.during = during
         self.num_workers_per_csx = num_workers_per_csx
-        head = f"{_where(wse_id, local_worker_id, num_workers_per_csx)}: input_fn failed"
+        self.batch = batch
+        head = _where(wse_id, local_worker_id, num_workers_per_csx)
+        if batch is not None:
+            head += f", batch {batch}"
+            if num_workers_per_csx is not None:
+                head += f" (step {batch * num_workers_per_csx + local_worker_id + 1})"
+        head += ": input_fn failed"
         if during:
             head += f" {during}"
-        super().__init__(
-            f"{head}: {exc_type}: {exc_message}\n"
-            f"The input stream of CS-X {wse_id} was stopped and its workers were shut down.\n"
-            f"Original traceback (in the input worker):\n{traceback_text.rstrip()}"
-        )
+        first, _, rest = str(exc_message).partition("\n")
+        text = f"{head}: {exc_type}: {first}"
+        if rest:
+            text += f"\n{rest}"
+        text += f"\nThe input stream of CS-X {wse_id} was stopped and its workers were shut down."
+        if traceback_text.strip():
+            text += ("\nTraceback of input_fn (in the input worker, most recent call last):\n"
+                     + traceback_text.rstrip())
+        super().__init__(text)
+
+    @property
+    def step(self) -> int | None:
+        """The CS-X step (from 1) the failed batch was for, where known."""
+        if self.batch is None or self.num_workers_per_csx is None:
+            return None
+        return self.batch * self.num_workers_per_csx + self.local_worker_id + 1
 
     def __reduce__(self):
         return (type(self), (self.wse_id, self.local_worker_id, self.exc_type, self.exc_message,
-                             self.traceback_text, self.during, self.num_workers_per_csx))
+                             self.traceback_text, self.during, self.num_workers_per_csx,
+                             self.batch))
 
 
 class WorkerCrashLoopError(RuntimeError):
@@ -81,4 +124,23 @@ class StragglerWarning(UserWarning):
 
 
 class UnshardedInputWarning(UserWarning):
-    """Every input worker of a CS-X streamed the same first batch: ``input_fn`` does not shard."""
+    """Several input workers streamed the same samples: ``input_fn`` does not shard its data
+    (see :mod:`workers.duplicates`)."""
+
+
+class UnshardedInputError(ValueError):
+    """Several input workers streamed the same samples and
+    ``CSConfig(duplicate_samples="error")`` asked for an error.
+
+    >>> import pickle
+    >>> e = UnshardedInputError("input_fn f streams the same samples on 4 input workers", 4)
+    >>> e.times, str(pickle.loads(pickle.dumps(e))) == str(e)
+    (4, True)
+    """
+
+    def __init__(self, message: str, times: int):
+        self.times = times
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.times))

@@ -83,3 +83,29 @@ def object_store_bytes_for(total_memory_bytes: int) -> int:
     """The embedded object store's size: 30% of the machine's memory (Ray's own default share),
     at least 512 MiB."""
     return max(512 * 1024 * 1024, int(total_memory_bytes * 0.3))
+
+
+OBJECT_STORE_SHARE_FOR_INPUT = 0.25
+"""The share of the object store the input side may fill by default: the rest holds the wafer's
+input buffers (whose batches still live in the objects that carried them), step outputs and
+whatever else the cluster runs."""
+
+
+def input_bytes_in_flight_per_worker(cs_config: CSConfig,
+                                     object_store_bytes: Optional[int]) -> Optional[int]:
+    """Each input worker's byte bound: ``cs_config.input_bytes_in_flight_per_csx`` (or, when
+    None, :data:`OBJECT_STORE_SHARE_FOR_INPUT` of the object store shared by the CS-Xs) split
+    over the CS-X's workers. None: no object store size known and none configured.
+
+    >>> cfg = CSConfig(num_csx=2, num_workers_per_csx=4)
+    >>> input_bytes_in_flight_per_worker(cfg, 8 * 2**30) // 2**20  # MiB
+    256
+    >>> input_bytes_in_flight_per_worker(CSConfig(input_bytes_in_flight_per_csx=2**20), None)
+    1048576
+    """
+    per_csx = cs_config.input_bytes_in_flight_per_csx
+    if per_csx is None:
+        if not object_store_bytes:
+            return None
+        per_csx = int(object_store_bytes * OBJECT_STORE_SHARE_FOR_INPUT) // cs_config.num_csx
+    return max(1, per_csx // cs_config.num_workers_per_csx)

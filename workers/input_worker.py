@@ -16,14 +16,11 @@ tensors); :func:`unpack_batch` rebuilds torch tensors on memory the consumer own
 
 from __future__ import annotations
 
-import copy
-import warnings
-import hashlib
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+import warnings
 from typing import Any
 
 import numpy as np
@@ -32,8 +29,10 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
 from workers.context import DataLoaderCheckpoint, WorkerInfo, worker_context
-from workers.dataloader import DataLoader, EmptyDataLoaderError
-from workers.flow import FlowPolicy
+from workers.dataloader import DataLoader
+from workers.duplicates import content_digest, sample_keys
+from workers.errors import user_traceback
+from workers.resume import Source, check_position, start_position
 
 # ---------------------------------------------------------------------------------------------
 # Transport: torch tensors <-> numpy arrays
@@ -136,40 +135,9 @@ def pack_batch(batch: Any) -> tuple[Any, int]:
     return payload, nbytes
 
 
-_ATOMS = (int, float, str, bool, bytes, type(None))
-
-
-def _copy_state(x: Any) -> Any:
-    """A private copy of a loader state: fast for the usual dicts/lists of numbers and
-    strings, ``copy.deepcopy`` for anything else."""
-    if isinstance(x, _ATOMS):
-        return x
-    if type(x) is dict:
-        return {k: _copy_state(v) for k, v in x.items()}
-    if type(x) is list:
-        return [_copy_state(v) for v in x]
-    if type(x) is tuple:
-        return tuple(_copy_state(v) for v in x)
-    return copy.deepcopy(x)
-
-
 def unpack_batch(payload: Any, copy: bool = True) -> Any:
     """Inverse of :func:`pack_batch` (see :func:`unpack_tensor` for ``copy``)."""
     return tree_map_only(PackedTensor, lambda p: unpack_tensor(p, copy), payload)
-
-
-def batch_fingerprint(payload: Any) -> str:
-    """A digest of a packed batch's structure, dtypes, shapes and bytes."""
-    leaves, spec = tree_flatten(payload)
-    h = hashlib.blake2b(digest_size=16)
-    h.update(repr(spec).encode())
-    for x in leaves:
-        if isinstance(x, PackedTensor):
-            h.update(f"{x.dtype}{x.shape}".encode())
-            h.update(memoryview(np.ascontiguousarray(x.array)).cast("B"))
-        else:
-            h.update(repr(x).encode())
-    return h.hexdigest()
 
 
 def _leading_dim(batch: Any) -> int:
@@ -185,162 +153,6 @@ def _leading_dim(batch: Any) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# Positions, epochs and restartable loaders
-# ---------------------------------------------------------------------------------------------
-
-def _candidates(loader) -> list:
-    """The loader and the parts of it that may carry ``set_epoch`` / ``state_dict``."""
-    objs = [loader]
-    for name in ("batch_sampler", "sampler", "dataset"):
-        objs.append(getattr(loader, name, None))
-    bs = getattr(loader, "batch_sampler", None)
-    objs.append(getattr(bs, "sampler", None))
-    seen, out = set(), []
-    for o in objs:
-        if o is not None and id(o) not in seen:
-            seen.add(id(o))
-            out.append(o)
-    return out
-
-
-def restartable_part(loader):
-    """``(name, object)`` of the first part of ``loader`` with ``state_dict`` and
-    ``load_state_dict`` (the loader itself, its batch_sampler, sampler or dataset), or None."""
-    names = {id(loader): "loader"}
-    for name in ("batch_sampler", "sampler", "dataset"):
-        o = getattr(loader, name, None)
-        if o is not None:
-            names.setdefault(id(o), name)
-    bs = getattr(loader, "batch_sampler", None)
-    if getattr(bs, "sampler", None) is not None:
-        names.setdefault(id(bs.sampler), "batch_sampler.sampler")
-    for o in _candidates(loader):
-        if callable(getattr(o, "state_dict", None)) and callable(
-                getattr(o, "load_state_dict", None)):
-            return names.get(id(o), type(o).__name__), o
-    return None
-
-
-def set_epoch(loader, epoch: int) -> None:
-    """Tell every part of ``loader`` that has ``set_epoch`` (sampler, batch_sampler, ...)."""
-    for o in _candidates(loader):
-        fn = getattr(o, "set_epoch", None)
-        if callable(fn):
-            fn(epoch)
-
-
-_LEAN_ATTRS = ("_next_data", "_sampler_iter", "_num_yielded", "_dataset_kind",
-               "_IterableDataset_len_called")
-
-
-def _lean_iter(loader) -> Iterator:
-    """``iter(loader)``; for a torch ``DataLoader`` with ``num_workers=0``, an iterator that takes
-    the same steps as the loader's own ``__next__`` but leaves out its per-batch profiler
-    annotation while no profiler runs. Entered fresh after each wait for data, that annotation
-    costs ~0.15 ms a batch: as much as the rest of a worker's per-batch work."""
-    it = iter(loader)
-    if type(it) is not torch.utils.data.dataloader._SingleProcessDataLoaderIter or not all(
-            hasattr(it, a) for a in _LEAN_ATTRS):
-        return it
-    return _LeanLoaderIter(it)
-
-
-class _LeanLoaderIter:
-    __slots__ = ("it",)
-
-    def __init__(self, it):
-        self.it = it
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        it = self.it
-        if it._sampler_iter is None or it._IterableDataset_len_called is not None \
-                or torch.autograd._profiler_enabled():
-            return next(it)  # the loader's own path: reset, length warnings, profiling
-        data = it._next_data()
-        it._num_yielded += 1
-        return data
-
-
-class _Source:
-    """Iterates a worker's loader forever from a position, tracking (epoch, batch in epoch).
-
-    Starting at ``(epoch, batch_in_epoch)``: the epoch is announced with ``set_epoch``; a
-    restartable loader is given the saved ``loader_state``; any other loader has the first
-    ``batch_in_epoch`` batches of that epoch skipped. When an epoch ends the next one starts, as
-    :func:`workers.dataloader.iterate_cycled` does; an epoch that yields nothing at all raises
-    :class:`EmptyDataLoaderError`.
-    """
-
-    def __init__(self, dataloader: DataLoader, loader, epoch: int, batch_in_epoch: int,
-                 loader_state: Any = None):
-        self.dataloader = dataloader
-        self.loader = loader
-        self.epoch = epoch
-        self.batch_in_epoch = batch_in_epoch
-        self.restartable = restartable_part(loader)
-        self._loader_state = loader_state
-        self._it: Iterator | None = None
-
-    def _empty(self) -> EmptyDataLoaderError:
-        return EmptyDataLoaderError(
-            f"input_fn {self.dataloader.input_fn_name} returned a dataloader that yields no "
-            "batch" + (f" (epoch {self.epoch})" if self.epoch else "") + ". Check that the data "
-            "set is not empty and that batch_size is not larger than the data set with "
-            "drop_last=True (use a smaller batch_size or drop_last=False)."
-        )
-
-    def _start_epoch(self, resumed: bool) -> None:
-        if self.epoch > 0:
-            set_epoch(self.loader, self.epoch)
-        skip = 0
-        if resumed and self.batch_in_epoch:
-            if self.restartable is not None and self._loader_state is not None:
-                self.restartable[1].load_state_dict(copy.deepcopy(self._loader_state))
-            else:
-                skip, self.batch_in_epoch = self.batch_in_epoch, 0
-        self._it = _lean_iter(self.loader)
-        while skip:
-            try:
-                next(self._it)
-            except StopIteration:
-                # the epoch is shorter than the saved position: go on into the next epoch
-                if self.batch_in_epoch == 0:
-                    raise self._empty() from None
-                self.epoch += 1
-                self.batch_in_epoch = 0
-                set_epoch(self.loader, self.epoch)
-                self._it = _lean_iter(self.loader)
-                continue
-            self.batch_in_epoch += 1
-            skip -= 1
-
-    def __next__(self):
-        if self._it is None:
-            self._start_epoch(resumed=True)
-        while True:
-            try:
-                batch = next(self._it)
-            except StopIteration:
-                if self.batch_in_epoch == 0:
-                    raise self._empty() from None
-                self.epoch += 1
-                self.batch_in_epoch = 0
-                self._start_epoch(resumed=False)
-                continue
-            self.batch_in_epoch += 1
-            return batch
-
-    def state(self) -> Any:
-        """The restartable part's ``state_dict()`` now (a private copy), or None."""
-        if self.restartable is None:
-            return None
-        return _copy_state(self.restartable[1].state_dict())
-
-
-# ---------------------------------------------------------------------------------------------
 # The actor
 # ---------------------------------------------------------------------------------------------
 
@@ -351,14 +163,23 @@ def _error_reply(index: int, exc: BaseException, during: str) -> dict:
         "exc_type": type(exc).__name__,
         "exc_module": type(exc).__module__,
         "exc_message": str(exc),
-        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        "traceback": user_traceback(exc),
         "during": during,
     }
 
 
+def batch_nbytes(batch: Any) -> int:
+    """Bytes of the tensors in a (nested) batch."""
+    if isinstance(batch, torch.Tensor):
+        return batch.numel() * batch.element_size()
+    leaves, _ = tree_flatten(batch)
+    return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
+
+
 def _packed(item: dict) -> dict:
     """A produced item made ready to send: its batch as numpy-backed :class:`PackedTensor`s,
-    its byte count, and (for the worker's first batch) its fingerprint."""
+    its byte count, and (for a batch whose sample keys are asked for and whose sampler gave
+    no sample ids) its content digest."""
     if item["kind"] != "batch" or "batch" not in item:
         return item
     item = dict(item)
@@ -366,11 +187,13 @@ def _packed(item: dict) -> dict:
     try:
         payload, nbytes = pack_batch(batch)
     except BaseException as e:  # noqa: BLE001 (sent to the consumer)
-        return _error_reply(item["index"], e, f"while sending batch {item['index']} of this "
-                            "worker (a batch must be a nest of tensors and plain values)")
+        return _error_reply(item["index"], e, "while sending this batch (a batch must be a "
+                            "nest of tensors and plain values)")
     item["payload"] = payload
     item["nbytes"] = nbytes
-    item["fingerprint"] = batch_fingerprint(payload) if item["index"] == 0 else None
+    keys = item.get("keys")
+    if keys is not None and keys.get("ids") is None:
+        item["keys"] = dict(keys, digest=content_digest(payload))
     return item
 
 
@@ -381,24 +204,31 @@ class InputWorkerImpl:
         dataloader: the :class:`workers.dataloader.DataLoader` recipe.
         info: which worker of which CS-X this is.
         start: where to start: ``worker_step`` (batches this worker delivered before),
-            ``samples_streamed``, ``epoch``, ``batch_in_epoch`` and ``loader_state``.
+            ``samples_streamed`` and ``position`` (see :mod:`workers.resume`).
         capacity: the most batches produced but not yet fetched.
-        policy: the run's :class:`~workers.flow.FlowPolicy`; once the first batch is made, a
-            worker whose batches are small holds ``policy.batches_per_reply(nbytes)`` of them,
-            as many as one reply then carries.
+        capacity_bytes: the most bytes of batches produced but not yet fetched (at least one
+            batch is always allowed); None: bounded in batches only.
+        keys_until: batches with an index below this carry their sample keys (sample ids, or a
+            content digest) for the duplicate check of :mod:`workers.duplicates`.
+        owns_global_rng: the process runs nothing but this worker (a Ray actor), so torch's
+            global RNG is the input pipeline's (see :class:`workers.resume.Source`).
     """
 
     def __init__(self, dataloader: DataLoader, info: WorkerInfo, start: dict | None = None,
-                 capacity: int = 2, policy: FlowPolicy | None = None):
+                 capacity: int = 2, capacity_bytes: int | None = None, keys_until: int = 0,
+                 owns_global_rng: bool = False):
         start = dict(start or {})
-        self.policy = policy
         self.info = info
         self.dataloader = dataloader
         self.capacity = max(1, int(capacity))
+        self.capacity_bytes = capacity_bytes
+        self.keys_until = int(keys_until)
+        self.owns_global_rng = owns_global_rng
         self.first_index = int(start.get("worker_step", 0))
-        self._start = start
+        self._position = check_position(dict(start.get("position") or start_position()))
         self._cond = threading.Condition()
         self._buffer: dict[int, dict] = {}
+        self._buffer_bytes = 0
         self._next_index = self.first_index  # index of the next batch to produce
         self._error: dict | None = None
         self._stop = False
@@ -408,9 +238,7 @@ class InputWorkerImpl:
             num_csx=info.num_csx, wse_id=info.wse_id,
             appliance_step=self._appliance_step(self.first_index),
             worker_step=self.first_index, samples_streamed=int(start.get("samples_streamed", 0)),
-            user_state_dict=self._position(int(start.get("epoch", 0)),
-                                           int(start.get("batch_in_epoch", 0)),
-                                           start.get("loader_state")),
+            user_state_dict=self._position,
         )
         self._thread = threading.Thread(
             target=self._run, daemon=True,
@@ -423,26 +251,33 @@ class InputWorkerImpl:
             return 0
         return (worker_step - 1) * self.info.num_workers_per_csx + self.info.local_worker_id + 1
 
-    @staticmethod
-    def _position(epoch: int, batch_in_epoch: int, loader_state: Any, part: str | None = None):
-        pos = {"epoch": epoch, "batch_in_epoch": batch_in_epoch}
-        if loader_state is not None:
-            pos["loader_state"] = loader_state
-            if part:
-                pos["loader_state_of"] = part
-        return pos
-
     # -- the producer thread ------------------------------------------------------------------
+    def _full(self, nbytes: int) -> bool:
+        if not self._buffer:
+            return False
+        if len(self._buffer) >= self.capacity:
+            return True
+        return self.capacity_bytes is not None and \
+            self._buffer_bytes + nbytes > self.capacity_bytes
+
     def _put(self, item: dict) -> bool:
         with self._cond:
-            while not self._stop and len(self._buffer) >= self.capacity:
+            while not self._stop and self._full(item["nbytes"]):
                 self._cond.wait()
             if self._stop:
                 return False
             self._buffer[item["index"]] = item
+            self._buffer_bytes += item["nbytes"]
             self._next_index = item["index"] + 1
             self._cond.notify_all()
             return True
+
+    def _pop(self, index: int) -> dict | None:
+        """Take batch ``index`` out of the buffer (the caller holds ``_cond``)."""
+        item = self._buffer.pop(index, None)
+        if item is not None:
+            self._buffer_bytes -= item["nbytes"]
+        return item
 
     def _fail(self, exc: BaseException, during: str) -> None:
         with self._cond:
@@ -450,16 +285,15 @@ class InputWorkerImpl:
             self._cond.notify_all()
 
     def _run(self) -> None:
-        info, start = self.info, self._start
+        info = self.info
         with worker_context(info, self.state):
             try:
                 loader = self.dataloader.build(info)
-                source = _Source(self.dataloader, loader, int(start.get("epoch", 0)),
-                                 int(start.get("batch_in_epoch", 0)), start.get("loader_state"))
+                source = Source(self.dataloader, loader, self._position,
+                                owns_global_rng=self.owns_global_rng)
             except BaseException as e:  # noqa: BLE001 (sent to the consumer)
                 self._fail(e, "while building its dataloader")
                 return
-            part = source.restartable[0] if source.restartable else None
             while not self._stop:
                 index = self._next_index
                 try:
@@ -472,14 +306,14 @@ class InputWorkerImpl:
                     st.samples_streamed += _leading_dim(batch)
                     # a fresh dict each batch, never changed after: the reply and the worker's
                     # state share it
-                    position = self._position(source.epoch, source.batch_in_epoch,
-                                              source.state(), part)
+                    position = source.position()
                     st.user_state_dict = position
                     # packed by the fetch call that sends it, off the producer's path
                     item = {
                         "kind": "batch",
                         "index": index,
                         "batch": batch,
+                        "nbytes": batch_nbytes(batch),
                         "after": {
                             "worker_step": st.worker_step,
                             "samples_streamed": st.samples_streamed,
@@ -490,40 +324,45 @@ class InputWorkerImpl:
                         "produced_unix": (t0_unix, time.time()),
                         "produce_cpu_s": time.thread_time() - t0_cpu,
                     }
+                    if index < self.keys_until:
+                        item["keys"] = sample_keys(batch, source.epoch,
+                                                   source.last_sample_ids())
                 except BaseException as e:  # noqa: BLE001 (sent to the consumer)
-                    self._fail(e, f"while producing batch {index} of this worker")
+                    self._fail(e, "while producing this batch")
                     return
-                if self.produced == 1 and self.policy is not None:
-                    nbytes = sum(t.numel() * t.element_size() for t in tree_flatten(batch)[0]
-                                 if isinstance(t, torch.Tensor))
-                    with self._cond:
-                        self.capacity = max(self.capacity, self.policy.batches_per_reply(nbytes))
                 del batch
                 if not self._put(item):
                     return
 
     # -- remote methods -----------------------------------------------------------------------
-    def fetch(self, index: int, count: int = 1) -> dict:
+    def fetch(self, index: int, count: int = 1, max_bytes: int | None = None) -> dict:
         """Batch ``index`` of this worker (waits for it), or an error reply.
 
         With ``count > 1``: a ``"chunk"`` reply holding batch ``index`` (waited for) and those
-        after it that are already produced, at most ``count`` items in all (an error item ends
-        the chunk). One reply for several batches pays Ray's per-call and per-object costs
-        once, and never delays a batch that is ready.
+        after it that are already produced, at most ``count`` items and (beyond the first)
+        at most ``max_bytes`` in all (an error item ends the chunk). One reply for several
+        batches pays Ray's per-call and per-object costs once, and never delays a batch that
+        is ready.
         """
         first = self._take(index)
         if count == 1:
             return _packed(first)
         items = [first]
+        nbytes = first.get("nbytes", 0)
         with self._cond:
             i = index + 1
             while first["kind"] != "error" and len(items) < count:
-                item = self._buffer.pop(i, None)
+                nxt = self._buffer.get(i)
+                if nxt is not None and max_bytes is not None and \
+                        nbytes + nxt["nbytes"] > max_bytes:
+                    break
+                item = self._pop(i)
                 if item is None:
                     if self._error is not None and self._error["index"] == i:
                         items.append(self._error)
                     break
                 items.append(item)
+                nbytes += item["nbytes"]
                 i += 1
             self._cond.notify_all()
         return {"kind": "chunk", "index": index, "items": [_packed(it) for it in items]}
@@ -531,7 +370,7 @@ class InputWorkerImpl:
     def _take(self, index: int) -> dict:
         with self._cond:
             while True:
-                item = self._buffer.pop(index, None)
+                item = self._pop(index)
                 if item is not None:
                     self._cond.notify_all()
                     return item
@@ -558,6 +397,7 @@ class InputWorkerImpl:
     def stats(self) -> dict:
         with self._cond:
             return {"produced": self.produced, "buffered": len(self._buffer),
+                    "buffered_bytes": self._buffer_bytes,
                     "next_index": self._next_index, "pid": _pid()}
 
     def pid(self) -> int:

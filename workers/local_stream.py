@@ -7,15 +7,20 @@ to get exactly the worker sharding and round-robin order of the distributed inpu
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map_only
+from torch.utils._pytree import tree_map_only
 
 from workers.config import CSConfig
 from workers.context import DataLoaderCheckpoint, WorkerInfo, worker_context
-from workers.dataloader import DataLoader, iterate_cycled
+from workers.dataloader import DataLoader, EmptyDataLoaderError
+from workers.duplicates import WorkerKeys, content_digest, sample_keys
+from workers.errors import InputWorkerError, user_traceback
+from workers.input_worker import batch_nbytes, pack_batch
+from workers.resume import ResumeError, Source, check_position, start_position
 
 
 @dataclass
@@ -32,79 +37,133 @@ class BatchInfo:
     """CPU time the producing thread spent on the batch."""
 
 
-def batch_nbytes(batch) -> int:
-    leaves, _ = tree_flatten(batch)
-    return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
+def sample_key_batches(cs_config: CSConfig) -> int:
+    """How many first batches of each worker carry sample keys for the duplicate check."""
+    if cs_config.duplicate_samples == "ignore" or cs_config.total_num_workers < 2:
+        return 0
+    return cs_config.duplicate_check_batches
+
+
+class _LocalWorker:
+    def __init__(self, info: WorkerInfo, source: Source, consumed: int, keys_until: int):
+        self.info = info
+        self.source = source
+        self.consumed = consumed  # batches handed out
+        self.produced = consumed
+        self.ahead: deque = deque()  # (batch, position, timing) drawn for the duplicate check
+        self.position = source.position() if consumed else None
+        self.keys_until = keys_until
+        self.keys: list = []
 
 
 class LocalInputStream:
+    """One CS-X's workers, each a :class:`workers.resume.Source` in this process, read
+    round-robin (step ``s`` from worker ``s % num_workers_per_csx``)."""
+
     def __init__(self, dataloader: DataLoader, cs_config: CSConfig, wse_id: int, *,
-                 resume_states=None, **_ignored):
+                 resume_states=None, **_transport_options):
+        self.dataloader = dataloader
         self.cs_config = cs_config
         self.wse_id = wse_id
         W = cs_config.num_workers_per_csx
-        self.infos = [WorkerInfo(w, W, cs_config.num_csx, wse_id) for w in range(W)]
-        self._iters = []
-        self._consumed = [0] * W
-        skip = [0] * W
-        if resume_states:
-            for st in resume_states:
-                skip[st.local_worker_id] = int(st.user_state_dict.get("consumed", 0))
-        for info in self.infos:
+        self.num_workers = W
+        saved = {st.local_worker_id: st for st in (resume_states or [])}
+        self._workers: list[_LocalWorker] = []
+        key_batches = sample_key_batches(cs_config)
+        for w in range(W):
+            info = WorkerInfo(w, W, cs_config.num_csx, wse_id)
+            st = saved.get(w)
+            pos = start_position() if st is None else check_position(
+                dict(st.user_state_dict or start_position()),
+                f"the resume state of CS-X {wse_id}, worker {w}")
+            consumed = 0 if st is None else int(st.worker_step)
             with worker_context(info):
-                loader = dataloader.build(info)
-            it = iterate_cycled(dataloader, loader)
-            for _ in range(skip[info.local_worker_id]):
-                next(it)
-            self._consumed[info.local_worker_id] = skip[info.local_worker_id]
-            self._iters.append(it)
-        self._step = 0
+                try:
+                    loader = dataloader.build(info)
+                except Exception as e:
+                    raise self._error(info, consumed, e, "while building its dataloader") from e
+                source = Source(dataloader, loader, pos)
+            wk = _LocalWorker(info, source, consumed, consumed + key_batches)
+            wk.position = pos
+            self._workers.append(wk)
+        self._step = sum(wk.consumed for wk in self._workers)
         self._peeked = None
 
-    def _pull(self):
-        w = self._step % len(self._iters)
+    def _error(self, info: WorkerInfo, batch: int, exc: BaseException, during: str):
+        if isinstance(exc, (EmptyDataLoaderError, ResumeError)):
+            return type(exc)(f"CS-X {self.wse_id}, input worker {info.local_worker_id}: {exc}")
+        return InputWorkerError(self.wse_id, info.local_worker_id, type(exc).__name__, str(exc),
+                                user_traceback(exc), during, self.num_workers, batch)
+
+    def _produce(self, wk: _LocalWorker):
         t0, t0_cpu = time.time(), time.thread_time()
-        with worker_context(self.infos[w]):
-            batch = next(self._iters[w])
-        return w, batch, (t0, time.time(), time.thread_time() - t0_cpu)
+        with worker_context(wk.info):
+            try:
+                batch = next(wk.source)
+            except Exception as e:
+                raise self._error(wk.info, wk.produced, e, "while producing this batch") from e
+            if wk.produced < wk.keys_until:
+                key = sample_keys(batch, wk.source.epoch, wk.source.last_sample_ids())
+                if key["ids"] is None:
+                    key["digest"] = content_digest(pack_batch(batch)[0])
+                wk.keys.append(key)
+        wk.produced += 1
+        return batch, wk.source.position(), (t0, time.time(), time.thread_time() - t0_cpu)
+
+    def _pull(self):
+        w = self._step % len(self._workers)
+        wk = self._workers[w]
+        item = wk.ahead.popleft() if wk.ahead else self._produce(wk)
+        return w, item
 
     def peek_spec(self):
         if self._peeked is None:
             self._peeked = self._pull()
         return tree_map_only(torch.Tensor, lambda t: torch.empty_like(t, device="meta"),
-                             self._peeked[1])
+                             self._peeked[1][0])
+
+    def sample_keys(self) -> list[WorkerKeys]:
+        """The sample keys of each worker's first batches (drawn ahead and kept for next())."""
+        for wk in self._workers:
+            while wk.produced < wk.keys_until:
+                wk.ahead.append(self._produce(wk))
+        return [WorkerKeys(self.wse_id, wk.info.local_worker_id, list(wk.keys))
+                for wk in self._workers]
 
     def next(self):
         t0 = time.perf_counter()
         if self._peeked is not None:
-            (w, batch, produced), self._peeked = self._peeked, None
+            (w, (batch, position, produced)), self._peeked = self._peeked, None
         else:
-            w, batch, produced = self._pull()
-        info = BatchInfo(w, self._consumed[w], time.perf_counter() - t0, batch_nbytes(batch),
+            w, (batch, position, produced) = self._pull()
+        wk = self._workers[w]
+        info = BatchInfo(w, wk.consumed, time.perf_counter() - t0, batch_nbytes(batch),
                          produced_unix=produced[:2], received_unix=produced[1],
                          produce_cpu_s=produced[2])
-        self._consumed[w] += 1
+        wk.consumed += 1
+        wk.position = position
         self._step += 1
         return batch, info
 
     def worker_states(self):
         return [
             DataLoaderCheckpoint(
-                local_worker_id=i.local_worker_id, num_workers_per_csx=i.num_workers_per_csx,
-                num_csx=i.num_csx, wse_id=i.wse_id, worker_step=self._consumed[i.local_worker_id],
-                user_state_dict={"consumed": self._consumed[i.local_worker_id]},
+                local_worker_id=wk.info.local_worker_id,
+                num_workers_per_csx=wk.info.num_workers_per_csx, num_csx=wk.info.num_csx,
+                wse_id=wk.info.wse_id, appliance_step=self._step, worker_step=wk.consumed,
+                user_state_dict=dict(wk.position),
             )
-            for i in self.infos
+            for wk in self._workers
         ]
 
     def stats(self):
-        return {"workers": [{"local_worker_id": i, "batches": c}
-                            for i, c in enumerate(self._consumed)]}
+        return {"workers": [{"local_worker_id": wk.info.local_worker_id, "batches": wk.consumed}
+                            for wk in self._workers]}
 
     def ready_count(self) -> int:
         return 0
 
     def close(self):
-        for it in self._iters:
-            it.close()
-        self._iters = []
+        for wk in self._workers:
+            wk.source.close()
+        self._workers = []

@@ -15,14 +15,16 @@ Notation: ``C`` = ``num_csx``, ``W`` = ``num_workers_per_csx``, ``T = C * W`` =
 - :class:`DistributedSampler` interleaves samples over all ``T`` workers, as
   ``torch.utils.data.DistributedSampler(num_replicas=T, rank=g)`` does.
 - :func:`shard_iterable` keeps every ``T``-th item of any iterable, starting at ``g``.
-- :class:`ParquetDataset` splits the row groups of Parquet files over the ``T`` workers.
+- :class:`ParquetDataset` splits the rows of Parquet files equally over the ``T`` workers.
 """
 
 from __future__ import annotations
 
+import array
+import bisect
+import hashlib
 import math
 import os
-import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,16 @@ def _slice_bounds(n: int, parts: int, part: int) -> tuple[int, int]:
 def _count_congruent(n: int, start: int, step: int) -> int:
     """How many of ``0..n-1`` are ``start, start + step, ...``."""
     return 0 if n <= start else (n - start + step - 1) // step
+
+
+def _batch_bytes(batch) -> bytes:
+    """The indices of one global batch as bytes (for the order digest)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.detach().cpu().to(torch.int64).numpy().tobytes()
+    try:
+        return array.array("q", batch).tobytes()
+    except (TypeError, OverflowError):
+        return repr(list(batch)).encode()
 
 
 def _check_int(name: str, value: Any, minimum: int, owner: str) -> int:
@@ -84,10 +96,13 @@ class ShardedSampler:
     The worker identity is read from :func:`cstream.distributed.get_worker_info` each time the
     sampler is iterated, so build it inside ``input_fn`` and pass it as ``batch_sampler=``.
 
-    ``state_dict()`` is ``{"next_global_batch": n, "epoch": e}``: ``n`` is the global batch index
-    right after the last batch this worker yielded (global-batch units, so it does not depend on
-    the number of workers). After ``load_state_dict``, the next iteration starts with this
-    worker's first global batch at or after ``n``, for any ``W`` and ``C``.
+    ``state_dict()`` is ``{"next_global_batch": n, "epoch": e, "order_digest": d}``: ``n`` is the
+    global batch index right after the last batch this worker yielded (global-batch units, so it
+    does not depend on the number of workers), ``d`` a digest of global batches ``0..n-1``.
+    After ``load_state_dict``, the next iteration starts with this worker's first global batch
+    at or after ``n``, for any ``W`` and ``C``; if the global batches before ``n`` are not the
+    ones the saved run walked (a shuffle that cannot be drawn again), it raises instead of
+    streaming a different order that would repeat some samples and skip others.
 
     >>> import torch
     >>> from torch.utils.data import BatchSampler, SequentialSampler
@@ -116,7 +131,9 @@ class ShardedSampler:
         self.data_source = data_source
         self.epoch = 0
         self._next = 0  # the global batch index after the last one yielded
+        self._digest: str | None = None  # of global batches 0.._next-1
         self._resume_from: int | None = None
+        self._resume_digest: str | None = None
 
     def _epoch_target(self):
         if callable(getattr(self.data_source, "set_epoch", None)):
@@ -151,17 +168,22 @@ class ShardedSampler:
         info = get_worker_info()
         W, C, w, c = info.num_workers_per_csx, info.num_csx, info.local_worker_id, info.wse_id
         start = self._resume_from or 0
-        self._resume_from = None
+        expected, self._resume_from, self._resume_digest = self._resume_digest, None, None
         self._next = start
         try:
             offset = self._offset(len(self.data_source), W)
         except TypeError:
             offset = 0
+        order = hashlib.blake2b(digest_size=16)
+        index = -1
         for index, batch in enumerate(self.data_source):
-            if index < start or (offset + index) % W != w:
-                continue
+            if index == start and expected is not None:
+                self._check_order(order.hexdigest(), expected, start)
             if not hasattr(batch, "__len__") or not hasattr(batch, "__getitem__"):
                 batch = list(batch)
+            order.update(_batch_bytes(batch))
+            if index < start or (offset + index) % W != w:
+                continue
             n = len(batch)
             if n < C:
                 raise ValueError(
@@ -172,24 +194,52 @@ class ShardedSampler:
                     f"cause."
                 )
             self._next = index + 1
+            self._digest = order.hexdigest()
             if C == 1:
                 yield batch
             else:
                 lo, hi = _slice_bounds(n, C, c)
                 part = batch[lo:hi]
                 yield list(part) if isinstance(part, tuple) else part
+        if expected is not None and index + 1 <= start:
+            self._check_order(order.hexdigest(), expected, start)
+
+    def _check_order(self, digest: str, expected: str, start: int) -> None:
+        if digest != expected:
+            raise ValueError(
+                f"ShardedSampler: the resumed position is global batch {start} of epoch "
+                f"{self.epoch}, but the global batches before it are not the ones the saved run "
+                "streamed, so the rest of the epoch would repeat some samples and skip others. "
+                "The shuffle cannot be drawn again: give the sampler that shuffles its own "
+                "seeded generator (RandomSampler(data, generator=torch.Generator()"
+                ".manual_seed(seed)), or DistributedSampler(shuffle=True, seed=...)), and resume "
+                "with the same input_fn and arguments."
+            )
 
     def state_dict(self) -> dict:
-        """``{"next_global_batch": n, "epoch": e}`` (see the class docstring)."""
-        return {"next_global_batch": self._next if self._resume_from is None else self._resume_from,
-                "epoch": self.epoch}
+        """``{"next_global_batch": n, "epoch": e, "order_digest": d}`` (see the class
+        docstring)."""
+        if self._resume_from is not None:
+            state = {"next_global_batch": self._resume_from, "epoch": self.epoch}
+            if self._resume_digest is not None:
+                state["order_digest"] = self._resume_digest
+            return state
+        state = {"next_global_batch": self._next, "epoch": self.epoch}
+        if self._digest is not None and self._next:
+            state["order_digest"] = self._digest
+        return state
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Make the next iteration resume at global batch ``state_dict["next_global_batch"]``."""
         state = _check_state("ShardedSampler", state_dict, ("next_global_batch", "epoch"))
+        digest = state.get("order_digest")
+        if digest is not None and not isinstance(digest, str):
+            raise ValueError(
+                f"ShardedSampler.load_state_dict: order_digest must be a str, got {digest!r}.")
         if state["epoch"] != self.epoch:
             self.set_epoch(state["epoch"])
         self._resume_from = self._next = state["next_global_batch"]
+        self._resume_digest = digest
 
     def __repr__(self) -> str:
         return f"ShardedSampler({self.data_source!r})"
@@ -406,25 +456,31 @@ def _is_numeric(t) -> bool:
 
 
 class ParquetDataset(torch.utils.data.IterableDataset):
-    """Batches of rows from Parquet files, with the row groups split over the input workers.
+    """Batches of rows from Parquet files, with the rows split equally over the input workers.
 
-    The row groups of all files, in the order (file, row group), are dealt out round-robin: global
-    worker ``g`` of ``T`` reads row groups ``g, g + T, ...``. Each worker yields dicts of column
-    name -> tensor with ``batch_size`` rows (a batch may span row groups; the last one is shorter
-    unless ``drop_last``). Columns must be numeric (integer, floating point or boolean).
+    The rows of all files, in the order (file, row group, row), are cut into ``T`` contiguous
+    ranges of equal length: global worker ``g`` of ``T`` reads rows ``[g * R / T, (g + 1) * R /
+    T)`` of the ``R`` rows, splitting row groups where a range starts or ends inside one. Every
+    worker thus streams the same number of rows (and batches) each epoch, and one epoch's worth
+    of steps streams every row exactly once. When ``R`` is not a multiple of ``T`` the rows
+    cannot be split equally: the dataset refuses with the numbers, unless ``drop_last`` (then
+    the last ``R % T`` rows of the epoch are left out). Each worker yields dicts of column name
+    -> tensor with ``batch_size`` rows (the last one is shorter unless ``drop_last``). Columns
+    must be numeric (integer, floating point or boolean).
 
     Inside a ``torch.utils.data.DataLoader`` with ``num_workers = n > 0`` (use ``batch_size=None``
-    there), process ``i`` of the DataLoader reads every ``n``-th of the input worker's row groups,
-    starting at its ``i``-th; ``state_dict`` then describes only in-process iteration.
+    there), process ``i`` of the DataLoader reads the ``i``-th of ``n`` contiguous parts of the
+    input worker's rows; ``state_dict`` then describes only in-process iteration.
 
     ``state_dict()`` is ``{"epoch": e, "row_group": r, "offset": k}``: the next row to read is row
-    ``k`` of global row group ``r`` (``r`` = the number of row groups at the end of the epoch).
+    ``k`` of global row group ``r`` (``r`` = the number of row groups at the end of the range).
 
     Args:
         paths: a Parquet file, a directory of ``*.parquet`` files, or a list of either.
         columns: the columns to read (default: all columns of the first file).
         batch_size: rows per batch.
-        drop_last: drop each worker's last, short batch of an epoch.
+        drop_last: drop each worker's last, short batch of an epoch, and the rows that do not
+            divide equally over the workers.
 
     >>> import pyarrow as pa, pyarrow.parquet as pq, tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "d.parquet")
@@ -480,15 +536,22 @@ class ParquetDataset(torch.utils.data.IterableDataset):
             for rg in range(meta.num_row_groups):
                 self.row_groups.append((fi, rg, meta.row_group(rg).num_rows))
         self.columns = columns
+        self._starts = [0]  # global row index where each row group starts
+        for _, _, rows in self.row_groups:
+            self._starts.append(self._starts[-1] + rows)
         self.epoch = 0
         self._pos = (0, 0)
         self._resume: tuple[int, int] | None = None
         self._files: dict[int, Any] = {}
         self._pickled_info = None
 
+    @property
+    def num_rows(self) -> int:
+        return self._starts[-1]
+
     # -- sharding --------------------------------------------------------------------------
-    def _shard(self) -> tuple[list[int], int]:
-        """This worker's global row-group indices and the number of input workers."""
+    def _shard(self) -> tuple[int, int]:
+        """This worker's rows ``[lo, hi)`` (global row indices)."""
         info = get_worker_info()
         tw = torch.utils.data.get_worker_info()
         if tw is not None and self._pickled_info is not None:
@@ -496,14 +559,26 @@ class ParquetDataset(torch.utils.data.IterableDataset):
             # process that started it came along in the pickled dataset
             info = self._pickled_info
         T, g = info.total_num_workers, info.global_worker_id
-        mine = list(range(g, len(self.row_groups), T))
+        R = self.num_rows
+        per, extra = divmod(R, T)
+        if extra and not self.drop_last:
+            raise ValueError(
+                f"ParquetDataset: the {R} rows of {len(self.paths)} file(s) cannot be split "
+                f"equally over {T} input workers (num_csx * num_workers_per_csx): {T} x {per} "
+                f"rows leaves {extra} over, and a worker with more rows than the others would "
+                "stream some rows twice or leave others out within one epoch's worth of steps. "
+                f"Use drop_last=True (each epoch leaves out the last {extra} rows), a number of "
+                f"workers that divides {R}, or write a multiple of {T} rows."
+            )
+        lo, hi = g * per, (g + 1) * per
         if tw is not None and tw.num_workers > 1:
-            mine = mine[tw.id::tw.num_workers]
-        return mine, T
+            a, b = _slice_bounds(per, tw.num_workers, tw.id)
+            lo, hi = lo + a, lo + b
+        return lo, hi
 
     def _rows_per_worker(self) -> int:
-        mine, _ = self._shard()
-        return sum(self.row_groups[r][2] for r in mine)
+        lo, hi = self._shard()
+        return hi - lo
 
     def __len__(self) -> int:
         """The number of batches this worker yields in an epoch."""
@@ -511,7 +586,7 @@ class ParquetDataset(torch.utils.data.IterableDataset):
         return rows // self.batch_size if self.drop_last else -(-rows // self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
-        """Record ``epoch`` (kept in the state; every epoch reads the row groups in one order)."""
+        """Record ``epoch`` (kept in the state; every epoch reads the rows in one order)."""
         self.epoch = _check_int("epoch", epoch, 0, "ParquetDataset.set_epoch")
 
     # -- reading ---------------------------------------------------------------------------
@@ -535,55 +610,58 @@ class ParquetDataset(torch.utils.data.IterableDataset):
             out[name] = torch.from_numpy(col.to_numpy().copy())
         return out
 
+    def _row_of(self, r: int, k: int) -> int:
+        return self._starts[r] + k if r < len(self.row_groups) else self.num_rows
+
+    def _position_at(self, row: int) -> tuple[int, int]:
+        """``(row group, offset)`` of global row ``row`` (``(len, 0)`` at the end)."""
+        if row >= self.num_rows:
+            return len(self.row_groups), 0
+        r = bisect.bisect_right(self._starts, row) - 1
+        return r, row - self._starts[r]
+
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        mine, T = self._shard()
-        if len(self.row_groups) < T:
-            warnings.warn(
-                f"ParquetDataset: {len(self.row_groups)} row group(s) for {T} workers, so "
-                f"{T - len(self.row_groups)} worker(s) get no data. Write the files with more, "
-                "smaller row groups (pyarrow.parquet.write_table(..., row_group_size=...)) or "
-                "use fewer input workers.",
-                stacklevel=2,
-            )
-        end = len(self.row_groups)
-        start_rg, offset = (mine[0] if mine else end), 0
+        lo, hi = self._shard()
+        row = lo
         if self._resume is not None:
-            (start_rg, offset), self._resume = self._resume, None
-            if start_rg != end and start_rg not in mine:
+            (r, k), self._resume = self._resume, None
+            if r < len(self.row_groups) and not 0 <= k < self.row_groups[r][2]:
                 raise ValueError(
-                    f"ParquetDataset: the state being resumed points at row group {start_rg}, "
-                    f"which is not one of this worker's row groups ({mine[:8]}"
-                    f"{'...' if len(mine) > 8 else ''}). Resume each worker with its own "
-                    "state_dict() and the same number of workers."
+                    f"ParquetDataset: the state being resumed has offset {k} in row group "
+                    f"{r}, which has {self.row_groups[r][2]} rows."
                 )
-            if start_rg != end and not 0 <= offset < self.row_groups[start_rg][2]:
+            row = self._row_of(r, k)
+            if not lo <= row <= hi and not (row == self.num_rows and hi <= row):
                 raise ValueError(
-                    f"ParquetDataset: the state being resumed has offset {offset} in row group "
-                    f"{start_rg}, which has {self.row_groups[start_rg][2]} rows."
+                    f"ParquetDataset: the state being resumed points at row {k} of row group "
+                    f"{r} (row {row} of all files), which is not in this worker's rows "
+                    f"[{lo}, {hi}). Resume each worker with its own state_dict() and the same "
+                    "number of workers."
                 )
-        queue = [r for r in mine if r >= start_rg]
-        self._pos = (start_rg, offset)
+            row = min(row, hi)
+        self._pos = self._position_at(row)
         pending: list[dict[str, torch.Tensor]] = []
         have = 0
-        for qi, r in enumerate(queue):
-            nxt = queue[qi + 1] if qi + 1 < len(queue) else end
+        while row < hi:
+            r, k = self._position_at(row)
             data = self._read(r)
-            rows = self.row_groups[r][2]
-            at = offset  # rows of r already taken into batches
-            offset = 0
-            while at < rows:
-                take = min(self.batch_size - have, rows - at)
-                pending.append({k: v[at:at + take] for k, v in data.items()})
+            stop = min(self.row_groups[r][2], hi - self._starts[r])
+            at = k  # rows of r already taken into batches
+            while at < stop:
+                take = min(self.batch_size - have, stop - at)
+                pending.append({c: v[at:at + take] for c, v in data.items()})
                 have += take
                 at += take
+                row = self._starts[r] + at
                 if have == self.batch_size:
-                    self._pos = (r, at) if at < rows else (nxt, 0)
+                    self._pos = self._position_at(row) if row < hi else (len(self.row_groups), 0)
                     yield self._join(pending)
                     pending, have = [], 0
+        end = (len(self.row_groups), 0)
         if pending and not self.drop_last:
-            self._pos = (end, 0)
+            self._pos = end
             yield self._join(pending)
-        self._pos = (end, 0)
+        self._pos = end
 
     def _join(self, parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         if len(parts) == 1:

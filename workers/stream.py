@@ -24,17 +24,14 @@ import torch
 from torch.utils._pytree import tree_map_only
 
 from workers.config import CSConfig
-from workers.flow import FlowPolicy
 from workers.context import DataLoaderCheckpoint, WorkerInfo
 from workers.dataloader import DataLoader, EmptyDataLoaderError
-from workers.errors import (
-    InputWorkerError,
-    StragglerWarning,
-    UnshardedInputWarning,
-    WorkerCrashLoopError,
-)
+from workers.duplicates import WorkerKeys
+from workers.errors import InputWorkerError, StragglerWarning, WorkerCrashLoopError
+from workers.flow import FlowPolicy, input_bytes_in_flight_per_worker
 from workers.input_worker import InputWorker, unpack_batch
-from workers.local_stream import BatchInfo
+from workers.local_stream import BatchInfo, sample_key_batches
+from workers.resume import ExhaustedIteratorError, ResumeError, check_position, start_position
 
 __all__ = ["BatchInfo", "CsxInputStream"]
 
@@ -61,37 +58,51 @@ class _Worker:
     consumed_after: dict = field(default_factory=dict)
     delivered_this_run: int = 0
     bytes: int = 0
+    ready_bytes: int = 0  # bytes of the batches in ``ready``
     restarts: int = 0
     straggler_reports: int = 0
-    started_fresh: bool = True
-    fingerprint: str | None = None
+    keys_until: int = 0  # batches below this index carry sample keys
+    keys: list = field(default_factory=list)  # the sample keys received, in order
 
 
-def _position_of(state: DataLoaderCheckpoint) -> dict:
+def _position_of(state: DataLoaderCheckpoint, wse_id: int) -> dict:
     """The ``after`` dict (as carried in replies) described by a saved checkpoint."""
-    usd = dict(state.user_state_dict or {})
-    if "epoch" in usd or "batch_in_epoch" in usd:
-        pos = {"epoch": int(usd.get("epoch", 0)),
-               "batch_in_epoch": int(usd.get("batch_in_epoch", 0))}
-        for k in ("loader_state", "loader_state_of"):
-            if k in usd:
-                pos[k] = usd[k]
-    else:
-        # a position counted from the start of the stream (the in-process stream's format)
-        pos = {"epoch": 0, "batch_in_epoch": int(usd.get("consumed", state.worker_step))}
+    pos = check_position(dict(state.user_state_dict or start_position()),
+                         f"the resume state of CS-X {wse_id}, worker {state.local_worker_id}")
     return {"worker_step": int(state.worker_step), "samples_streamed": int(state.samples_streamed),
             "user_state_dict": pos}
 
 
 def _start_of(after: dict) -> dict:
-    usd = after.get("user_state_dict", {})
-    return {
-        "worker_step": after.get("worker_step", 0),
-        "samples_streamed": after.get("samples_streamed", 0),
-        "epoch": usd.get("epoch", 0),
-        "batch_in_epoch": usd.get("batch_in_epoch", 0),
-        "loader_state": usd.get("loader_state"),
-    }
+    return {"worker_step": after.get("worker_step", 0),
+            "samples_streamed": after.get("samples_streamed", 0),
+            "position": after.get("user_state_dict") or start_position()}
+
+
+_OWN_ERRORS = {cls.__name__: cls for cls in (EmptyDataLoaderError, ExhaustedIteratorError,
+                                             ResumeError)}
+
+
+def input_error(wse_id: int, local_worker_id: int, num_workers: int, reply: dict) -> Exception:
+    """The exception for a worker's error reply: the input side's own errors (an empty or
+    used-up loader, a position that cannot be resumed) as themselves, naming the worker;
+    anything ``input_fn`` raised as :class:`InputWorkerError`."""
+    own = _OWN_ERRORS.get(reply.get("exc_type")) if reply.get("exc_module", "").startswith(
+        "workers.") else None
+    if own is not None:
+        return own(f"CS-X {wse_id}, input worker {local_worker_id}: {reply['exc_message']}")
+    return InputWorkerError(wse_id, local_worker_id, reply["exc_type"], reply["exc_message"],
+                            reply.get("traceback", ""), reply.get("during", ""), num_workers,
+                            reply.get("index"))
+
+
+def local_object_store_bytes() -> int | None:
+    """The size of this node's Ray object store (where the batches of this stream arrive)."""
+    node = ray.get_runtime_context().get_node_id()
+    for n in ray.nodes():
+        if n.get("NodeID") == node:
+            return int(n.get("Resources", {}).get("object_store_memory", 0)) or None
+    return None
 
 
 def _first_lines(text: str, n: int = 6) -> str:
@@ -117,8 +128,13 @@ class CsxInputStream:
             batches_per_fetch)`` produced batches, so it is never more than
             :attr:`max_batches_ahead` batches ahead of :meth:`next`.
         name_prefix: actors are named ``f"{name_prefix}-csx{wse_id}-w{w}"``.
-        policy: the run's :class:`~workers.flow.FlowPolicy`: when the first batch is small,
-            replies then carry up to ``policy.batches_per_reply(nbytes)`` batches.
+        policy: the run's :class:`~workers.flow.FlowPolicy`: with a byte bound in force,
+            replies of small batches carry up to ``policy.batches_per_reply(nbytes)`` of them.
+
+    Each worker's batches in flight -- produced and buffered in the worker, in replies on their
+    way, received here and not yet handed out by :meth:`next` -- are bounded in bytes too, by
+    :func:`workers.flow.input_bytes_in_flight_per_worker` (``CSConfig.input_bytes_in_flight_per_csx``
+    or a share of this node's object store); at least one batch is always in flight.
 
     >>> import torch, ray
     >>> from workers import CSConfig
@@ -137,7 +153,6 @@ class CsxInputStream:
     def __init__(self, dataloader, cs_config, wse_id, *, resume_states=None,
                  in_flight_per_worker=2, batches_per_fetch=None, name_prefix="cstream",
                  zero_copy=False, policy: FlowPolicy | None = None):
-        self.policy = policy
         self.zero_copy = bool(zero_copy)  # True: the caller is each batch's only reader
         if not isinstance(dataloader, DataLoader):
             raise TypeError(
@@ -177,9 +192,12 @@ class CsxInputStream:
                 "(actors are named '<name_prefix>-csx<c>-w<w>')."
             )
         if not ray.is_initialized():
-            from executor.ray_session import ensure_ray
-
-            ensure_ray()
+            raise RuntimeError(
+                "CsxInputStream starts its input workers as Ray actors, and Ray is not "
+                "initialised in this process. Start it first (ray.init(...), or create "
+                "cstream.backend(\"CSX\"), which starts or joins Ray), or use "
+                "workers.local_stream.LocalInputStream to stream without Ray."
+            )
 
         self.dataloader = dataloader
         self.cs_config = cs_config
@@ -187,6 +205,15 @@ class CsxInputStream:
         self.in_flight_per_worker = in_flight_per_worker
         self.batches_per_fetch = batches_per_fetch
         self.capacity = max(in_flight_per_worker, batches_per_fetch)
+        self.in_flight_bytes_per_worker = input_bytes_in_flight_per_worker(
+            cs_config, None if cs_config.input_bytes_in_flight_per_csx else
+            local_object_store_bytes())
+        self.policy = policy
+        if policy is not None and self.in_flight_bytes_per_worker is not None \
+                and batches_per_fetch > 1:
+            # room for a reply's worth of small batches (policy.batches_per_reply); the byte
+            # bound keeps large ones to what it allows
+            self.capacity = max(self.capacity, policy.small_reply_batches)
         self.name_prefix = name_prefix
         W = cs_config.num_workers_per_csx
         self.num_workers = W
@@ -195,8 +222,7 @@ class CsxInputStream:
         self._step = 0
         self._wait_s = 0.0
         self._stragglers: list[dict] = []
-        self._warnings: list[str] = []
-        self._unshard_checked = W == 1
+        self.key_batches = sample_key_batches(cs_config)
         self._poll_s = min(0.25, cs_config.straggler_timeout_s / 4)
         self._workers = [
             _Worker(info=WorkerInfo(w, W, cs_config.num_csx, wse_id),
@@ -209,6 +235,8 @@ class CsxInputStream:
                 "user_state_dict": {"epoch": 0, "batch_in_epoch": 0}}
         if resume_states is not None:
             self._apply_resume(list(resume_states))
+        for wk in self._workers:
+            wk.keys_until = wk.received + self.key_batches
         self._dataloader_ref = ray.put(dataloader)
         self._t_start = time.perf_counter()
         self._t_first: float | None = None
@@ -268,13 +296,10 @@ class CsxInputStream:
             )
         for st in parsed:
             wk = self._workers[st.local_worker_id]
-            after = _position_of(st)
+            after = _position_of(st, self.wse_id)
             wk.received_after = wk.consumed_after = after
             wk.received = wk.consumed = wk.next_request = int(st.worker_step)
-            wk.started_fresh = wk.received == 0
         self._step = total
-        self._unshard_checked = self._unshard_checked or not all(
-            wk.started_fresh for wk in self._workers)
 
     def _spawn(self, wk: _Worker):
         start = _start_of(wk.received_after)
@@ -284,7 +309,9 @@ class CsxInputStream:
                 return InputWorker.options(
                     name=wk.name, num_cpus=_NUM_CPUS, scheduling_strategy="SPREAD",
                     max_concurrency=2,
-                ).remote(self._dataloader_ref, wk.info, start, self.capacity, self.policy)
+                ).remote(self._dataloader_ref, wk.info, start, self.capacity,
+                         capacity_bytes=self.in_flight_bytes_per_worker,
+                         keys_until=wk.keys_until, owns_global_rng=True)
             except ValueError as e:
                 if "already" not in str(e) and "taken" not in str(e):
                     raise
@@ -300,12 +327,19 @@ class CsxInputStream:
 
     def _top_up(self, wk: _Worker) -> None:
         m = self.batches_per_fetch
+        budget = self.in_flight_bytes_per_worker
         if m > 1:
             # a reply holds as many ready batches as there are (up to m), so the next request's
-            # first batch is known only when it arrives: one request at a time
+            # first batch is known only when it arrives: one request at a time. Bounded in
+            # bytes: the reply may bring what the batches waiting here leave of the budget.
             if not wk.pending:
+                max_bytes = None if budget is None else max(0, budget - wk.ready_bytes)
+                if max_bytes == 0 and wk.ready:
+                    return  # asked again once next() has taken batches
                 wk.pending.append((wk.next_request,
-                                   wk.actor.fetch.remote(wk.next_request, m)))
+                                   wk.actor.fetch.remote(wk.next_request, m, max_bytes)))
+            return
+        if budget is not None and wk.ready and wk.ready_bytes >= budget:
             return
         while len(wk.pending) < self.in_flight_per_worker:
             wk.pending.append((wk.next_request, wk.actor.fetch.remote(wk.next_request)))
@@ -326,13 +360,19 @@ class CsxInputStream:
         reply = wk.ready.popleft()
         if reply["kind"] == "error":
             self._raise_failure(wk, reply)
+        wk.ready_bytes -= reply["nbytes"]
+        if not wk.pending:
+            self._top_up(wk)
         # this stream is each batch object's only reader: no defensive copy
         batch = unpack_batch(reply["payload"], copy=not self.zero_copy)
         return reply, batch
 
-    def _receive_reply(self, wk: _Worker) -> None:
-        """Wait for ``wk``'s oldest outstanding reply and queue its batches in ``wk.ready``."""
+    def _receive_reply(self, wk: _Worker) -> bool:
+        """Wait for ``wk``'s oldest outstanding reply and queue its batches in ``wk.ready``;
+        False when there is none to wait for (the batches waiting here fill the byte bound)."""
         self._top_up(wk)
+        if not wk.pending:
+            return False
         timeout = self.cs_config.straggler_timeout_s
         wait_start = time.perf_counter()
         next_report = timeout
@@ -352,7 +392,8 @@ class CsxInputStream:
                 if getattr(e, "actor_init_failed", False):
                     self._raise_failure(wk, {
                         "exc_type": type(e).__name__, "exc_message": _first_lines(str(e), 2),
-                        "traceback": str(e), "during": "while starting its actor"})
+                        "traceback": str(e), "during": "while starting its actor",
+                        "index": index})
                 self._restart(wk, e)
                 wait_start, next_report = time.perf_counter(), timeout
                 continue
@@ -364,21 +405,19 @@ class CsxInputStream:
             except ray.exceptions.RayTaskError as e:
                 self._raise_failure(wk, {
                     "exc_type": type(e).__name__, "exc_message": _first_lines(str(e), 2),
-                    "traceback": str(e), "during": "in its fetch call"})
+                    "traceback": str(e), "during": "in its fetch call", "index": index})
             break
         wk.pending.popleft()
         items = reply["items"] if reply["kind"] == "chunk" else [reply]
         received_unix = time.time()
-        if self.policy is not None and items[0]["kind"] != "error" and self.batches_per_fetch > 1:
-            # small batches: as many per reply as the worker now holds (it sized its buffer
-            # from the same rule)
-            m = self.policy.batches_per_reply(items[0]["nbytes"])
-            if m > self.batches_per_fetch:
-                self.batches_per_fetch, self.capacity = m, max(self.capacity, m)
+        if self.capacity > self.batches_per_fetch and items[0]["kind"] != "error":
+            # small batches: as many per reply as the worker may hold
+            m = min(self.capacity, self.policy.batches_per_reply(items[0]["nbytes"]))
+            self.batches_per_fetch = max(self.batches_per_fetch, m)
         for i, item in enumerate(items):
             item["received_unix"] = received_unix
             # a broken invariant, never silently wrong data
-            if item["index"] != index + i and item["kind"] != "error":
+            if item["index"] != index + i and item["kind"] != "error":  # pragma: no cover
                 self._raise_failure(wk, {
                     "exc_type": "RuntimeError",
                     "exc_message": f"asked for batch {index + i}, received batch "
@@ -387,21 +426,19 @@ class CsxInputStream:
             wk.ready.append(item)
             if item["kind"] == "error":
                 break
+            wk.ready_bytes += item["nbytes"]
+            if "keys" in item:
+                wk.keys.append(item["keys"])
             wk.received = index + i + 1
             wk.received_after = item["after"]
         if self.batches_per_fetch > 1:
             wk.next_request = wk.received
         self._top_up(wk)
+        return True
 
     def _raise_failure(self, wk: _Worker, reply: dict):
         self.close()
-        if reply.get("exc_type") == "EmptyDataLoaderError":
-            raise EmptyDataLoaderError(
-                f"CS-X {self.wse_id}, input worker {wk.info.local_worker_id}: "
-                f"{reply['exc_message']}")
-        raise InputWorkerError(
-            self.wse_id, wk.info.local_worker_id, reply["exc_type"], reply["exc_message"],
-            reply.get("traceback", ""), reply.get("during", ""), self.num_workers)
+        raise input_error(self.wse_id, wk.info.local_worker_id, self.num_workers, reply)
 
     def _restart(self, wk: _Worker, cause: BaseException) -> None:
         wk.restarts += 1
@@ -443,26 +480,6 @@ class CsxInputStream:
         del self._stragglers[:-_MAX_STRAGGLER_RECORDS]
         warnings.warn(msg, StragglerWarning, stacklevel=4)
 
-    def _check_sharding(self) -> None:
-        if self._unshard_checked:
-            return
-        prints = [wk.fingerprint for wk in self._workers]
-        if any(p is None for p in prints):
-            return
-        self._unshard_checked = True
-        if len(set(prints)) == 1:
-            msg = (
-                f"CS-X {self.wse_id}: all {self.num_workers} input workers streamed an identical "
-                f"first batch, so input_fn {self.dataloader.input_fn_name} does not shard its "
-                "data: every worker streams the same samples, and each sample is seen "
-                f"{self.num_workers} times as often as intended. Give each worker its own shard "
-                "with cstream.utils.data.ShardedSampler, or split the data yourself using "
-                "cstream.distributed.get_worker_info() (local_worker_id, num_workers_per_csx, "
-                "wse_id, num_csx)."
-            )
-            self._warnings.append(msg)
-            warnings.warn(msg, UnshardedInputWarning, stacklevel=3)
-
     # -- the public interface -------------------------------------------------------------
     def next(self) -> tuple[Any, BatchInfo]:
         """The next batch of this CS-X (from worker ``step % num_workers_per_csx``) and its
@@ -487,12 +504,22 @@ class CsxInputStream:
         wk.consumed_after = reply["after"]
         wk.delivered_this_run += 1
         wk.bytes += reply["nbytes"]
-        if reply.get("fingerprint") is not None and wk.started_fresh:
-            wk.fingerprint = reply["fingerprint"]
         self._step += 1
         self._wait_s += wait_s
-        self._check_sharding()
         return batch, info
+
+    def sample_keys(self) -> list[WorkerKeys]:
+        """The sample keys of each worker's first :attr:`key_batches` batches of this stream
+        (waits for them; they stay queued for :meth:`next`). A worker whose input fails or
+        whose byte bound is full before then reports the keys it has."""
+        self._check_open()
+        for wk in self._workers:
+            while wk.received < wk.keys_until and not (
+                    wk.ready and wk.ready[-1]["kind"] == "error"):
+                if not self._receive_reply(wk):
+                    break
+        return [WorkerKeys(self.wse_id, wk.info.local_worker_id, list(wk.keys))
+                for wk in self._workers]
 
     def peek_spec(self):
         """The next batch's nesting with every tensor as a ``meta`` tensor of its shape and
@@ -566,12 +593,12 @@ class CsxInputStream:
             "batches_per_s": batches / elapsed,
             "bytes": sum(w["bytes"] for w in workers),
             "bytes_per_s": sum(w["bytes"] for w in workers) / elapsed,
+            "in_flight_bytes_per_worker": self.in_flight_bytes_per_worker,
             "wait_s": self._wait_s,
             "startup_s": startup,
             "elapsed_s": now - self._t_start,
             "restarts": sum(w["restarts"] for w in workers),
             "stragglers": list(self._stragglers),
-            "warnings": list(self._warnings),
             "workers": workers,
         }
 

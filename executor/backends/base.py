@@ -96,7 +96,9 @@ class Backend:
             raise ValueError(
                 f"max_checkpoints: expected a positive int or None, got {max_checkpoints!r}."
             )
-        self.artifact_dir = Path(artifact_dir) if artifact_dir else Path.cwd() / "cstream_logs"
+        # resolved here, on the client: a relative path means the user's working directory,
+        # not that of a Ray worker on an existing cluster
+        self.artifact_dir = (Path(artifact_dir) if artifact_dir else Path("cstream_logs")).resolve()
         self.max_checkpoints = max_checkpoints
         self.device = Device(self, torch_device)
         self._checkpoints: deque[Path] = deque()
@@ -134,6 +136,14 @@ class Backend:
     def preinitialize_all(self) -> None:
         for obj in list(self._stateful):
             obj._ensure_preinitialized()
+
+    # -- randomness ----------------------------------------------------------------------------
+    def get_rng_state(self) -> torch.Tensor:
+        """The state of the generator the step's random ops draw from (eager: this process's)."""
+        return torch.get_rng_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        torch.set_rng_state(state)
 
     # -- checkpoint retention ------------------------------------------------------------
     def register_checkpoint(self, path) -> None:

@@ -9,7 +9,7 @@ import torch
 from executor.backends.base import Backend, check_options
 from executor.data_executor import batch_size_of
 from workers.context import DataLoaderCheckpoint, WorkerInfo
-from workers.dataloader import iterate_cycled
+from workers.resume import Source, check_position, start_position
 
 
 def _to_device(obj, device):
@@ -30,9 +30,8 @@ class EagerRun:
         self.backend = backend
         self.executor = executor
         dataloader = executor.dataloader
-        self._consumed = 0
         self._states: dict[int, list] = {}
-        skip = 0
+        position, self._consumed = start_position(), 0
         if dataloader._resume_states:
             topology = dataloader.resume_topology()
             if topology != (1, 1):
@@ -41,16 +40,16 @@ class EagerRun:
                     f"num_workers_per_csx={topology[1]}, but the {backend.name} backend streams "
                     "as worker 0 of 1; resume it on the CSX backend with the same CSConfig."
                 )
-            skip = int(dataloader._resume_states[0].user_state_dict.get("consumed", 0))
-        loader = dataloader.build(WorkerInfo()) if skip else dataloader.client_loader()
-        self._batches = iterate_cycled(dataloader, loader)
-        for _ in range(skip):
-            next(self._batches)
-        self._consumed = skip
+            saved = dataloader._resume_states[0]
+            position = check_position(dict(saved.user_state_dict or start_position()))
+            self._consumed = int(saved.worker_step)
+        loader = dataloader.build(WorkerInfo()) if dataloader._resume_states else \
+            dataloader.client_loader()
+        self._source = Source(dataloader, loader, position)
         self._batch = None
 
     def next_batch(self, step: int):
-        batch = next(self._batches)
+        batch = next(self._source)
         if self.backend.device.torch_device.type != "cpu":
             batch = _to_device(batch, self.backend.device.torch_device)
         self._batch = batch
@@ -58,7 +57,7 @@ class EagerRun:
         if self.executor.is_checkpoint_step(step):
             self._states[step] = [DataLoaderCheckpoint(
                 worker_step=self._consumed, appliance_step=step + 1,
-                user_state_dict={"consumed": self._consumed})]
+                user_state_dict=self._source.position())]
         return batch
 
     def worker_states(self, step: int) -> list:
@@ -83,7 +82,7 @@ class EagerRun:
         return contextlib.nullcontext()
 
     def close(self, ok: bool) -> dict:
-        self._batches.close()
+        self._source.close()
         return {}
 
 

@@ -77,8 +77,9 @@ class CSXBackend(Backend):
 
     Options (seed 000): ``artifact_dir``, ``compile_dir``, ``compile_only``, ``validate_only``,
     ``drop_data``, ``max_checkpoints``, ``retrace_every_iteration``; and: ``in_process`` (run the
-    driver in this process, no Ray), ``address`` (an existing Ray cluster; ``RAY_ADDRESS`` is
-    read too), ``device`` (``"cpu"``, or ``"cuda"`` where present: where the driver executes),
+    driver in this process, no Ray), ``address`` (an existing Ray cluster; :func:`cstream.backend`
+    fills it from ``RAY_ADDRESS``), ``device`` (``"cpu"``, or ``"cuda"`` where present: where the
+    driver executes),
     ``compiler`` (``"auto"``: the fx graph at once, inductor compiled in the background and
     switched in when the run is long enough; ``"fx"`` or ``"inductor"`` force one), ``lookahead``
     (steps the wafer may run past the client's last finished step), ``num_threads`` (threads the
@@ -137,7 +138,6 @@ class CSXBackend(Backend):
         self._driver = None
         self._params: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()
         self._models: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
-        self._captured: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._run: Optional[CSXRun] = None
         self.last_compile: dict = {}
         _install_freeze_hook()
@@ -248,6 +248,22 @@ class CSXBackend(Backend):
 
     def param_handles(self):
         return [p for p in self._params]
+
+    # -- randomness ------------------------------------------------------------------------------
+    def get_rng_state(self) -> torch.Tensor:
+        """Inside a checkpoint closure: the wafer's generator state after that step. Outside a
+        run: this process's generator, which the next run's wafer stream starts from."""
+        if self._run is not None and self._run.started:
+            return self._run.rng_state()
+        return torch.get_rng_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        if self._run is not None and self._run.started:
+            raise RuntimeError(
+                "cstream.set_rng_state was called during a run, while the wafer's random stream "
+                "is running ahead of the client. Set it before iterating the executor (e.g. "
+                "when loading a checkpoint); the run's wafer stream starts from it.")
+        torch.set_rng_state(state)
 
     # -- steps and runs ------------------------------------------------------------------------
     def run_step(self, traced, args, kwargs):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import warnings
 from typing import Optional
 
 import torch
@@ -29,6 +30,7 @@ from executor.engine import warmup
 from executor.engine.capture import Captured, OutputLeaf, capture, first_difference
 from executor.engine.errors import CompileError
 from executor.engine.handles import StateHandle
+from workers.errors import UnshardedInputWarning
 from workers.flow import FlowPolicy
 
 log = logging.getLogger("cstream")
@@ -51,6 +53,11 @@ class CSXRun:
         n = cs.num_csx * cs.num_workers_per_csx
         with phases.phase(f"starting {n} input worker{'s' if n > 1 else ''}"):
             spec = self.driver.open_input(executor.dataloader, cs, resume, self.policy)
+        self.input_checks = self.driver.input_checks()
+        duplicates = self.input_checks.get("duplicates")
+        if duplicates is not None:
+            # stacklevel: CSXRun -> Backend.start_run -> DataExecutor.__iter__ -> the user's loop
+            warnings.warn(duplicates["message"], UnshardedInputWarning, stacklevel=4)
         self._open_input_s = time.perf_counter() - self._t_created
         self.spec_leaves, self.spec = tree_flatten(spec)
         tensors = [t for t in self.spec_leaves if isinstance(t, torch.Tensor)]
@@ -70,6 +77,8 @@ class CSXRun:
         self.report: dict = {}
         self._stats: dict[int, dict] = {}
         self._snapshot_cache: Optional[dict] = None
+        self._last_consts: Optional[list] = None  # plain-tensor step arguments last sent
+        self._consts_sent = None  # the last asynchronous feed of them
         self.store.running = True
         self.store.output_reader = self._read_output
 
@@ -100,8 +109,8 @@ class CSXRun:
                 "DataExecutor."
             )
         self.traced = traced
-        cap = self.backend._captured.get(traced)
-        if cap is None or self.backend.retrace_every_iteration or not self.started:
+        cap = self.captured
+        if cap is None or self.backend.retrace_every_iteration:
             mark = len(ex._closures)
 
             def take():
@@ -122,17 +131,36 @@ class CSXRun:
                     "branches and loops must take the same path every step (use torch.where)."
                 )
             cap = new
-            self.backend._captured[traced] = cap
             log.info("traced %r: %d ops in %.3f s", traced, cap.num_ops, cap.trace_s)
         self.captured = cap
         if not self.started:
-            self._launch(cap)
+            leaves, _ = tree_flatten((args, kwargs))
+            self._launch(cap, [leaves[i].detach().to("cpu") for i in cap.const_positions])
         step = ex.iteration
+        if cap.const_positions:
+            self._feed_consts(cap, step, args, kwargs)
         handles = self._outputs(cap, step)
         for fn, spec, leaves in cap.closures:
             cargs, ckwargs = tree_unflatten([handles.get(id(x), x) for x in leaves], spec)
             ex.queue_closure(fn, cargs, ckwargs)
         return tree_unflatten([handles.get(id(x), x) for x in cap.out_leaves], cap.out_spec)
+
+    def _feed_consts(self, cap: Captured, step: int, args, kwargs) -> None:
+        """Send this step's plain-tensor arguments (graph inputs) to the wafer; ``None`` when
+        they equal the previous step's, so an unchanged tensor is not shipped again."""
+        leaves, _ = tree_flatten((args, kwargs))
+        values = [leaves[i].detach() for i in cap.const_positions]
+        if self._last_consts is not None and all(
+                a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+                for a, b in zip(values, self._last_consts)):
+            sent = None
+        else:
+            sent = [v.to("cpu", copy=True) for v in values]
+            self._last_consts = sent
+        if self.executes:
+            if self._consts_sent is not None and self._consts_sent.ready():
+                self._consts_sent.result()
+            self._consts_sent = self.driver.feed_consts_async(step, sent)
 
     def _outputs(self, cap: Captured, step: int) -> dict:
         out = {}
@@ -143,7 +171,7 @@ class CSXRun:
                 out[id(leaf)] = self.store.handle(slot)
         return out
 
-    def _launch(self, cap: Captured) -> None:
+    def _launch(self, cap: Captured, consts: list) -> None:
         b = self.backend
         self.started = True
         if b.validate_only:
@@ -152,7 +180,6 @@ class CSXRun:
             log.info("validate_only: traced %d ops; nothing compiled or run", cap.num_ops)
             return
         b.sync_state_to_driver()
-        consts = []
         with phases.phase("compiling"):
             self.report = self.driver.load_program(
                 cap.graph, [s.key for s in cap.state_slots], consts, cap.batch_metas,
@@ -174,6 +201,8 @@ class CSXRun:
         if b.compile_only:
             log.info("compile_only: compiled; nothing run")
             return
+        # the wafer's random stream continues the client's (torch.manual_seed before the run)
+        self.driver.set_rng_state(torch.get_rng_state())
         ex = self.executor
         self.driver.start(ex.num_steps, ex.checkpoint_iterations())
 
@@ -326,6 +355,18 @@ class CSXRun:
             self.store.read_context = None
             self._checkpoint_step = None
 
+    def rng_state(self) -> torch.Tensor:
+        """The wafer's generator state after the step of the running checkpoint closure."""
+        step = getattr(self, "_checkpoint_step", None)
+        if step is None:
+            raise RuntimeError(
+                "the random number generator state lives on the wafer during a run and can be "
+                "read only on checkpoint steps: call cstream.get_rng_state() inside a "
+                "@cstream.checkpoint_closure, or after the run.")
+        if not self.executes:
+            return torch.get_rng_state()
+        return self.driver.snapshot(step, ["rng"])["rng"]
+
     def worker_states(self, step: int) -> list:
         return self.driver.worker_states(step)
 
@@ -344,6 +385,11 @@ class CSXRun:
             if self.started and self.executes:
                 summary = self.driver.finish(wait=ok)
                 t_finished = time.perf_counter()
+                rng_state = summary.pop("rng_state", None)
+                if ok and rng_state is not None and self.backend.exec_device == "cpu":
+                    # the client's generator continues where the wafer's stream ended, as
+                    # after an eager run
+                    torch.set_rng_state(rng_state)
                 self._add_stats(summary.pop("stats", []))
                 summary["startup"] = self._startup(summary, t_finished)
             else:
@@ -358,6 +404,7 @@ class CSXRun:
                 records[step].update({k: v for k, v in s.items() if k != "step"})
         summary["compile"] = {**self.report, **summary.pop("program", {})}
         summary["collect_calls"] = self.collect_calls
+        summary["input_checks"] = self.input_checks
         return summary
 
     def _startup(self, summary: dict, t_finished: float) -> dict:

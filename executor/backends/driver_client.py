@@ -22,6 +22,32 @@ INPUT_RESERVE_CPUS = 0.25
 """CPUs of the driver's node the driver leaves unreserved for input workers (0.01 each)."""
 
 
+def input_side_error(error: BaseException) -> BaseException | None:
+    """The input side's own exception (``InputWorkerError``, ``EmptyDataLoaderError``, ...)
+    that a Ray error from the driver actor carries, ready to raise in the client: its message
+    as the input side wrote it, no Ray header, its traceback starting here; the Ray error stays
+    reachable as ``__cause__``. None for any other error."""
+    cause = getattr(error, "cause", None)
+    if cause is None or not type(cause).__module__.startswith("workers."):
+        return None
+    cause = cause.with_traceback(None)
+    cause.__cause__ = error
+    cause.__suppress_context__ = True
+    return cause
+
+
+def _ray_get(ref):
+    import ray
+
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as e:
+        mine = input_side_error(e)
+        if mine is None:
+            raise
+    raise mine
+
+
 class Future:
     """The result of an asynchronous call."""
 
@@ -38,9 +64,7 @@ class Future:
 
     def result(self):
         if self._ref is not None:
-            import ray
-
-            return ray.get(self._ref)
+            return _ray_get(self._ref)
         if self._error is not None:
             raise self._error
         return self._value
@@ -68,6 +92,9 @@ class DriverClient:
     def wait_done(self, step: int) -> int: ...
     def ack_async(self, step: int) -> Future: ...
     def snapshot(self, step: int, keys: list) -> dict: ...
+    def set_rng_state(self, state) -> None: ...
+    def input_checks(self) -> dict: ...
+    def feed_consts_async(self, step: int, values) -> Future: ...
     def worker_states(self, step: int) -> list: ...
     def finish(self, wait: bool) -> dict: ...
     def describe(self) -> dict: ...
@@ -116,6 +143,18 @@ class LocalDriverClient(DriverClient):
 
     def snapshot(self, step, keys):
         return self.driver.snapshot(step, keys)
+
+    def set_rng_state(self, state):
+        return self.driver.set_rng_state(state)
+
+    def input_checks(self):
+        return self.driver.input_checks()
+
+    def feed_consts_async(self, step, values):
+        try:
+            return Future(self.driver.feed_consts(step, values))
+        except Exception as e:  # surfaced when the result is read
+            return Future(error=e)
 
     def worker_states(self, step):
         return self.driver.worker_states(step)
@@ -186,7 +225,7 @@ class RayDriverClient(DriverClient):
         import ray
 
         try:
-            return ray.get(ref)
+            return _ray_get(ref)
         except ray.exceptions.RayActorError as e:
             raise DriverError(
                 f"the wafer driver actor died during {what}: {e}. The run cannot continue. "
@@ -225,6 +264,15 @@ class RayDriverClient(DriverClient):
 
     def snapshot(self, step, keys):
         return self._get(self._actor().snapshot.remote(step, keys), "snapshot")
+
+    def set_rng_state(self, state):
+        return self._get(self._actor().set_rng_state.remote(state), "set_rng_state")
+
+    def input_checks(self):
+        return self._get(self._actor().input_checks.remote(), "input_checks")
+
+    def feed_consts_async(self, step, values):
+        return Future(ref=self._actor().feed_consts.remote(step, values))
 
     def worker_states(self, step):
         return self._get(self._actor().worker_states.remote(step), "worker_states")

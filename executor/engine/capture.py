@@ -36,6 +36,7 @@ class Captured:
     graph: torch.fx.GraphModule
     state_slots: list[Slot]
     batch_metas: list[tuple]              # (shape, dtype) per batch leaf
+    const_positions: list[int]             # leaves of (args, kwargs) that are plain tensors
     out_spec: Any                          # pytree spec of the return value
     out_leaves: list                       # OutputLeaf or a constant, per leaf
     closures: list = field(default_factory=list)  # (fn, spec, leaves) of closures in the step
@@ -191,6 +192,7 @@ def capture(store: Store, fn: Callable, args, kwargs, take_closures: Callable[[]
         graph=gm,
         state_slots=slots,
         batch_metas=[(tuple(s.value.shape), s.value.dtype) for s in batch_slots],
+        const_positions=const_pos,
         out_spec=o_spec,
         out_leaves=o_leaves,
         closures=result["closures"],

@@ -26,6 +26,7 @@ import os
 import pickle
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -45,15 +46,74 @@ def cache_key(graph_code: str, input_spec: list, device: str) -> str:
     return h.hexdigest()[:24]
 
 
-class CompiledStep:
-    """Callable ``(state, batch, consts) -> outputs`` that updates ``state`` (a list) in place."""
+def _generator_overload(op):
+    """``op`` itself if it takes a ``generator``, else its overload that does, else None."""
+    if any(a.name == "generator" for a in op._schema.arguments):
+        return op
+    packet, name = op.overloadpacket, op._overloadname
+    for candidate in ("generator" if name == "default" else f"{name}_generator",):
+        alt = getattr(packet, candidate, None)
+        if alt is not None and any(a.name == "generator" for a in alt._schema.arguments):
+            return alt
+    return None
 
-    def __init__(self, fn: Callable, changed: Optional[list[int]], compiler: str):
+
+def seed_random_ops(gm: torch.fx.GraphModule, generator: torch.Generator) -> bool:
+    """Make every random op of ``gm`` draw from ``generator`` (a private stream, untouched
+    by anything else in the process). False if some random op takes no generator."""
+    gm._cstream_rng = generator
+    node_rng = None
+    all_seeded = True
+    for node in list(gm.graph.nodes):
+        op = node.target
+        if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload) or (
+                torch.Tag.nondeterministic_seeded not in op.tags):
+            continue
+        alt = _generator_overload(op)
+        if alt is None:
+            all_seeded = False
+            continue
+        if node_rng is None:
+            last_placeholder = [n for n in gm.graph.nodes if n.op == "placeholder"][-1]
+            with gm.graph.inserting_after(last_placeholder), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # fx expects a module/parameter/buffer there
+                node_rng = gm.graph.get_attr("_cstream_rng")
+        node.target = alt
+        node.kwargs = {**node.kwargs, "generator": node_rng}
+    gm.recompile()
+    return all_seeded
+
+
+class CompiledStep:
+    """Callable ``(state, batch, consts) -> outputs`` that updates ``state`` (a list) in place.
+
+    Random ops draw from ``generator``: through their ``generator=`` argument where the graph
+    was rewritten to pass it (``seeded``), else by lending the generator's state to the
+    device's default generator for the duration of the step.
+    """
+
+    def __init__(self, fn: Callable, changed: Optional[list[int]], compiler: str,
+                 generator: Optional[torch.Generator] = None, seeded: bool = True):
         self._fn = fn
         self._changed = changed  # None: the graph mutates state tensors itself (fx)
         self.compiler = compiler
+        self._generator = generator
+        self._seeded = seeded or generator is None
 
     def __call__(self, state: list, batch: list, consts: list) -> list:
+        if self._seeded:
+            return self._run(state, batch, consts)
+        default = (torch.default_generator if self._generator.device.type == "cpu"
+                   else torch.cuda.default_generators[self._generator.device.index or 0])
+        saved = default.get_state()
+        default.set_state(self._generator.get_state())
+        try:
+            return self._run(state, batch, consts)
+        finally:
+            self._generator.set_state(default.get_state())
+            default.set_state(saved)
+
+    def _run(self, state: list, batch: list, consts: list) -> list:
         if self._changed is None:
             _, outputs = self._fn(state, batch, consts)
             return outputs
@@ -108,11 +168,14 @@ def input_spec(example: tuple) -> list:
     return [(tuple(t.shape), str(t.dtype)) for t in (*state, *batch, *consts)]
 
 
-def fx_step(gm: torch.fx.GraphModule, device: str) -> CompiledStep:
-    """The captured graph replayed op by op, state updated in place: nothing to compile."""
+def fx_step(gm: torch.fx.GraphModule, device: str,
+            generator: Optional[torch.Generator] = None) -> CompiledStep:
+    """The captured graph replayed op by op, state updated in place: nothing to compile. Its
+    random ops draw from ``generator`` (the wafer's own), when given."""
     gm = gm.to(device) if device != "cpu" else gm
     _drop_detach(gm)
-    return CompiledStep(gm, None, "fx")
+    seeded = seed_random_ops(gm, generator) if generator is not None else True
+    return CompiledStep(gm, None, "fx", generator, seeded)
 
 
 class CacheEntry:
@@ -174,14 +237,16 @@ def compile_inductor_artifact(gm: torch.fx.GraphModule, example: tuple, entry: C
     _write_atomic(entry.changed_file, json.dumps(changed))
 
 
-def load_inductor_artifact(entry: CacheEntry) -> CompiledStep:
-    """The compiled step saved in ``entry`` (no compile; inductor's kernel cache is reused)."""
+def load_inductor_artifact(entry: CacheEntry,
+                           generator: Optional[torch.Generator] = None) -> CompiledStep:
+    """The compiled step saved in ``entry`` (no compile; inductor's kernel cache is reused).
+    Its random ops draw from ``generator``'s state, lent to the default generator."""
     from torch._inductor.standalone_compile import CompiledArtifact
 
     _inductor_env(entry)
     fn = CompiledArtifact.load(path=str(entry.artifact), format="binary")
     changed = json.loads(entry.changed_file.read_text())
-    return CompiledStep(fn, changed, "inductor")
+    return CompiledStep(fn, changed, "inductor", generator, seeded=False)
 
 
 def start_inductor_compile(gm: torch.fx.GraphModule, example: tuple,

@@ -67,41 +67,126 @@ def user_frame_of(tb):
     return found
 
 
-def _called_from_torch() -> bool:
-    f = sys._getframe(3)
-    return f is not None and f.f_code.co_filename.startswith(_INTERNAL[-1])
+def module_of_frame():
+    """``(module, "path.in.model")`` of the innermost ``nn.Module.forward`` on the stack, or None.
+
+    The path is the module's name inside the outermost module on the stack (the user's model).
+    """
+    inner = outer = None
+    f = sys._getframe(1)
+    while f is not None:
+        obj = f.f_locals.get("self")
+        if isinstance(obj, torch.nn.Module):
+            inner = inner or obj
+            outer = obj
+        f = f.f_back
+    if inner is None:
+        return None
+    path = next((n for n, m in outer.named_modules() if m is inner), "")
+    return inner, path
 
 
-def read_error(what: str) -> TracingError:
+def _module_hint(found) -> tuple[str, str]:
+    """(where in the model, a fix specific to that module or "")."""
+    if found is None:
+        return "", ""
+    module, path = found
+    cls = type(module)
+    name = (f"torch.nn.{cls.__qualname__}" if cls.__module__.startswith("torch.nn.modules")
+            else f"{cls.__module__}.{cls.__qualname__}")
+    where = f" It happened inside {name}" + (f" `{path}`" if path else "") + "."
+    fix = ""
+    if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.momentum is None:
+        fix = (
+            " BatchNorm with momentum=None (a cumulative moving average) computes its factor "
+            "1/num_batches_tracked with float() in Python, which needs the value. Fix: give "
+            "the layer a number, e.g. momentum=0.1 (PyTorch's default); or, for a cumulative "
+            "average, subclass it and update the running statistics with tensor ops: "
+            "`self.num_batches_tracked.add_(1); self.running_mean.add_((mean - "
+            "self.running_mean) / self.num_batches_tracked)`."
+        )
+    return where, fix
+
+
+# value reads inside libraries users port, and the way around each (README, "Models")
+KNOWN_READS = {
+    os.path.join("transformers", "masking_utils.py"): (
+        " transformers reads the attention mask to decide whether it can skip it. Fix: when no "
+        "token of the batch is padding, call the model without attention_mask; with padding, "
+        "pass the mask in 4-D form, (batch, 1, query, key) bool with True where a token may "
+        "attend, e.g. `mask[:, None, None, :].expand(-1, 1, seq, -1).bool()`, which "
+        "transformers uses as it is."
+    ),
+}
+
+
+HOST_MOVE_FIX = (
+    " Fix: to keep the tensor where it is, move it to the device of a tensor of the step, "
+    "`t.to(x.device)` (a device taken before the step, e.g. `device = 'cpu'`, names the host), "
+    "or drop the call; to read the value, pass the tensor to a @cstream.step_closure and read "
+    "it there, after the step."
+)
+
+
+def read_error(what: str, fix: str = "") -> TracingError:
+    fn, line, src = user_frame()
+    where = f"{fn}:{line}" + (f" (`{src}`)" if src else "")
+    inside, module_fix = _module_hint(module_of_frame())
+    fix = module_fix or fix
+    fix = fix or next((text for path, text in KNOWN_READS.items() if fn.endswith(path)), "")
+    return TracingError(
+        f"{what} at {where} reads a tensor's value inside a traced step, which is not allowed."
+        f"{inside} The step is traced once into a static graph that runs on the wafer; at trace "
+        "time the value does not exist yet, and anything computed from it would be baked into "
+        "the graph as a constant."
+        + (fix or " Fix: express the logic with tensor ops (e.g. torch.where instead of a "
+           "Python `if`), or pass the tensor to a @cstream.step_closure and read it there, after "
+           "the step.")
+    )
+
+
+_DEVICE_OF = _T.device.__get__
+_MOVES = (_T.to, _T.cuda)
+
+
+def move_error(what: str, target: torch.device, here: torch.device) -> TracingError:
     fn, line, src = user_frame()
     where = f"{fn}:{line}" + (f" (`{src}`)" if src else "")
     return TracingError(
-        f"{what} at {where} reads a tensor's value inside a traced step, which is not allowed. "
-        "The step is traced once into a static graph that runs on the wafer; at trace time the "
-        "value does not exist yet, and anything computed from it would be baked into the graph "
-        "as a constant. Fix: express the logic with tensor ops (e.g. torch.where instead of a "
-        "Python `if`), or pass the tensor to a @cstream.step_closure and read it there, after "
-        "the step."
+        f"{what} at {where} moves a traced tensor to {target}, but the step runs on the wafer "
+        f"driver's {here} device and every tensor in it stays there. Fix: leave the tensor "
+        "where it is (`t.to(x.device)` with `x` any tensor of the step, or only a dtype: "
+        "`t.to(torch.float16)`)."
     )
 
 
 class ReadGuard(TorchFunctionMode):
-    """Active while a step is captured: value reads raise :class:`TracingError`."""
+    """Active while a step is captured: value reads raise :class:`TracingError`.
+
+    Every tensor of the step lives on the wafer. A ``torch.device`` read from one of them
+    (``x.device``) names the wafer, so ``t.to(x.device)``, ``t.to(x)`` or a dtype-only ``.to``
+    move no value and run as in eager. A device the user names (``"cpu"``, ``.cpu()``) asks for
+    the value on the host: that is a read, refused like ``.item()``, whoever calls it.
+    """
+
+    def __init__(self):
+        super().__init__()
+        # devices read from the step's tensors; kept alive so their ids stay theirs
+        self._wafer_devices: list[torch.device] = []
+        self._wafer_ids: set[int] = set()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func == _DEVICE_OF:  # a method-wrapper: a new object on every attribute access
+            device = func(*args, **kwargs)
+            self._wafer_devices.append(device)
+            self._wafer_ids.add(id(device))
+            return device
         what = READS.get(func)
         if what is not None:
-            if func in (_T.__repr__, _T.__str__, _T.__format__, _T.cpu) and _called_from_torch():
-                pass
-            else:
-                raise read_error(what)
-        elif func is _T.to and not _called_from_torch():
-            device = kwargs.get("device")
-            if device is None:
-                device = next((a for a in args[1:] if isinstance(a, (str, torch.device))), None)
-            if device is not None and torch.device(device).type == "cpu":
-                raise read_error(".to('cpu')")
+            raise read_error(what, HOST_MOVE_FIX if func is _T.cpu else "")
+        if func in _MOVES:
+            self._check_move(func, args, kwargs)
         for name in SCALAR_KWARGS:
             v = kwargs.get(name)
             if isinstance(v, torch.Tensor):
@@ -115,3 +200,27 @@ class ReadGuard(TorchFunctionMode):
                     f"of `x.add_(y, {name}={name})`."
                 )
         return func(*args, **kwargs)
+
+    def _check_move(self, func, args, kwargs) -> None:
+        """Refuse a ``.to``/``.cuda`` that moves a value off the wafer's device."""
+        here = args[0].device if isinstance(args[0], torch.Tensor) else None
+        if func is _T.cuda:
+            target = torch.device("cuda" if not args[1:] and "device" not in kwargs
+                                  else kwargs.get("device", args[1] if args[1:] else None))
+            if here is None or here.type != "cuda":
+                raise move_error(".cuda()", target, here)
+            return
+        rest = args[1:]
+        if rest and isinstance(rest[0], torch.Tensor) or isinstance(kwargs.get("other"),
+                                                                        torch.Tensor):
+            return  # .to(other): other is a tensor of the step, on the wafer
+        device = kwargs.get("device", rest[0] if rest and not isinstance(rest[0],
+                                                                          torch.dtype) else None)
+        if device is None or id(device) in self._wafer_ids:
+            return
+        target = torch.device(device) if isinstance(device, (str, int)) else device
+        if target.type == "cpu":
+            raise read_error(f".to({str(device)!r})", HOST_MOVE_FIX)
+        if here is None or target.type != here.type or (
+                target.index is not None and target != here):
+            raise move_error(f".to({str(device)!r})", target, here)

@@ -92,7 +92,8 @@ class WaferLoop:
     """
 
     def __init__(self, state: StateStore, feed: InputFeed, program, state_order: list,
-                 plan: RunPlan, policy: FlowPolicy, device: torch.device):
+                 plan: RunPlan, policy: FlowPolicy, device: torch.device,
+                 rng: Optional[torch.Generator] = None):
         self.state = state
         self.feed = feed
         self.program = program
@@ -100,6 +101,10 @@ class WaferLoop:
         self.plan = plan
         self.policy = policy
         self.device = device
+        self.rng = rng
+        # plain-tensor step arguments, fed by the client for each step (None: unchanged)
+        self.needs_consts = bool(getattr(program, "consts", None))
+        self._fed_consts: dict[int, Optional[list]] = {}
         self.phase = Phase.READY
         self.next_step = 0
         self.done = -1
@@ -139,13 +144,16 @@ class WaferLoop:
             return Phase.STOPPED
         if self.next_step >= self.plan.num_steps:
             return Phase.FINISHED
-        if self.next_step > self.acked + self.policy.lookahead_steps:
+        if self.next_step > self.acked + self.policy.lookahead_steps or (
+                self.needs_consts and self.next_step not in self._fed_consts):
             if self._client_t0 is None:
                 self._client_t0 = time.perf_counter()
             if block:
                 with self.cond:
-                    self.cond.wait_for(lambda: self._stop or self.next_step <= self.acked
-                                       + self.policy.lookahead_steps, timeout=0.5)
+                    self.cond.wait_for(lambda: self._stop or (
+                        self.next_step <= self.acked + self.policy.lookahead_steps and (
+                            not self.needs_consts or self.next_step in self._fed_consts)),
+                        timeout=0.5)
             return Phase.WAITING_FOR_CLIENT
         if self._wait_t0 is None:
             self._wait_t0 = time.perf_counter()
@@ -168,6 +176,11 @@ class WaferLoop:
         samples = int(leaves[0].shape[0]) if leaves and leaves[0].dim() else 1
         outputs = []
         if self.program is not None:
+            if self.needs_consts:
+                with self.cond:
+                    values = self._fed_consts.pop(step)
+                if values is not None:
+                    self.program.consts = [c.to(self.device) for c in values]
             state = self.state.in_order(self.state_order)
             outputs = self.program(state, [t for t in leaves if isinstance(t, torch.Tensor)],
                                    step)
@@ -185,6 +198,8 @@ class WaferLoop:
             if step in self.plan.checkpoint_steps:
                 order = self.state_order or list(self.state.tensors)
                 self.snapshots[step] = self.state.get(order)
+                if self.rng is not None:
+                    self.snapshots[step]["rng"] = self.rng.get_state()
                 self.worker_states[step] = inp.worker_states or []
             self.stats.append({
                 "step": step + 1, "samples": samples, "compute_s": t2 - t1,
@@ -226,11 +241,18 @@ class WaferLoop:
         self.cond.notify_all()
 
     def ack(self, step: int) -> int:
-        """The client finished ``step``'s closures: its outputs and snapshot can go."""
+        """The client finished ``step``'s closures: its outputs and snapshot can go. A failure
+        is raised where the client needs a step the wafer did not finish (collect, fetch,
+        finish), so every finished step keeps its closures."""
         with self.cond:
             self._ack(step)
-            self.raise_if_failed()
             return self.done
+
+    def feed_consts(self, step: int, values: Optional[list]) -> None:
+        """The plain-tensor arguments the client called ``step`` with (None: unchanged)."""
+        with self.cond:
+            self._fed_consts[step] = values
+            self.cond.notify_all()
 
     def wait_done(self, step: int, timeout: Optional[float] = None,
                   alive: Callable[[], bool] = lambda: True) -> int:

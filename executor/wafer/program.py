@@ -13,6 +13,7 @@ to it from the next step. When and how long it took is in :attr:`Program.report`
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -50,13 +51,15 @@ class Program:
     """``program(state, batch, step) -> outputs``: runs one step, updating ``state`` in place."""
 
     def __init__(self, gm: torch.fx.GraphModule, example: tuple, compiler: str, device: str,
-                 entry: Optional[CacheEntry], num_steps: Optional[int] = None):
+                 entry: Optional[CacheEntry], num_steps: Optional[int] = None,
+                 generator: Optional[torch.Generator] = None):
         t0 = time.perf_counter()
         self.consts = list(example[2])
         self.mode = compiler
         self.num_steps = num_steps
         self.report: dict = {"compiler": compiler, "cache_hit": False, "key": entry and entry.key}
         self._gm, self._example, self._entry = gm, example, entry
+        self._generator = generator
         self._candidate: Optional[CompiledStep] = None
         self._tier_thread: Optional[threading.Thread] = None
         self._tier_error: Optional[str] = None
@@ -66,7 +69,9 @@ class Program:
         if compiler == "inductor":
             self.active = self._inductor_now()
         else:
-            self.active = compilers.fx_step(gm, device)
+            # fx_step rewrites the graph it runs (random ops, detach): the cache key and the
+            # inductor compile keep the captured one
+            self.active = compilers.fx_step(copy.deepcopy(gm), device, generator)
             if compiler == "auto" and entry is not None and entry.has_artifact():
                 self.report["cache_hit"] = True
                 self._start_tier_up(compile_first=False)
@@ -88,7 +93,7 @@ class Program:
                 raise RuntimeError(self._compile_failure(proc.returncode))
             log.info("compiled step %s with inductor in %.2f s", entry.key,
                      time.perf_counter() - t0)
-        return compilers.load_inductor_artifact(entry)
+        return compilers.load_inductor_artifact(entry, self._generator)
 
     def _compile_failure(self, rc) -> str:
         logf = self._entry.dir / "compile.log"
@@ -106,7 +111,7 @@ class Program:
                     proc = compilers.start_inductor_compile(self._gm, self._example, self._entry)
                     if proc.wait() != 0 or not self._entry.has_artifact():
                         raise RuntimeError(self._compile_failure(proc.returncode))
-                candidate = compilers.load_inductor_artifact(self._entry)
+                candidate = compilers.load_inductor_artifact(self._entry, self._generator)
                 self.report["tier_up"]["ready_s"] = time.perf_counter() - t0
                 self._candidate = candidate
             except Exception as e:  # the run goes on with fx; the profile says why
@@ -140,8 +145,15 @@ class Program:
     def _try_switch(self, state: list, batch: list, step: int) -> list:
         candidate, self._candidate = self._candidate, None
         before = [t.clone() for t in state]
+        rng = self._generator
+        rng_before = rng.get_state() if rng is not None else None
         outputs = self.active(state, batch, self.consts)
+        if rng is not None:  # the candidate draws what fx drew; the stream advances once
+            rng_after = rng.get_state()
+            rng.set_state(rng_before)
         cand_out = candidate(before, batch, self.consts)
+        if rng is not None:
+            rng.set_state(rng_after)
         ok, diff = _agree(list(outputs) + list(state), list(cand_out) + list(before))
         tier = self.report.setdefault("tier_up", {})
         tier.update(checked_at_step=step + 1, max_abs_diff=diff, agreed=ok)

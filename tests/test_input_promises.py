@@ -1,0 +1,343 @@
+"""The input side keeps its promises on users' data, as users write their input functions:
+duplicates are reported where the user sees them, resumes are exact, Parquet rows split
+equally, in-flight bytes are bounded, errors read well, directories are the user's."""
+
+from __future__ import annotations
+
+import ast
+import json
+import random
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from torch.utils.data import BatchSampler, RandomSampler, TensorDataset
+
+import cstream as cstorch
+from workers.context import WorkerInfo, worker_context
+from workers.sharding import ParquetDataset
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# -- input functions ---------------------------------------------------------------------------
+def unsharded_input_fn(shuffle=False):
+    """What a new user writes first: every worker builds the same DataLoader."""
+    data = TensorDataset(torch.arange(32.0)[:, None])
+    return torch.utils.data.DataLoader(data, batch_size=4, shuffle=shuffle, drop_last=True)
+
+
+def sharded_input_fn():
+    data = TensorDataset(torch.arange(32.0)[:, None])
+    batches = BatchSampler(range(32), batch_size=4, drop_last=True)
+    return torch.utils.data.DataLoader(data, batch_sampler=cstorch.utils.data.ShardedSampler(batches))
+
+
+def own_shard_input_fn():
+    """Each worker's dataset holds its own samples, numbered 0, 1, ... by its sampler."""
+    info = cstorch.distributed.get_worker_info()
+    ids = torch.arange(32.0)[info.global_worker_id::info.total_num_workers]
+    return torch.utils.data.DataLoader(TensorDataset(ids[:, None]), batch_size=2)
+
+
+def seeded_shuffle_input_fn(seed=3):
+    """examples/data.py's pattern: RandomSampler with a seeded generator, global batches."""
+    data = TensorDataset(torch.arange(40)[:, None])
+    order = RandomSampler(data, generator=torch.Generator().manual_seed(seed))
+    batches = BatchSampler(order, batch_size=4, drop_last=True)  # 10 global batches an epoch
+    return torch.utils.data.DataLoader(data, batch_sampler=cstorch.utils.data.ShardedSampler(batches))
+
+
+def global_rng_shuffle_input_fn():
+    """DataLoader(shuffle=True) with no generator: the shuffle draws from torch's global RNG."""
+    return torch.utils.data.DataLoader(TensorDataset(torch.arange(12)[:, None]), batch_size=4,
+                                       shuffle=True)
+
+
+class PythonShuffledBatches:
+    """Global batches shuffled with Python's own random module: not drawn again on resume."""
+
+    def __iter__(self):
+        order = list(range(20))
+        random.shuffle(order)
+        return iter([order[i:i + 4] for i in range(0, 20, 4)])
+
+    def __len__(self):
+        return 5
+
+
+def python_shuffle_input_fn():
+    data = TensorDataset(torch.arange(20)[:, None])
+    return torch.utils.data.DataLoader(
+        data, batch_sampler=cstorch.utils.data.ShardedSampler(PythonShuffledBatches()))
+
+
+def generator_input_fn():
+    """A one-shot generator of 3 batches."""
+    return ((torch.full((2, 1), float(i)),) for i in range(3))
+
+
+def failing_input_fn():
+    """Worker 1 of 2 fails at its 10th batch (CS-X step 20)."""
+    info = cstorch.distributed.get_worker_info()
+
+    def batches():
+        for i in range(100):
+            if info.local_worker_id == 1 and i == 9:
+                raise ValueError(f"row {i} of shard {info.local_worker_id} is corrupt")
+            yield torch.full((2, 1), float(10 * i + info.local_worker_id))
+
+    class Loader:
+        def __iter__(self):
+            return batches()
+
+    return Loader()
+
+
+# -- running -----------------------------------------------------------------------------------
+def run(kind, input_fn, steps, cs_config=None, resume=None, checkpoint_steps=None, **options):
+    """Every sample the wafer sees (by value), and the dataloader states at checkpoints."""
+    backend = cstorch.backend(kind, **options)
+    compiled = cstorch.compile(torch.nn.Linear(1, 1), backend)
+    seen, states = [], {}
+
+    @cstorch.trace
+    def step(batch):
+        (x,) = batch
+        return x + compiled.weight.sum() * 0
+
+    @cstorch.step_closure
+    def record(x):
+        seen.extend(x.reshape(-1).to(torch.int64).tolist())
+
+    loader = cstorch.utils.data.DataLoader(input_fn)
+    if resume is not None:
+        loader.load_state_dict(resume)
+
+    @cstorch.checkpoint_closure
+    def checkpoint(i):
+        states[i] = loader.state_dict()
+
+    executor = cstorch.utils.data.DataExecutor(loader, num_steps=steps, cs_config=cs_config,
+                                               checkpoint_steps=checkpoint_steps)
+    try:
+        for i, batch in enumerate(executor):
+            record(step(batch))
+            checkpoint(i)
+    finally:
+        backend.shutdown()
+    return seen, states, executor
+
+
+def stream_only(input_fn, cs_config, steps=4, **options):
+    """A run with no model: what the input side reports."""
+    backend = cstorch.backend("CSX", **options)
+    executor = cstorch.utils.data.DataExecutor(cstorch.utils.data.DataLoader(input_fn),
+                                               num_steps=steps, cs_config=cs_config)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            for _ in executor:
+                pass
+        finally:
+            backend.shutdown()
+    ours = [w for w in caught if issubclass(w.category, cstorch.UnshardedInputWarning)]
+    profile = json.loads((executor.run_dir / "profile.json").read_text())
+    return ours, profile["summary"]["input_checks"]["duplicates"]
+
+
+# -- 1. duplicates -----------------------------------------------------------------------------
+def test_an_unsharded_input_fn_on_ray_warns_in_the_users_process_with_the_right_count(
+        ray_session):
+    ours, recorded = stream_only(unsharded_input_fn, cstorch.utils.CSConfig(
+        num_csx=2, num_workers_per_csx=2))
+    assert len(ours) == 1  # a Python warning here, not a forwarded log line of the driver
+    msg = str(ours[0].message)
+    assert msg.startswith("input_fn unsharded_input_fn streams the same samples on 4 input "
+                          "workers (CS-X 0 worker 0, CS-X 0 worker 1, CS-X 1 worker 0, CS-X 1 "
+                          "worker 1)")
+    assert "streamed 4 times as often as intended" in msg
+    assert ours[0].filename == __file__  # points at the user's loop
+    assert recorded["times"] == 4 and recorded["by"] == "sample ids"
+    assert recorded["message"] == msg
+
+
+@pytest.mark.parametrize("layout,shuffle", [((1, 4), True), ((2, 1), False), ((2, 1), True)])
+def test_unsharded_input_is_found_when_shuffled_and_across_csxs(layout, shuffle):
+    torch.manual_seed(0)  # in-process workers shuffle with this process's global generator
+    ours, recorded = stream_only(lambda: unsharded_input_fn(shuffle), cstorch.utils.CSConfig(
+        num_csx=layout[0], num_workers_per_csx=layout[1]), in_process=True)
+    times = layout[0] * layout[1]
+    assert len(ours) == 1 and recorded["times"] == times
+    assert f"streamed {times} times as often as intended" in str(ours[0].message)
+
+
+@pytest.mark.parametrize("input_fn", [sharded_input_fn, own_shard_input_fn])
+def test_sharded_input_fns_are_not_reported(input_fn):
+    ours, recorded = stream_only(input_fn, cstorch.utils.CSConfig(num_csx=2, num_workers_per_csx=2),
+                                 in_process=True)
+    assert ours == [] and recorded is None
+
+
+def test_duplicate_samples_error_stops_the_run_before_its_first_step():
+    backend = cstorch.backend("CSX", in_process=True)
+    executor = cstorch.utils.data.DataExecutor(
+        cstorch.utils.data.DataLoader(unsharded_input_fn), num_steps=4,
+        cs_config=cstorch.utils.CSConfig(num_workers_per_csx=3, duplicate_samples="error"))
+    with pytest.raises(cstorch.UnshardedInputError, match="on 3 input workers") as e:
+        for _ in executor:
+            pass
+    backend.shutdown()
+    assert e.value.times == 3 and executor.step_records == []
+
+
+# -- 2. exact resume ---------------------------------------------------------------------------
+@pytest.mark.parametrize("kind,options,cfg", [
+    ("CPU", {}, None),
+    ("CSX", {"in_process": True}, cstorch.utils.CSConfig(num_workers_per_csx=2)),
+])
+def test_a_resume_with_a_seeded_random_sampler_equals_the_uninterrupted_run(kind, options, cfg):
+    full, _, _ = run(kind, seeded_shuffle_input_fn, 30, cfg, **options)
+    epochs = [full[i:i + 40] for i in range(0, 120, 40)]
+    assert all(sorted(e) == list(range(40)) for e in epochs) and epochs[0] != epochs[1]
+    head, states, _ = run(kind, seeded_shuffle_input_fn, 15, cfg, checkpoint_steps=15, **options)
+    tail, _, _ = run(kind, seeded_shuffle_input_fn, 15, cfg, resume=states[14], **options)
+    assert head + tail == full  # epoch 1 from its 6th batch, then epoch 2: no sample twice
+
+
+def test_on_ray_a_global_rng_shuffle_resumes_exactly_in_a_fresh_worker(ray_session):
+    # each worker process seeds torch at random: the run that saved the state is the reference
+    full, states, _ = run("CSX", global_rng_shuffle_input_fn, 8, checkpoint_steps=5)
+    tail, _, _ = run("CSX", global_rng_shuffle_input_fn, 3, resume=states[4])
+    assert [sorted(full[i:i + 12]) for i in (0, 12)] == [list(range(12))] * 2
+    # the resumed worker draws epoch 1 from the state its epoch started with, then epoch 2 on
+    assert full[:20] + tail == full
+
+
+def test_a_shuffle_that_cannot_be_drawn_again_refuses_to_resume():
+    _, states, _ = run("CPU", python_shuffle_input_fn, 7, checkpoint_steps=7)
+    with pytest.raises(ValueError) as e:
+        run("CPU", python_shuffle_input_fn, 3, resume=states[6])
+    assert str(e.value).startswith(
+        "ShardedSampler: the resumed position is global batch 2 of epoch 1, but the global "
+        "batches before it are not the ones the saved run streamed")
+    assert "its own seeded generator" in str(e.value)
+
+
+# -- 3. Parquet balance ------------------------------------------------------------------------
+def test_parquet_with_12_row_groups_over_8_workers_streams_each_row_once_per_epoch(tmp_path):
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"x": pa.array(range(192), pa.int64())}), path, row_group_size=16)
+    per = {}
+    for w in range(8):
+        with worker_context(WorkerInfo(local_worker_id=w, num_workers_per_csx=8)):
+            ds = ParquetDataset(path, batch_size=8)
+            per[w] = [b["x"].tolist() for b in ds]
+            assert len(ds) == len(per[w]) == 3
+    steps = 3 * 8  # one epoch's worth of steps: worker s % 8 at step s
+    seen = [i for s in range(steps) for i in per[s % 8][s // 8]]
+    assert Counter(seen) == Counter(range(192))
+
+
+# -- 5. errors ---------------------------------------------------------------------------------
+def test_an_input_fn_error_on_ray_reads_well_and_every_finished_step_keeps_its_closures(
+        ray_session):
+    import ray
+
+    backend = cstorch.backend("CSX")
+    compiled = cstorch.compile(torch.nn.Linear(1, 1), backend)
+    closed = []
+
+    @cstorch.trace
+    def step(x):
+        return x + compiled.weight.sum() * 0
+
+    @cstorch.step_closure
+    def record(x):
+        closed.append(x[0, 0].item())
+
+    executor = cstorch.utils.data.DataExecutor(
+        cstorch.utils.data.DataLoader(failing_input_fn), num_steps=40,
+        cs_config=cstorch.utils.CSConfig(num_workers_per_csx=2))
+    with pytest.raises(cstorch.InputWorkerError) as e:
+        for batch in executor:
+            record(step(batch))
+    backend.shutdown()
+    lines = str(e.value).splitlines()
+    assert lines[0] == ("CS-X 0, input worker 1 of 2, batch 9 (step 20): input_fn failed while "
+                        "producing this batch: ValueError: row 9 of shard 1 is corrupt")
+    assert lines[2] == "Traceback of input_fn (in the input worker, most recent call last):"
+    assert "in batches" in lines[3] or "in batches" in lines[4]
+    assert 'raise ValueError(f"row {i} of shard {info.local_worker_id} is corrupt")' in str(e.value)
+    assert lines[-1] == "ValueError: row 9 of shard 1 is corrupt"
+    assert "ray::" not in str(e.value) and "/workers/" not in str(e.value)
+    assert isinstance(e.value.__cause__, ray.exceptions.RayTaskError)  # the raw chain
+    # the traceback starts in the user's loop: no Ray or run-machinery frames above it
+    frames = [f.filename for f in __import__("traceback").extract_tb(e.value.__traceback__)]
+    assert frames[0] == __file__ and all("ray" not in f for f in frames)
+    # the wafer finished 19 steps: all 19 had their closures run
+    assert closed == [10 * (s // 2) + s % 2 for s in range(19)]
+
+
+# -- 6. a generator past its end ---------------------------------------------------------------
+@pytest.mark.parametrize("kind,options", [("CPU", {}), ("CSX", {"in_process": True})])
+def test_a_generator_input_fn_used_past_its_end_says_so(kind, options):
+    with pytest.raises(cstorch.utils.data.EmptyDataLoaderError) as e:
+        run(kind, generator_input_fn, 5, **options)
+    msg = str(e.value)
+    assert "input_fn generator_input_fn returned a one-shot iterator (generator), which was " \
+           "used up after 3 batches, and the run needs more" in msg
+    assert "batch_size" not in msg
+    assert type(e.value).__name__ == "ExhaustedIteratorError"
+
+
+# -- 7. directories ----------------------------------------------------------------------------
+def test_relative_directories_are_the_users_not_the_ray_workers(ray_session, tmp_path):
+    user_dir = tmp_path / "project"
+    user_dir.mkdir()
+    import os
+
+    os.chdir(user_dir)  # the fixture restores the working directory
+    seen, _, executor = run("CSX", sharded_input_fn, 2, artifact_dir="art", compile_dir="cc")
+    assert len(seen) == 8
+    assert executor.run_dir.parent.parent == user_dir / "art"
+    assert any((user_dir / "cc").iterdir())  # the wafer driver's compile cache
+
+
+# -- 8. layering -------------------------------------------------------------------------------
+def test_workers_import_nothing_from_executor_or_cstream():
+    for path in sorted((REPO / "workers").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                assert name.split(".")[0] not in ("executor", "cstream"), (path.name, name)
+
+
+def test_the_ray_address_is_read_once_in_cstream_backend(monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6390")
+    backend = cstorch.backend("CSX", in_process=True)
+    assert backend.address == "127.0.0.1:6390"
+    backend.shutdown()
+    for folder in ("executor", "workers"):
+        for path in (REPO / folder).rglob("*.py"):
+            assert 'environ.get("RAY_ADDRESS")' not in path.read_text(), path
+
+
+def test_cpu_and_in_process_runs_save_one_position_format():
+    _, cpu, _ = run("CPU", seeded_shuffle_input_fn, 13, checkpoint_steps=13)
+    _, csx, _ = run("CSX", seeded_shuffle_input_fn, 13, checkpoint_steps=13, in_process=True)
+    a, b = cpu[12]["workers"][0], csx[12]["workers"][0]
+    # the same keys, the same values; only torch's global RNG differs between the two processes
+    for state in (a, b):
+        state["user_state_dict"]["rng"].pop("global")
+    assert a["user_state_dict"] == b["user_state_dict"]
+    assert (a["worker_step"], a["user_state_dict"]["epoch"],
+            a["user_state_dict"]["batch_in_epoch"]) == (13, 1, 3)

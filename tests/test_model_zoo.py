@@ -1,0 +1,685 @@
+"""Models users port, trained on CSX (Ray and in-process) against the CPU backend.
+
+Tiny configs built in code (nothing is downloaded), random init, 10 steps each. Every CSX run
+equals the CPU backend run at the same thread count bit for bit, and the default CPU backend
+(all cores) within 1e-5 per step (1e-4 for weights after AdamW): eager PyTorch itself differs
+between thread counts by about that much.
+
+The first tests reproduce what users hit when porting (device idioms, seeds, plain-tensor step
+arguments, a traced function reused, BatchNorm(momentum=None), transformers' mask check).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import torch
+
+import cstream as cstorch
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+THREADS = 1  # the thread count the "bit for bit" comparisons run at
+VOCAB, SEQ, BATCH = 64, 16, 4
+
+
+@pytest.fixture
+def one_thread():
+    """The CPU backend (and the in-process wafer) at THREADS threads, as the Ray wafer."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    yield
+    torch.set_num_threads(saved)
+
+
+def csx_options(where: str) -> dict:
+    if where == "in_process":
+        return {"in_process": True}  # the wafer computes with this process's threads
+    from executor.backends.csx import CSXBackend
+
+    if "num_threads" not in CSXBackend.options:
+        return {}  # a Ray wafer without the option computes with one thread (OMP_NUM_THREADS=1)
+    return {"num_threads": THREADS}
+
+
+def run_steps(step, executor):
+    losses = []
+
+    @cstorch.step_closure
+    def keep(loss):
+        losses.append(loss.item())
+
+    for batch in executor:
+        keep(step(batch))
+    return losses
+
+
+def executor_of(input_fn, steps, **kwargs):
+    return cstorch.utils.data.DataExecutor(cstorch.utils.data.DataLoader(input_fn),
+                                           num_steps=steps, **kwargs)
+
+
+def vectors(n=10, rows=BATCH, cols=8, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(rows, cols, generator=g), torch.randn(rows, 1, generator=g))
+            for _ in range(n)]
+
+
+# -- 1. device idioms ---------------------------------------------------------------------------
+
+class DeviceIdioms(torch.nn.Module):
+    """The ways library code keeps tensors together: none of them moves a value to the host."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.register_buffer("scale", torch.full((8,), 0.5, dtype=torch.float64))
+
+    def forward(self, x):
+        h = self.lin(x)
+        pos = torch.arange(h.shape[-1], device=h.device).to(h.device)  # modeling_gpt2's idiom
+        h = h + pos.to(device=h.device, dtype=h.dtype)
+        h = h * self.scale.to(h)                      # .to(tensor): device and dtype of h
+        h = h * self.scale.type_as(h)
+        h = h + h.new_ones(h.shape) + h.new_zeros(8, device=x.device)
+        h = h + torch.zeros_like(h, device=h.device) + h.to(torch.float64).to(h.dtype)
+        return _helper_to(h, ref=x)
+
+
+def _helper_to(t, ref):
+    return t.to(ref.device).to(ref.device, ref.dtype)
+
+
+def test_device_idioms_of_library_code_trace_as_in_eager():
+    def run(kind, **options):
+        torch.manual_seed(0)
+        backend = cstorch.backend(kind, **options)
+        model = DeviceIdioms()
+        compiled = cstorch.compile(model, backend)
+        opt = cstorch.optim.SGD(model.parameters(), lr=0.01)
+
+        @cstorch.trace
+        def step(batch):
+            x, y = batch
+            loss = ((compiled(x).mean(-1, keepdim=True) - y) ** 2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        losses = run_steps(step, executor_of(vectors, 3))
+        backend.shutdown()
+        return losses
+
+    cpu = run("CPU")
+    assert len(cpu) == 3 and all(math.isfinite(v) for v in cpu)
+    assert run("CSX", in_process=True) == cpu
+
+
+HOST_READS = {
+    "to_cpu_string": ("h.to('cpu')", ".to('cpu')"),
+    "to_cpu_device": ("h.to(torch.device('cpu'))", ".to('cpu')"),
+    "to_cpu_kwarg": ("h.to(device='cpu', dtype=torch.float64)", ".to('cpu')"),
+    "cpu": ("h.cpu()", ".cpu()"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOST_READS))
+@pytest.mark.parametrize("caller", ["step", "library"])
+def test_a_host_read_is_refused_whoever_calls_it(name, caller):
+    """The decision looks at the arguments, not at who called: the same read inside a helper
+    module (as library code would) is refused with that module's line."""
+    code, what = HOST_READS[name]
+    backend = cstorch.backend("CSX", in_process=True)
+
+    class Library(torch.nn.Module):
+        def forward(self, h):
+            return eval(code, {"h": h, "torch": torch})  # the library's read
+
+    lib = Library()
+
+    @cstorch.trace
+    def step(batch):
+        x, _ = batch
+        if caller == "step":
+            return eval(code, {"h": x, "torch": torch})  # the user's read
+        return lib(x)
+
+    with pytest.raises(cstorch.TracingError) as info:
+        run_steps(step, executor_of(vectors, 2))
+    msg = str(info.value)
+    assert what in msg and "reads a tensor's value" in msg and "eval(code" in msg
+    assert "test_model_zoo.py" in msg and "step_closure" in msg
+    if caller == "library":
+        assert "inside test_model_zoo" in msg and "Library" in msg
+    backend.shutdown()
+
+
+def test_moving_a_traced_tensor_to_another_device_names_the_fix():
+    backend = cstorch.backend("CSX", in_process=True)
+
+    @cstorch.trace
+    def step(batch):
+        x, _ = batch
+        return x.to("meta")
+
+    with pytest.raises(cstorch.TracingError) as info:
+        run_steps(step, executor_of(vectors, 2))
+    msg = str(info.value)
+    assert "moves a traced tensor to meta" in msg and "x.to(\"meta\")" in msg
+    assert "t.to(x.device)" in msg
+    backend.shutdown()
+
+
+# -- 2. randomness ------------------------------------------------------------------------------
+
+class DropoutMLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.5),
+            torch.nn.Linear(32, 32), torch.nn.Dropout(0.2), torch.nn.Linear(32, 1))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def train_dropout(kind, steps=10, seed=0, resume=None, checkpoint_steps=None, **options):
+    """Returns the losses and the checkpoints ({step: state}) the checkpoint closure kept."""
+    torch.manual_seed(seed)
+    backend = cstorch.backend(kind, **options)
+    model = DropoutMLP()
+    compiled = cstorch.compile(model, backend)
+    opt = cstorch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    dataloader = cstorch.utils.data.DataLoader(vectors, 12)
+    if resume is not None:
+        model.load_state_dict(resume["model"])
+        opt.load_state_dict(resume["optimizer"])
+        dataloader.load_state_dict(resume["dataloader"])
+        cstorch.set_rng_state(resume["rng_state"])
+    saved = {}
+
+    @cstorch.trace
+    def step(batch):
+        x, y = batch
+        loss = ((compiled(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    @cstorch.checkpoint_closure
+    def checkpoint(i):
+        saved[i] = {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                    "dataloader": dataloader.state_dict(), "rng_state": cstorch.get_rng_state()}
+        cstorch.save(saved[i], f"ckpt_{i}.h5")
+        saved[i] = cstorch.load(f"ckpt_{i}.h5")
+
+    executor = cstorch.utils.data.DataExecutor(dataloader, num_steps=steps,
+                                               checkpoint_steps=checkpoint_steps)
+    losses = []
+
+    @cstorch.step_closure
+    def keep(loss):
+        losses.append(loss.item())
+
+    for i, batch in enumerate(executor, 1):
+        keep(step(batch))
+        checkpoint(i)
+    backend.shutdown()
+    return losses, saved
+
+
+@pytest.mark.parametrize("where", ["in_process", "ray"])
+def test_dropout_masks_follow_the_users_seed(where, ray_session, one_thread):
+    """Runs of one CSX backend started after the same torch.manual_seed draw the same masks (the
+    CPU backend's); another seed draws other masks."""
+    torch.manual_seed(0)
+    backend = cstorch.backend("CSX", **csx_options(where))
+    model = DropoutMLP()
+    compiled = cstorch.compile(model, backend)
+
+    @cstorch.trace
+    def step(batch):
+        x, y = batch
+        return ((compiled(x) - y) ** 2).mean()  # forward only: the weights stay as they are
+
+    runs = []
+    for seed in (0, 0, 1):
+        torch.manual_seed(seed)
+        runs.append(run_steps(step, executor_of(vectors, 10)))
+    backend.shutdown()
+
+    torch.manual_seed(0)
+    backend = cstorch.backend("CPU")
+    model = DropoutMLP()
+    compiled = cstorch.compile(model, backend)
+    torch.manual_seed(0)
+    cpu = run_steps(step, executor_of(vectors, 10))
+    backend.shutdown()
+    assert runs[0] == runs[1] == cpu
+    assert runs[2] != runs[0]
+    assert len(set(cpu)) == len(cpu)  # fresh masks every step: no two losses alike
+
+
+def test_a_resumed_run_draws_the_uninterrupted_runs_dropout_masks(ray_session, one_thread):
+    full, saved = train_dropout("CSX", checkpoint_steps=4, **csx_options("ray"))
+    assert sorted(saved) == [4, 8, 10]  # the last step is a checkpoint step too
+    assert saved[4]["rng_state"].dtype == torch.uint8
+    resumed, _ = train_dropout("CSX", steps=6, resume=saved[4], **csx_options("ray"))
+    assert resumed == full[4:]
+    cpu_full, cpu_saved = train_dropout("CPU", checkpoint_steps=4)
+    assert cpu_full == full
+    assert torch.equal(cpu_saved[4]["rng_state"], saved[4]["rng_state"])
+    cpu_resumed, _ = train_dropout("CPU", steps=6, resume=cpu_saved[4])
+    assert cpu_resumed == full[4:]
+
+
+def test_the_rng_state_is_read_on_checkpoint_steps_and_set_between_runs():
+    backend = cstorch.backend("CSX", in_process=True)
+    model = DropoutMLP()
+    compiled = cstorch.compile(model, backend)
+    errors = []
+
+    @cstorch.trace
+    def step(batch):
+        x, _ = batch
+        return compiled(x).sum()
+
+    @cstorch.step_closure
+    def read(_):
+        for call in (cstorch.get_rng_state, lambda: cstorch.set_rng_state(torch.get_rng_state())):
+            try:
+                call()
+            except RuntimeError as e:
+                errors.append(str(e))
+
+    for batch in executor_of(vectors, 2):
+        read(step(batch))
+    assert "inside a @cstream.checkpoint_closure" in errors[0]
+    assert "Set it before iterating the executor" in errors[1]
+    with pytest.raises(TypeError, match="uint8 tensor cstream.get_rng_state"):
+        cstorch.set_rng_state([1, 2])
+    backend.shutdown()
+
+
+# -- 4. plain-tensor arguments, 5. a traced function in several runs ---------------------------
+
+def test_a_plain_tensor_argument_is_a_graph_input_fed_every_step():
+    def run(kind):
+        torch.manual_seed(0)
+        backend = cstorch.backend(kind, **({"in_process": True} if kind == "CSX" else {}))
+        model = torch.nn.Linear(8, 2)
+        compiled = cstorch.compile(model, backend)
+        opt = cstorch.optim.SGD(model.parameters(), lr=0.1)
+
+        @cstorch.trace
+        def step(batch, weights):
+            x, _ = batch
+            loss = (compiled(x) * weights).sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        losses = []
+
+        @cstorch.step_closure
+        def keep(loss):
+            losses.append(loss.item())
+
+        for i, batch in enumerate(executor_of(vectors, 6)):
+            keep(step(batch, torch.tensor([1.0, -2.0]) * (1 + i // 2)))  # changes every 2 steps
+        backend.shutdown()
+        return losses
+
+    assert run("CSX") == run("CPU")
+
+
+@pytest.mark.parametrize("where", ["in_process", "ray"])
+def test_one_traced_function_serves_runs_with_different_batch_sizes(where, ray_session):
+    def run(kind, **options):
+        torch.manual_seed(0)
+        backend = cstorch.backend(kind, **options)
+        model = torch.nn.Linear(8, 1)
+        compiled = cstorch.compile(model, backend)
+        opt = cstorch.optim.SGD(model.parameters(), lr=0.1)
+
+        @cstorch.trace
+        def step(batch):
+            x, y = batch
+            loss = ((compiled(x) - y) ** 2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        losses = []
+        for rows in (4, 6):
+            losses.append(run_steps(step, executor_of(lambda: vectors(rows=rows), 3)))
+        backend.shutdown()
+        return losses
+
+    csx = run("CSX", **({"in_process": True} if where == "in_process" else {}))
+    assert csx == run("CPU")
+
+
+def test_within_one_run_a_graph_that_changes_is_still_refused():
+    backend = cstorch.backend("CSX", in_process=True, retrace_every_iteration=True)
+    model = torch.nn.Linear(8, 1)
+    compiled = cstorch.compile(model, backend)
+    calls = []
+
+    @cstorch.trace
+    def step(batch):
+        x, _ = batch
+        calls.append(1)
+        out = compiled(x)
+        return out.sum() if len(calls) == 1 else out.mean()
+
+    with pytest.raises(cstorch.errors.CompileError, match="changed at step 2"):
+        run_steps(step, executor_of(vectors, 3))
+    backend.shutdown()
+
+
+# -- 6. BatchNorm(momentum=None), transformers' mask check ------------------------------------
+
+def test_batchnorm_with_a_cumulative_average_names_the_module_and_the_fix():
+    backend = cstorch.backend("CSX", in_process=True)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.BatchNorm1d(4, momentum=None))
+    compiled = cstorch.compile(model, backend)
+
+    @cstorch.trace
+    def step(batch):
+        x, _ = batch
+        return compiled(x).sum()
+
+    with pytest.raises(cstorch.TracingError) as info:
+        run_steps(step, executor_of(vectors, 2))
+    msg = str(info.value)
+    assert "float() of a tensor" in msg and "inside torch.nn.BatchNorm1d `1`" in msg
+    assert "momentum=None" in msg and "momentum=0.1" in msg
+    assert "num_batches_tracked" in msg and "test_model_zoo.py" in msg
+    backend.shutdown()
+
+
+def test_a_transformers_attention_mask_check_names_the_fix():
+    backend = cstorch.backend("CSX", in_process=True)
+    model = transformers.BertForMaskedLM(bert_config())
+    compiled = cstorch.compile(model, backend)
+
+    @cstorch.trace
+    def step(batch):
+        return compiled(input_ids=batch["input_ids"], labels=batch["labels"],
+                        attention_mask=torch.ones_like(batch["input_ids"])).loss
+
+    with pytest.raises(cstorch.TracingError) as info:
+        run_steps(step, executor_of(masked_tokens, 2))
+    msg = str(info.value)
+    assert "masking_utils.py" in msg and "inside transformers.models.bert" in msg
+    assert "without attention_mask" in msg and "4-D form" in msg
+    backend.shutdown()
+
+
+# -- the zoo ------------------------------------------------------------------------------------
+
+def tokens(n=10):
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, VOCAB, (BATCH, SEQ), generator=g) for _ in range(n)]
+
+
+def masked_tokens(n=10):
+    """BERT's masked-LM batches: 15% of the tokens replaced by [MASK] (id 3) and predicted."""
+    out = []
+    for ids in tokens(n):
+        g = torch.Generator().manual_seed(int(ids.sum()))
+        chosen = torch.rand(ids.shape, generator=g) < 0.15
+        out.append({"input_ids": torch.where(chosen, torch.full_like(ids, 3), ids),
+                    "labels": torch.where(chosen, ids, torch.full_like(ids, -100))})
+    return out
+
+
+def images(n=10):
+    g = torch.Generator().manual_seed(2)
+    return [(torch.randn(8, 3, 8, 8, generator=g), torch.randint(0, 5, (8,), generator=g))
+            for _ in range(n)]
+
+
+def gpt2_config():
+    return transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2,
+                                   n_head=4, bos_token_id=0, eos_token_id=0)
+
+
+def bert_config():
+    return transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                   num_attention_heads=4, intermediate_size=64,
+                                   max_position_embeddings=SEQ, pad_token_id=0)
+
+
+def llama_config():
+    # RoPE, RMSNorm, SwiGLU (silu-gated MLP) and grouped-query attention (4 heads, 2 KV heads)
+    return transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                    num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, max_position_embeddings=SEQ,
+                                    bos_token_id=0, eos_token_id=0, pad_token_id=0)
+
+
+class BasicBlock(torch.nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(cout)
+        self.conv2 = torch.nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(cout)
+        self.down = None
+        if stride != 1 or cin != cout:
+            self.down = torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                            torch.nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return torch.relu(out + (x if self.down is None else self.down(x)))
+
+
+class ResNet(torch.nn.Module):
+    """ResNet-style: stem, two stages of basic blocks, global pooling, classifier."""
+
+    def __init__(self, classes=5):
+        super().__init__()
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, 1, 1, bias=False),
+                                        torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+        self.layers = torch.nn.Sequential(BasicBlock(8, 8, 1), BasicBlock(8, 16, 2))
+        self.fc = torch.nn.Linear(16, classes)
+
+    def forward(self, x):
+        x = self.layers(self.stem(x))
+        return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+def lm_loss(compiled, ids):
+    return compiled(input_ids=ids, labels=ids).loss
+
+
+def mlm_loss(compiled, batch):
+    return compiled(input_ids=batch["input_ids"], labels=batch["labels"]).loss
+
+
+def cnn_loss(compiled, batch):
+    x, y = batch
+    return torch.nn.functional.cross_entropy(compiled(x), y)
+
+
+def mse_loss(compiled, batch):
+    x, y = batch
+    return ((compiled(x) - y) ** 2).mean()
+
+
+def bf16_loss(compiled, batch):
+    x, y = batch
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = compiled(x)
+    return ((out.float() - y) ** 2).mean()
+
+
+@dataclass
+class Case:
+    build: Callable[[], torch.nn.Module]
+    input_fn: Callable
+    loss: Callable
+    adam: bool = True       # AdamW (weights compared at 1e-4 with the default CPU backend)
+    micro_batches: int = 1  # gradient accumulation inside the step
+    bf16: bool = False      # bfloat16 matmuls: thread counts differ by bfloat16's rounding
+
+
+class BF16Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.GELU(),
+                                       torch.nn.LayerNorm(64), torch.nn.Linear(64, 1))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+CASES = {
+    "gpt2": Case(lambda: transformers.GPT2LMHeadModel(gpt2_config()), tokens, lm_loss),
+    "bert_mlm": Case(lambda: transformers.BertForMaskedLM(bert_config()), masked_tokens,
+                     mlm_loss),
+    "llama": Case(lambda: transformers.LlamaForCausalLM(llama_config()), tokens, lm_loss),
+    "resnet_batchnorm": Case(ResNet, images, cnn_loss, adam=False),
+    "dropout": Case(DropoutMLP, vectors, mse_loss, adam=False),
+    "bf16_autocast": Case(BF16Net, vectors, bf16_loss, bf16=True),
+    "grad_accumulation": Case(BF16Net, vectors, mse_loss, micro_batches=2),
+}
+
+
+def train(case: Case, kind, steps=10, **options):
+    """Losses, final state (model and optimizer) of ``steps`` steps of ``case``."""
+    torch.manual_seed(0)
+    backend = cstorch.backend(kind, **options)
+    model = case.build()
+    compiled = cstorch.compile(model, backend)
+    if case.adam:
+        opt = cstorch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
+    else:
+        opt = cstorch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    @cstorch.trace
+    def step(batch):
+        if case.micro_batches == 1:
+            loss = case.loss(compiled, batch)
+            loss.backward()
+        else:
+            parts = zip(*(t.chunk(case.micro_batches) for t in batch))
+            loss = 0
+            for part in parts:
+                micro = case.loss(compiled, part) / case.micro_batches
+                micro.backward()
+                loss = loss + micro.detach()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    losses = run_steps(step, executor_of(case.input_fn, steps))
+    final = {f"model.{k}": v.to("cpu").clone() for k, v in model.state_dict().items()}
+    for i, s in enumerate(opt.state.values()):
+        final.update({f"opt.{i}.{k}": v.to("cpu").clone() for k, v in s.items()
+                      if isinstance(v, torch.Tensor)})
+    backend.shutdown()
+    return losses, final
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_model_on_csx_equals_the_cpu_backend(name, ray_session):
+    case = CASES[name]
+    saved = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    try:
+        cpu, cpu_final = train(case, "CPU")
+        runs = {where: train(case, "CSX", **csx_options(where)) for where in ("in_process", "ray")}
+    finally:
+        torch.set_num_threads(saved)
+    assert len(cpu) == 10 and all(math.isfinite(v) for v in cpu)
+    assert len(set(cpu)) > 1  # it trains
+    for where, (losses, final) in runs.items():
+        assert losses == cpu, where  # bit for bit at the same thread count
+        assert final.keys() == cpu_final.keys()
+        for k in cpu_final:
+            assert torch.equal(final[k], cpu_final[k]), (where, k)
+    if saved != THREADS:  # the default CPU backend: all cores
+        default, default_final = train(case, "CPU")
+        # at that thread count too, the in-process wafer equals it bit for bit
+        losses, final = train(case, "CSX", in_process=True)
+        assert losses == default
+        assert all(torch.equal(final[k], default_final[k]) for k in default_final)
+        # eager PyTorch at another thread count: as close as its own rounding allows
+        loss_tol, weight_tol = (2 ** -8, 2 ** -8) if case.bf16 else (
+            1e-5, 1e-4 if case.adam else 1e-5)
+        assert max(abs(a - b) for a, b in zip(default, cpu)) <= loss_tol
+        for k in cpu_final:
+            if cpu_final[k].is_floating_point():
+                assert torch.allclose(default_final[k], cpu_final[k], rtol=0, atol=weight_tol), k
+
+
+def test_evaluation_from_a_checkpoint_equals_the_cpu_backend(ray_session, one_thread, tmp_path):
+    """Train a ResNet with BatchNorm on CSX, save on a checkpoint step; a fresh backend loads it
+    and evaluates with model.eval() and torch.no_grad() (running statistics, no update)."""
+    torch.manual_seed(0)
+    backend = cstorch.backend("CSX", **csx_options("ray"))
+    model = ResNet()
+    compiled = cstorch.compile(model, backend)
+    opt = cstorch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    @cstorch.trace
+    def train_step(batch):
+        loss = cnn_loss(compiled, batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    @cstorch.checkpoint_closure
+    def save(i):
+        cstorch.save({"model": model.state_dict()}, tmp_path / f"ckpt_{i}.h5")
+
+    for i, batch in enumerate(executor_of(images, 6, checkpoint_steps=6), 1):
+        train_step(batch)
+        save(i)
+    backend.shutdown()
+
+    def evaluate(kind, **options):
+        backend = cstorch.backend(kind, **options)
+        model = ResNet()
+        model.load_state_dict(cstorch.load(tmp_path / "ckpt_6.h5")["model"])
+        compiled = cstorch.compile(model, backend)
+        compiled.eval()
+        running = model.layers[1].bn2.running_var.to("cpu").clone()
+
+        @cstorch.trace
+        @torch.no_grad()
+        def eval_step(batch):
+            x, y = batch
+            logits = compiled(x)
+            return torch.nn.functional.cross_entropy(logits, y), (logits.argmax(-1) == y).sum()
+
+        results = []
+
+        @cstorch.step_closure
+        def keep(loss, correct):
+            results.append((loss.item(), correct.item()))
+
+        for batch in executor_of(lambda: images(4), 4):
+            keep(*eval_step(batch))
+        after = model.layers[1].bn2.running_var.to("cpu").clone()
+        backend.shutdown()
+        assert torch.equal(running, after)  # eval mode: running statistics unchanged
+        return results
+
+    cpu = evaluate("CPU")
+    assert evaluate("CSX", in_process=True) == cpu
+    assert evaluate("CSX", **csx_options("ray")) == cpu

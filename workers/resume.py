@@ -1,0 +1,448 @@
+"""Where an input worker is in its data, and the one iterator that walks it from there.
+
+The CPU backend, the in-process CSX input side and the Ray input workers all stream a worker's
+dataloader through :class:`Source` and describe where they are with one *position* (the
+``user_state_dict`` of a :class:`~workers.context.DataLoaderCheckpoint`)::
+
+    {"epoch": e,                 # the epoch being streamed (0-based)
+     "batch_in_epoch": k,        # batches of epoch e already streamed
+     "loader_state": s,          # the restartable part's state_dict() after them (if any)
+     "loader_state_of": name,    # which part that is: "batch_sampler", "sampler", "dataset"...
+     "rng": {"generators": {path: str}, "global": str}}  # random state at epoch e's start
+
+Resuming at a position restores the random state the epoch started with (every
+``torch.Generator`` reachable from the loader -- ``RandomSampler(generator=...)``,
+``DataLoader(generator=...)``, a sampler's own ``self.generator`` -- and torch's global RNG),
+so a shuffle is drawn again exactly as the interrupted run drew it; then the restartable part
+is given its saved state, or the first ``k`` batches of the epoch are skipped.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from workers.dataloader import DataLoader, EmptyDataLoaderError
+
+POSITION_KEYS = ("epoch", "batch_in_epoch", "loader_state", "loader_state_of", "rng")
+
+
+class ExhaustedIteratorError(EmptyDataLoaderError):
+    """``input_fn`` returned a one-shot iterator (a generator) and the run needs a new epoch."""
+
+
+class ResumeError(ValueError):
+    """A saved position cannot be resumed exactly."""
+
+
+def start_position() -> dict:
+    """The position of a worker that has streamed nothing."""
+    return {"epoch": 0, "batch_in_epoch": 0}
+
+
+def check_position(pos: Any, where: str = "the dataloader state") -> dict:
+    """``pos`` validated as a position (see the module docstring); raises :class:`ResumeError`."""
+    if not isinstance(pos, dict) or any(k not in POSITION_KEYS for k in pos) or any(
+            isinstance(pos.get(k), bool) or not isinstance(pos.get(k), int) or pos.get(k) < 0
+            for k in ("epoch", "batch_in_epoch")):
+        raise ResumeError(
+            f"{where}: a worker's position must be a dict with int epoch >= 0 and "
+            f"batch_in_epoch >= 0 (and optionally {list(POSITION_KEYS[2:])}), as "
+            f"DataLoader.state_dict() writes it, got {pos!r:.200}. Resume from a state saved "
+            "by this version of cstream."
+        )
+    return pos
+
+
+# ---------------------------------------------------------------------------------------------
+# The parts of a loader: set_epoch, state_dict, random generators
+# ---------------------------------------------------------------------------------------------
+
+def _candidates(loader) -> list:
+    """The loader and the parts of it that may carry ``set_epoch`` / ``state_dict``."""
+    objs = [loader]
+    for name in ("batch_sampler", "sampler", "dataset"):
+        objs.append(getattr(loader, name, None))
+    objs.append(getattr(getattr(loader, "batch_sampler", None), "sampler", None))
+    seen, out = set(), []
+    for o in objs:
+        if o is not None and id(o) not in seen:
+            seen.add(id(o))
+            out.append(o)
+    return out
+
+
+def restartable_part(loader):
+    """``(name, object)`` of the first part of ``loader`` with ``state_dict`` and
+    ``load_state_dict`` (the loader itself, its batch_sampler, sampler or dataset), or None."""
+    names = {id(loader): "loader"}
+    for name in ("batch_sampler", "sampler", "dataset"):
+        o = getattr(loader, name, None)
+        if o is not None:
+            names.setdefault(id(o), name)
+    bs = getattr(loader, "batch_sampler", None)
+    if getattr(bs, "sampler", None) is not None:
+        names.setdefault(id(bs.sampler), "batch_sampler.sampler")
+    for o in _candidates(loader):
+        if callable(getattr(o, "state_dict", None)) and callable(
+                getattr(o, "load_state_dict", None)):
+            return names.get(id(o), type(o).__name__), o
+    return None
+
+
+def set_epoch(loader, epoch: int) -> None:
+    """Tell every part of ``loader`` that has ``set_epoch`` (sampler, batch_sampler, ...)."""
+    for o in _candidates(loader):
+        fn = getattr(o, "set_epoch", None)
+        if callable(fn):
+            fn(epoch)
+
+
+_MAX_DEPTH = 5
+_SKIP_TYPES = (torch.Tensor, str, bytes, int, float, bool, type(None), list, tuple, dict, set)
+
+
+def find_generators(loader) -> dict[str, torch.Generator]:
+    """Every ``torch.Generator`` reachable through the attributes of ``loader`` (a few levels
+    deep: ``batch_sampler.data_source.sampler.generator`` ...), keyed by that path. The same
+    ``input_fn`` builds the same structure in every run, so the paths name the same
+    generators in a resumed run."""
+    found: dict[str, torch.Generator] = {}
+    seen: set[int] = set()
+
+    def walk(obj, path: str, depth: int) -> None:
+        if id(obj) in seen or depth > _MAX_DEPTH:
+            return
+        seen.add(id(obj))
+        attrs = getattr(obj, "__dict__", None)
+        if not isinstance(attrs, dict):
+            return
+        for name, value in sorted(attrs.items(), key=lambda kv: str(kv[0])):
+            if isinstance(value, torch.Generator):
+                if id(value) not in seen and value.device.type == "cpu":
+                    seen.add(id(value))
+                    found[f"{path}.{name}" if path else name] = value
+            elif not isinstance(value, _SKIP_TYPES) and not callable(value) \
+                    and not isinstance(value, Iterator):
+                walk(value, f"{path}.{name}" if path else name, depth + 1)
+
+    walk(loader, "", 0)
+    return found
+
+
+def draws_from_global_rng(loader) -> str | None:
+    """The path of a sampler of ``loader`` that shuffles with torch's global RNG (a
+    ``RandomSampler`` / ``SubsetRandomSampler`` / ``WeightedRandomSampler`` without a
+    generator), or None."""
+    from torch.utils.data import RandomSampler, SubsetRandomSampler, WeightedRandomSampler
+
+    kinds = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
+    stack, seen = [(loader, "loader", 0)], set()
+    while stack:
+        obj, path, depth = stack.pop()
+        if id(obj) in seen or depth > _MAX_DEPTH:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, kinds) and getattr(obj, "generator", None) is None:
+            return path
+        attrs = getattr(obj, "__dict__", None)
+        if isinstance(attrs, dict):
+            for name, value in attrs.items():
+                if not isinstance(value, _SKIP_TYPES) and not callable(value) \
+                        and not isinstance(value, (Iterator, torch.Generator)):
+                    stack.append((value, f"{path}.{name}", depth + 1))
+    return None
+
+
+def _sample_ids(index) -> list[int] | None:
+    """The sample ids of one batch as its index sampler gave them, when they are ints."""
+    if isinstance(index, int) and not isinstance(index, bool):
+        return [index]
+    if isinstance(index, torch.Tensor) and not index.is_floating_point():
+        return [int(i) for i in index.reshape(-1).tolist()]
+    if isinstance(index, (list, tuple)) and index and all(
+            isinstance(i, int) and not isinstance(i, bool) for i in index):
+        return list(index)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Iterating one loader
+# ---------------------------------------------------------------------------------------------
+
+_LEAN_ATTRS = ("_next_index", "_dataset_fetcher", "_pin_memory", "_sampler_iter",
+               "_num_yielded", "_IterableDataset_len_called")
+
+
+def lean_iter(loader) -> Iterator:
+    """``iter(loader)``; for a torch ``DataLoader`` with ``num_workers=0``, an iterator that takes
+    the same steps as the loader's own ``__next__`` but leaves out its per-batch profiler
+    annotation while no profiler runs (entered fresh after each wait for data, that annotation
+    costs ~0.15 ms a batch: as much as the rest of a worker's per-batch work), and keeps the
+    sample ids of the last batch (:attr:`LeanLoaderIter.last_ids`)."""
+    it = iter(loader)
+    if type(it) is not torch.utils.data.dataloader._SingleProcessDataLoaderIter or not all(
+            hasattr(it, a) for a in _LEAN_ATTRS):
+        return it
+    return LeanLoaderIter(it)
+
+
+class LeanLoaderIter:
+    __slots__ = ("it", "last_index")
+
+    def __init__(self, it):
+        self.it = it
+        self.last_index = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        it = self.it
+        if it._sampler_iter is None or it._IterableDataset_len_called is not None \
+                or torch.autograd._profiler_enabled():
+            self.last_index = None
+            return next(it)  # the loader's own path: reset, length warnings, profiling
+        # torch's _SingleProcessDataLoaderIter._next_data, keeping the index
+        index = it._next_index()
+        data = it._dataset_fetcher.fetch(index)
+        if it._pin_memory:
+            data = torch.utils.data._utils.pin_memory.pin_memory(data, it._pin_memory_device)
+        it._num_yielded += 1
+        self.last_index = index
+        return data
+
+
+class Source:
+    """Iterates one worker's loader forever from a position, epoch after epoch.
+
+    Args:
+        dataloader: the recipe (for its name in messages).
+        loader: what ``input_fn`` returned for this worker.
+        position: where to start (see the module docstring); None: the beginning.
+        owns_global_rng: True where torch's global RNG belongs to the input pipeline alone (an
+            input worker's process): it is restored at a resumed epoch's start and left to run
+            on. False in a process that shares it with the model (CPU backend, in-process
+            CSX): it is restored only while the resumed epoch draws its shuffle.
+
+    Each epoch is announced with ``set_epoch``; the random state is recorded just before the
+    epoch's iterator is created. When an epoch ends the next one starts; an epoch that yields
+    nothing raises :class:`EmptyDataLoaderError`, or :class:`ExhaustedIteratorError` when the
+    loader is a one-shot iterator that an earlier epoch used up.
+    """
+
+    def __init__(self, dataloader: DataLoader, loader, position: dict | None = None, *,
+                 owns_global_rng: bool = False):
+        pos = check_position(dict(position or start_position()))
+        self.dataloader = dataloader
+        self.loader = loader
+        self.epoch = pos["epoch"]
+        self.batch_in_epoch = pos["batch_in_epoch"]
+        self.restartable = restartable_part(loader)
+        self.one_shot = isinstance(loader, Iterator)
+        self.owns_global_rng = owns_global_rng
+        self.generators = find_generators(loader)
+        self.batches_in_first_epoch: int | None = None
+        self._loader_state = pos.get("loader_state")
+        self._resume_rng = pos.get("rng")
+        self._rng: dict = {}
+        self._it: Iterator | None = None
+        self._first: Any = None  # a batch drawn ahead by _start_epoch, or _END
+
+    # -- random state --------------------------------------------------------------------
+    def _record_rng(self) -> None:
+        self._rng = {"generators": {p: _encode_state(g.get_state()) for p, g in
+                                    self.generators.items()},
+                     "global": _encode_state(torch.get_rng_state())}
+
+    def _restore_rng(self, saved: dict) -> None:
+        gens = saved.get("generators", {})
+        missing = sorted(set(gens) - set(self.generators))
+        if missing:
+            raise ResumeError(
+                f"input_fn {self.dataloader.input_fn_name}: the saved position holds the state "
+                f"of random generator(s) {missing}, which the dataloader built now does not "
+                f"have (it has {sorted(self.generators)}). The shuffle of epoch {self.epoch} "
+                "cannot be drawn again as the interrupted run drew it: resume with the same "
+                "input_fn and arguments."
+            )
+        for p, state in gens.items():
+            self.generators[p].set_state(_byte_tensor(state))
+        if "global" in saved:
+            torch.set_rng_state(_byte_tensor(saved["global"]))
+
+    def rng_state(self) -> dict:
+        """The random state recorded at the start of the current epoch."""
+        return self._rng
+
+    # -- epochs --------------------------------------------------------------------------
+    def _empty(self) -> EmptyDataLoaderError:
+        name = self.dataloader.input_fn_name
+        if self.one_shot and self.epoch > 0:
+            n = self.batches_in_first_epoch
+            return ExhaustedIteratorError(
+                f"input_fn {name} returned a one-shot iterator "
+                f"({type(self.loader).__name__}), which was used up after "
+                f"{'its' if n is None else n} batches, and the run needs more: epoch "
+                f"{self.epoch} would start it over, but a generator cannot start over. Return "
+                "something that can be iterated again (a list, a torch DataLoader, or a class "
+                "whose __iter__ starts over), make the generator endless, or lower num_steps "
+                "to what one pass yields."
+            )
+        return EmptyDataLoaderError(
+            f"input_fn {name} returned a dataloader that yields no batch"
+            + (f" (epoch {self.epoch})" if self.epoch else "") + ". Check that the data set "
+            "is not empty and that batch_size is not larger than the data set with "
+            "drop_last=True (use a smaller batch_size or drop_last=False)."
+        )
+
+    def _start_epoch(self, resumed: bool) -> None:
+        if self.epoch > 0:
+            set_epoch(self.loader, self.epoch)
+        saved_rng = self._resume_rng if resumed else None
+        self._resume_rng = None
+        if saved_rng is not None and not self.owns_global_rng:
+            user_rng = torch.get_rng_state()
+        if saved_rng is not None:
+            self._restore_rng(saved_rng)
+        elif resumed and self.epoch > 0 and not self.one_shot:
+            path = draws_from_global_rng(self.loader)
+            if path is not None:
+                raise ResumeError(
+                    f"input_fn {self.dataloader.input_fn_name}: {path} shuffles with torch's "
+                    f"global random generator, and the saved position (epoch {self.epoch}) does "
+                    "not hold its state, so epoch "
+                    f"{self.epoch} cannot be drawn again as the interrupted run drew it. Give "
+                    "the sampler its own generator, e.g. RandomSampler(data, "
+                    "generator=torch.Generator().manual_seed(seed)), and resume from a "
+                    "checkpoint saved with it."
+                )
+        self._record_rng()
+        skip = 0
+        try:
+            if resumed and self.batch_in_epoch:
+                if self.restartable is not None and self._loader_state is not None:
+                    self.restartable[1].load_state_dict(copy.deepcopy(self._loader_state))
+                else:
+                    skip, self.batch_in_epoch = self.batch_in_epoch, 0
+            self._it = lean_iter(self.loader)
+            self._skip(skip)
+            if saved_rng is not None and not self.owns_global_rng:
+                # the shuffle is drawn when the first batch is asked for: draw it now, while
+                # the restored global state is in place
+                try:
+                    self._first = next(self._it)
+                except StopIteration:
+                    self._first = _END
+        finally:
+            if saved_rng is not None and not self.owns_global_rng:
+                torch.set_rng_state(user_rng)
+
+    def _skip(self, skip: int) -> None:
+        while skip:
+            try:
+                next(self._it)
+            except StopIteration:
+                # the epoch is shorter than the saved position: go on into the next epoch
+                if self.batch_in_epoch == 0:
+                    raise self._empty() from None
+                self.epoch += 1
+                self.batch_in_epoch = 0
+                set_epoch(self.loader, self.epoch)
+                self._record_rng()
+                self._it = lean_iter(self.loader)
+                continue
+            self.batch_in_epoch += 1
+            skip -= 1
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._it is None:
+            self._start_epoch(resumed=True)
+        while True:
+            try:
+                batch, self._first = self._first, None
+                if batch is None:
+                    batch = next(self._it)
+                elif batch is _END:
+                    raise StopIteration
+            except StopIteration:
+                if self.batch_in_epoch == 0:
+                    raise self._empty() from None
+                if self.batches_in_first_epoch is None:
+                    self.batches_in_first_epoch = self.batch_in_epoch
+                self.epoch += 1
+                self.batch_in_epoch = 0
+                self._start_epoch(resumed=False)
+                continue
+            self.batch_in_epoch += 1
+            return batch
+
+    def last_sample_ids(self) -> list[int] | None:
+        """The sample ids of the batch just returned, where the loader's sampler gave ints."""
+        return _sample_ids(getattr(self._it, "last_index", None))
+
+    def loader_state(self) -> Any:
+        """The restartable part's ``state_dict()`` now (a private copy), or None."""
+        if self.restartable is None:
+            return None
+        return copy_state(self.restartable[1].state_dict())
+
+    def position(self) -> dict:
+        """The position right after the batch just returned (a fresh dict)."""
+        pos = {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch}
+        state = self.loader_state()
+        if state is not None:
+            pos["loader_state"] = state
+            pos["loader_state_of"] = self.restartable[0]
+        if self._rng:
+            pos["rng"] = self._rng
+        return pos
+
+    def close(self) -> None:
+        close = getattr(self._it, "close", None)
+        if callable(close):
+            close()
+        self._it = None
+
+
+_END = object()
+
+
+def _encode_state(state: torch.Tensor) -> str:
+    """A generator's state as base64 text: it travels in JSON, HDF5 and pickles alike."""
+    return base64.b64encode(state.numpy().tobytes()).decode("ascii")
+
+
+def _byte_tensor(state: str) -> torch.Tensor:
+    try:
+        raw = base64.b64decode(state.encode("ascii"), validate=True)
+    except (AttributeError, ValueError):
+        raise ResumeError(
+            f"a saved random-generator state is not base64 text as cstream writes it "
+            f"({state!r:.60}); resume from a state DataLoader.state_dict() returned."
+        ) from None
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+
+
+_ATOMS = (int, float, str, bool, bytes, type(None))
+
+
+def copy_state(x: Any) -> Any:
+    """A private copy of a loader state: fast for the usual dicts/lists of numbers and
+    strings, ``copy.deepcopy`` for anything else."""
+    if isinstance(x, _ATOMS):
+        return x
+    if type(x) is dict:
+        return {k: copy_state(v) for k, v in x.items()}
+    if type(x) is list:
+        return [copy_state(v) for v in x]
+    if type(x) is tuple:
+        return tuple(copy_state(v) for v in x)
+    return copy.deepcopy(x)
