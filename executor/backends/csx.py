@@ -77,7 +77,8 @@ class CSXBackend(Backend):
     Options (seed 000): ``artifact_dir``, ``compile_dir``, ``compile_only``, ``validate_only``,
     ``drop_data``, ``max_checkpoints``, ``retrace_every_iteration``; and: ``in_process`` (run the
     driver in this process, no Ray), ``address`` (an existing Ray cluster;
-    :func:`cstream.backend` fills it from ``RAY_ADDRESS``), ``device`` (``"cpu"``, or ``"cuda"`` where present: where the driver executes),
+    :func:`cstream.backend` fills it from ``RAY_ADDRESS``), ``device`` (``"cpu"``, or
+    ``"cuda"`` where present: where the driver executes),
     ``compiler`` (``"fx"`` or ``"inductor"``), ``lookahead`` (steps the client and wafer may run
     ahead of each other).
     """
