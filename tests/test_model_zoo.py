@@ -87,6 +87,8 @@ class DeviceIdioms(torch.nn.Module):
         h = h * self.scale.type_as(h)
         h = h + h.new_ones(h.shape) + h.new_zeros(8, device=x.device)
         h = h + torch.zeros_like(h, device=h.device) + h.to(torch.float64).to(h.dtype)
+        h = h * h.new_full((8,), 0.5) + h.new_tensor([1.0] * 8) + torch.tensor(0.25, device=h.device)
+        h = h * torch.ones(8, device=x.device, dtype=x.dtype).type(h.dtype)
         return _helper_to(h, ref=x)
 
 
