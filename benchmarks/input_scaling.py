@@ -71,27 +71,28 @@ class ObjectStoreSampler(threading.Thread):
         super().__init__(daemon=True)
         self.every_s = every_s
         self.peak_bytes = 0
-        self._stop = threading.Event()
+        self._done = threading.Event()
         first = self._stats()
         self.capacity_bytes = first.object_store_bytes_avail
         self._spilled0 = first.spilled_bytes_total
 
     @staticmethod
     def _stats():
+        import ray._private.state
         from ray._private import internal_api
 
-        reply = internal_api.get_memory_info_reply(internal_api.get_state_from_address(None))
+        reply = internal_api.get_memory_info_reply(ray._private.state.state)
         return reply.store_stats
 
     def run(self):
-        while not self._stop.is_set():
+        while not self._done.is_set():
             s = self._stats()
             self.peak_bytes = max(self.peak_bytes, s.object_store_bytes_used
                                   + s.object_store_bytes_fallback)
-            self._stop.wait(self.every_s)
+            self._done.wait(self.every_s)
 
     def finish(self) -> dict:
-        self._stop.set()
+        self._done.set()
         self.join()
         spilled = self._stats().spilled_bytes_total - self._spilled0
         return {"peak_object_store_bytes": self.peak_bytes,
@@ -101,6 +102,9 @@ class ObjectStoreSampler(threading.Thread):
 def transport_32mib(rounds: int, steps: int = 240) -> dict:
     """32 MiB batches from 4 workers into one CS-X at the defaults: MB/s reaching the wafer,
     the object store's peak use and the bytes spilled to disk (medians over ``rounds``)."""
+    from executor.ray_session import ensure_ray
+
+    ensure_ray()  # the sampler reads the store before the run's backend joins it
     runs = []
     for _ in range(rounds):
         sampler = ObjectStoreSampler()

@@ -1,5 +1,9 @@
 """Every ```python block of README.md and docs/*.md runs as pasted, each in a fresh interpreter
-(a new user's session), from an empty folder with the repository importable."""
+(a new user's session), from an empty folder with the repository importable.
+
+A block that goes on from the one before it says so on the line above its fence,
+``<!-- continues the example above -->``: it runs after the blocks it continues, in the same
+interpreter and folder, as a reader pasting them in order would run it."""
 
 from __future__ import annotations
 
@@ -14,15 +18,22 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+CONTINUES = "<!-- continues the example above -->"
 
 
 def python_blocks() -> list:
     out = []
     for path in DOCS:
         text = path.read_text()
+        chain: list[str] = []
         for m in BLOCK.finditer(text):
             line = text[:m.start()].count("\n") + 1
-            out.append(pytest.param(m.group(1), id=f"{path.relative_to(REPO)}:{line}"))
+            before = text[:m.start()].rstrip().splitlines()
+            if before and before[-1].strip() == CONTINUES and chain:
+                chain.append(m.group(1))
+            else:
+                chain = [m.group(1)]
+            out.append(pytest.param("\n".join(chain), id=f"{path.relative_to(REPO)}:{line}"))
     return out
 
 

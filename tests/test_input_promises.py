@@ -341,3 +341,73 @@ def test_cpu_and_in_process_runs_save_one_position_format():
     assert a["user_state_dict"] == b["user_state_dict"]
     assert (a["worker_step"], a["user_state_dict"]["epoch"],
             a["user_state_dict"]["batch_in_epoch"]) == (13, 1, 3)
+
+
+# -- 4. bytes in flight ------------------------------------------------------------------------
+def counted_megabyte_fn(path):
+    """1 MiB batches forever; the count produced so far is written to ``path``."""
+    def gen():
+        produced = 0
+        while True:
+            produced += 1
+            with open(path, "w") as f:
+                f.write(str(produced))
+            yield torch.full((256, 1024), float(produced))
+
+    class Forever:
+        def __iter__(self):
+            return gen()
+
+    return Forever()
+
+
+def _settled(path, timeout_s=8.0):
+    import time
+
+    last, since, deadline = None, time.time(), time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            now = int(Path(path).read_text() or 0)
+        except (FileNotFoundError, ValueError):
+            now = None
+        if now != last:
+            last, since = now, time.time()
+        elif time.time() - since > 0.8:
+            break
+        time.sleep(0.05)
+    return last
+
+
+def test_the_object_store_is_sized_from_memory_and_bounds_the_input_bytes(ray_session):
+    from executor.ray_session import machine_memory_bytes
+    from workers.flow import object_store_bytes_for
+    from workers.stream import CsxInputStream
+
+    store = ray_session.cluster_resources()["object_store_memory"]
+    assert store == pytest.approx(object_store_bytes_for(machine_memory_bytes()), rel=0.01)
+    assert store > 512 * 2**20  # no longer a fixed 512 MiB on this machine
+    cfg = cstorch.utils.CSConfig(num_workers_per_csx=4)
+    with CsxInputStream(cstorch.utils.data.DataLoader(counted_megabyte_fn, "/dev/null"), cfg, 0,
+                        name_prefix="bytesdefault") as s:
+        assert s.in_flight_bytes_per_worker == int(store * 0.25) // 4
+
+
+@pytest.mark.parametrize("budget_mib,most_ahead", [(None, 12), (2, 5)])
+def test_a_workers_bytes_in_flight_stay_within_the_configured_bound(
+        ray_session, tmp_path, budget_mib, most_ahead):
+    from workers.stream import CsxInputStream
+
+    path = str(tmp_path / "produced")
+    cfg = cstorch.utils.CSConfig(input_bytes_in_flight_per_csx=budget_mib and budget_mib << 20)
+    with CsxInputStream(cstorch.utils.data.DataLoader(counted_megabyte_fn, path), cfg, 0,
+                        name_prefix=f"bytes{budget_mib}") as s:
+        got = [s.next()[0][0, 0].item() for _ in range(5)]
+        assert got == [1.0, 2.0, 3.0, 4.0, 5.0]
+        ahead = _settled(path) - 5
+        stats = ray_session.get(s._workers[0].actor.stats.remote())
+    if budget_mib is None:  # a quarter of the object store: the batch counts bind first
+        assert 5 < ahead <= most_ahead == s.max_batches_ahead
+    else:
+        # received or requested here (2 MiB), buffered in the worker (2 MiB), one being made
+        assert ahead <= most_ahead
+        assert stats["buffered_bytes"] <= 2 << 20

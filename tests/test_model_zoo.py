@@ -87,6 +87,8 @@ class DeviceIdioms(torch.nn.Module):
         h = h * self.scale.type_as(h)
         h = h + h.new_ones(h.shape) + h.new_zeros(8, device=x.device)
         h = h + torch.zeros_like(h, device=h.device) + h.to(torch.float64).to(h.dtype)
+        h = h * h.new_full((8,), 0.5) + h.new_tensor([1.0] * 8) + torch.tensor(0.25, device=h.device)
+        h = h * torch.ones(8, device=x.device, dtype=x.dtype).type(h.dtype)
         return _helper_to(h, ref=x)
 
 
@@ -188,10 +190,10 @@ class DropoutMLP(torch.nn.Module):
         return self.net(x)
 
 
-def train_dropout(kind, steps=10, seed=0, resume=None, checkpoint_steps=None, **options):
-    """Returns the losses and the checkpoints ({step: state}) the checkpoint closure kept."""
-    torch.manual_seed(seed)
-    backend = cstorch.backend(kind, **options)
+def train_dropout(backend, steps=10, resume=None, checkpoint_steps=None):
+    """``steps`` steps of the dropout MLP on ``backend`` (seeded with 0 first); returns the
+    losses and the checkpoints ({step: what the checkpoint closure saved, read back})."""
+    torch.manual_seed(0)
     model = DropoutMLP()
     compiled = cstorch.compile(model, backend)
     opt = cstorch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -214,9 +216,9 @@ def train_dropout(kind, steps=10, seed=0, resume=None, checkpoint_steps=None, **
 
     @cstorch.checkpoint_closure
     def checkpoint(i):
-        saved[i] = {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                    "dataloader": dataloader.state_dict(), "rng_state": cstorch.get_rng_state()}
-        cstorch.save(saved[i], f"ckpt_{i}.h5")
+        cstorch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                      "dataloader": dataloader.state_dict(),
+                      "rng_state": cstorch.get_rng_state()}, f"ckpt_{i}.h5")
         saved[i] = cstorch.load(f"ckpt_{i}.h5")
 
     executor = cstorch.utils.data.DataExecutor(dataloader, num_steps=steps,
@@ -230,16 +232,15 @@ def train_dropout(kind, steps=10, seed=0, resume=None, checkpoint_steps=None, **
     for i, batch in enumerate(executor, 1):
         keep(step(batch))
         checkpoint(i)
-    backend.shutdown()
     return losses, saved
 
 
-@pytest.mark.parametrize("where", ["in_process", "ray"])
-def test_dropout_masks_follow_the_users_seed(where, ray_session, one_thread):
+def test_dropout_masks_follow_the_users_seed(one_thread):
     """Runs of one CSX backend started after the same torch.manual_seed draw the same masks (the
-    CPU backend's); another seed draws other masks."""
+    CPU backend's); another seed draws other masks. (On a Ray wafer:
+    test_every_model_on_a_ray_wafer_equals_the_cpu_backend.)"""
     torch.manual_seed(0)
-    backend = cstorch.backend("CSX", **csx_options(where))
+    backend = cstorch.backend("CSX", in_process=True)
     model = DropoutMLP()
     compiled = cstorch.compile(model, backend)
 
@@ -267,16 +268,21 @@ def test_dropout_masks_follow_the_users_seed(where, ray_session, one_thread):
 
 
 def test_a_resumed_run_draws_the_uninterrupted_runs_dropout_masks(ray_session, one_thread):
-    full, saved = train_dropout("CSX", checkpoint_steps=4, **csx_options("ray"))
-    assert sorted(saved) == [4, 8, 10]  # the last step is a checkpoint step too
+    with cstorch.backend("CPU") as cpu:
+        cpu_full, cpu_saved = train_dropout(cpu, checkpoint_steps=4)
+    with cstorch.backend("CPU") as cpu:
+        cpu_resumed, _ = train_dropout(cpu, steps=6, resume=cpu_saved[4])
+    assert cpu_resumed == cpu_full[4:]
+    with cstorch.backend("CSX", **csx_options("ray")) as csx:
+        full, saved = train_dropout(csx, checkpoint_steps=4)
+        assert sorted(saved) == [4, 8, 10]  # the last step is a checkpoint step too
+        # a new run, as after a restart: the weights, the optimizer, the input position and
+        # the random stream come from the step-4 checkpoint
+        resumed, _ = train_dropout(csx, steps=6, resume=saved[4])
+    assert full == cpu_full
     assert saved[4]["rng_state"].dtype == torch.uint8
-    resumed, _ = train_dropout("CSX", steps=6, resume=saved[4], **csx_options("ray"))
+    assert torch.equal(saved[4]["rng_state"], cpu_saved[4]["rng_state"])
     assert resumed == full[4:]
-    cpu_full, cpu_saved = train_dropout("CPU", checkpoint_steps=4)
-    assert cpu_full == full
-    assert torch.equal(cpu_saved[4]["rng_state"], saved[4]["rng_state"])
-    cpu_resumed, _ = train_dropout("CPU", steps=6, resume=cpu_saved[4])
-    assert cpu_resumed == full[4:]
 
 
 def test_the_rng_state_is_read_on_checkpoint_steps_and_set_between_runs():
@@ -340,8 +346,7 @@ def test_a_plain_tensor_argument_is_a_graph_input_fed_every_step():
     assert run("CSX") == run("CPU")
 
 
-@pytest.mark.parametrize("where", ["in_process", "ray"])
-def test_one_traced_function_serves_runs_with_different_batch_sizes(where, ray_session):
+def test_one_traced_function_serves_runs_with_different_batch_sizes():
     def run(kind, **options):
         torch.manual_seed(0)
         backend = cstorch.backend(kind, **options)
@@ -364,8 +369,9 @@ def test_one_traced_function_serves_runs_with_different_batch_sizes(where, ray_s
         backend.shutdown()
         return losses
 
-    csx = run("CSX", **({"in_process": True} if where == "in_process" else {}))
+    csx = run("CSX", in_process=True)
     assert csx == run("CPU")
+    assert len(csx) == 2 and len(csx[1]) == 3
 
 
 def test_within_one_run_a_graph_that_changes_is_still_refused():
@@ -558,10 +564,9 @@ CASES = {
 }
 
 
-def train(case: Case, kind, steps=10, **options):
-    """Losses, final state (model and optimizer) of ``steps`` steps of ``case``."""
+def train(case: Case, backend, steps=10):
+    """Losses and final state (model and optimizer) of ``steps`` steps of ``case``."""
     torch.manual_seed(0)
-    backend = cstorch.backend(kind, **options)
     model = case.build()
     compiled = cstorch.compile(model, backend)
     if case.adam:
@@ -590,47 +595,80 @@ def train(case: Case, kind, steps=10, **options):
     for i, s in enumerate(opt.state.values()):
         final.update({f"opt.{i}.{k}": v.to("cpu").clone() for k, v in s.items()
                       if isinstance(v, torch.Tensor)})
-    backend.shutdown()
     return losses, final
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_the_model_on_csx_equals_the_cpu_backend(name, ray_session):
-    case = CASES[name]
+def train_alone(case: Case, kind, threads: int, **options):
+    """``train`` on a backend of its own, with ``threads`` threads in this process."""
     saved = torch.get_num_threads()
-    torch.set_num_threads(THREADS)
+    torch.set_num_threads(threads)
     try:
-        cpu, cpu_final = train(case, "CPU")
-        runs = {where: train(case, "CSX", **csx_options(where)) for where in ("in_process", "ray")}
+        with cstorch.backend(kind, **options) as backend:
+            return train(case, backend)
     finally:
         torch.set_num_threads(saved)
-    assert len(cpu) == 10 and all(math.isfinite(v) for v in cpu)
-    assert len(set(cpu)) > 1  # it trains
-    for where, (losses, final) in runs.items():
-        assert losses == cpu, where  # bit for bit at the same thread count
-        assert final.keys() == cpu_final.keys()
-        for k in cpu_final:
-            assert torch.equal(final[k], cpu_final[k]), (where, k)
-    if saved != THREADS:  # the default CPU backend: all cores
-        default, default_final = train(case, "CPU")
-        # at that thread count too, the in-process wafer equals it bit for bit
-        losses, final = train(case, "CSX", in_process=True)
-        assert losses == default
-        assert all(torch.equal(final[k], default_final[k]) for k in default_final)
-        # eager PyTorch at another thread count: as close as its own rounding allows
-        loss_tol, weight_tol = (2 ** -8, 2 ** -8) if case.bf16 else (
-            1e-5, 1e-4 if case.adam else 1e-5)
-        assert max(abs(a - b) for a, b in zip(default, cpu)) <= loss_tol
-        for k in cpu_final:
-            if cpu_final[k].is_floating_point():
-                assert torch.allclose(default_final[k], cpu_final[k], rtol=0, atol=weight_tol), k
+
+
+@pytest.fixture(scope="module")
+def cpu_reference():
+    """The CPU backend's run of a case at a thread count, computed once per module."""
+    runs = {}
+
+    def get(name: str, threads: int):
+        if (name, threads) not in runs:
+            runs[name, threads] = train_alone(CASES[name], "CPU", threads)
+        return runs[name, threads]
+
+    return get
+
+
+def assert_same(run, reference, where):
+    (losses, final), (ref_losses, ref_final) = run, reference
+    assert losses == ref_losses, where  # bit for bit
+    assert final.keys() == ref_final.keys()
+    for k in ref_final:
+        assert torch.equal(final[k], ref_final[k]), (where, k)
+
+
+DEFAULT_THREADS = torch.get_num_threads()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_model_on_the_in_process_wafer_equals_the_cpu_backend(name, cpu_reference):
+    case = CASES[name]
+    cpu = cpu_reference(name, THREADS)
+    assert len(cpu[0]) == 10 and all(math.isfinite(v) for v in cpu[0])
+    assert len(set(cpu[0])) > 1  # it trains
+    assert_same(train_alone(case, "CSX", THREADS, in_process=True), cpu, f"{THREADS} threads")
+    if DEFAULT_THREADS == THREADS:
+        return
+    # the default CPU backend (all cores): the wafer at that thread count equals it bit for
+    # bit; eager at another thread count is as close as its own rounding allows
+    default = cpu_reference(name, DEFAULT_THREADS)
+    assert_same(train_alone(case, "CSX", DEFAULT_THREADS, in_process=True), default,
+                f"{DEFAULT_THREADS} threads")
+    loss_tol, weight_tol = (2 ** -8, 2 ** -8) if case.bf16 else (
+        1e-5, 1e-4 if case.adam else 1e-5)
+    assert max(abs(a - b) for a, b in zip(default[0], cpu[0])) <= loss_tol
+    for k, v in cpu[1].items():
+        if v.is_floating_point():
+            assert torch.allclose(default[1][k], v, rtol=0, atol=weight_tol), k
+
+
+def test_every_model_on_a_ray_wafer_equals_the_cpu_backend(cpu_reference, ray_session):
+    """One Ray wafer trains every model in turn (one run each), at the CPU runs' thread count.
+    The dropout model draws the CPU backend's masks: the wafer's stream is the client's seed."""
+    references = {name: cpu_reference(name, THREADS) for name in sorted(CASES)}
+    with cstorch.backend("CSX", **csx_options("ray")) as backend:
+        for name in sorted(CASES):
+            assert_same(train(CASES[name], backend), references[name], name)
 
 
 def test_evaluation_from_a_checkpoint_equals_the_cpu_backend(ray_session, one_thread, tmp_path):
     """Train a ResNet with BatchNorm on CSX, save on a checkpoint step; a fresh backend loads it
     and evaluates with model.eval() and torch.no_grad() (running statistics, no update)."""
     torch.manual_seed(0)
-    backend = cstorch.backend("CSX", **csx_options("ray"))
+    backend = cstorch.backend("CSX", in_process=True)
     model = ResNet()
     compiled = cstorch.compile(model, backend)
     opt = cstorch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

@@ -1,4 +1,11 @@
-"""Refusing value reads while a step is traced (seed 003), with the user's source line."""
+"""Refusing value reads while a step is traced (seed 003), with the user's source line.
+
+A read is decided by what is called and with which arguments, never by who calls it: the same
+``.item()`` or ``.to("cpu")`` is refused in the user's step and inside a library, and moves that
+read nothing (``.to(x.device)``, ``.to(tensor)``, dtype casts) pass wherever they are written.
+The error names the line, the module it happened in, and a fix; reads inside code users port
+(BatchNorm's cumulative average, transformers' mask check) get their specific way around.
+"""
 
 from __future__ import annotations
 
