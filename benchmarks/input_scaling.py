@@ -145,13 +145,24 @@ def main(argv=None):
                    help="redraw the PNG from the JSON results at --out; measure nothing")
     p.add_argument("--only-32mib", action="store_true",
                    help="measure only the 32 MiB x 4 workers row and update it in --out")
+    p.add_argument("--object-store-mib", type=int, default=None,
+                   help="with --only-32mib: start Ray with an object store of this size "
+                        "instead of the default (30%% of the machine's memory)")
     args = p.parse_args(argv)
     if args.only_32mib:
         out = Path(args.out)
         results = json.loads(out.read_text()) if out.exists() else {}
+        key = "transport_32MiB_4_workers"
+        if args.object_store_mib:
+            import ray
+
+            ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1",
+                     object_store_memory=args.object_store_mib << 20,
+                     runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path[:2])}})
+            key += f"_store_{args.object_store_mib}MiB"
         backend = cstorch.backend("CSX", artifact_dir=tempfile.mkdtemp(prefix="cstream-bench-"))
-        results["transport_32MiB_4_workers"] = transport_32mib(args.rounds)
-        results["transport_32MiB_4_workers"]["cpu_count"] = os.cpu_count()
+        results[key] = transport_32mib(args.rounds)
+        results[key]["cpu_count"] = os.cpu_count()
         backend.shutdown()
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=1, default=float))

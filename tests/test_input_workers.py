@@ -414,7 +414,7 @@ def test_input_fn_raising_mid_iteration_surfaces_at_that_batch(ray_session):
     assert msg.startswith("CS-X 0, input worker 0 of 1, batch 2 (step 3): input_fn failed while "
                           "producing this batch: KeyError: \"sample 17 has no 'label' column\"")
     # the user's traceback, without the input worker's own frames
-    assert "Traceback of input_fn (in the input worker, most recent call last):" in msg
+    assert "input_fn's traceback, in the input worker:\nTraceback (most recent call last):" in msg
     assert "workers/" not in msg and "ray::" not in msg
     assert "raise KeyError(\"sample 17 has no 'label' column\")" in msg
     assert wait_actors_gone(ray_session, "baditer") == []

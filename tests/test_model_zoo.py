@@ -346,6 +346,27 @@ def test_a_plain_tensor_argument_is_a_graph_input_fed_every_step():
     assert run("CSX") == run("CPU")
 
 
+@pytest.mark.timeout(60)
+def test_a_run_left_early_does_not_wait_for_plain_tensor_arguments_never_given():
+    """The wafer waits for each step's arguments; a loop that breaks early stops it instead."""
+    backend = cstorch.backend("CSX", in_process=True)
+    model = torch.nn.Linear(8, 2)
+    compiled = cstorch.compile(model, backend)
+
+    @cstorch.trace
+    def step(batch, weights):
+        x, _ = batch
+        return (compiled(x) * weights).sum()
+
+    seen = []
+    for i, batch in enumerate(executor_of(vectors, 8)):
+        seen.append(step(batch, torch.ones(2)))
+        if i == 1:
+            break
+    assert len(seen) == 2
+    backend.shutdown()
+
+
 def test_one_traced_function_serves_runs_with_different_batch_sizes():
     def run(kind, **options):
         torch.manual_seed(0)

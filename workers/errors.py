@@ -74,7 +74,7 @@ class InputWorkerError(RuntimeError):
             text += f"\n{rest}"
         text += f"\nThe input stream of CS-X {wse_id} was stopped and its workers were shut down."
         if traceback_text.strip():
-            text += ("\nTraceback of input_fn (in the input worker, most recent call last):\n"
+            text += ("\ninput_fn's traceback, in the input worker:\n"
                      + traceback_text.rstrip())
         super().__init__(text)
 

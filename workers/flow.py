@@ -40,11 +40,15 @@ class FlowPolicy:
     """``fetch`` requests kept outstanding per input worker, so transport overlaps production."""
     object_store_bytes: Optional[int] = None
     """Size of the embedded Ray object store; None: sized by :func:`object_store_bytes_for`."""
+    input_bytes_in_flight_per_csx: Optional[int] = None
+    """Bytes of one CS-X's batches in flight between its workers and its input buffer, split
+    equally over the workers (``CSConfig.input_bytes_in_flight_per_csx``); None:
+    :data:`OBJECT_STORE_SHARE_FOR_INPUT` of the object store, shared by the CS-Xs."""
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if v is None and f.name == "object_store_bytes":
+            if v is None and f.name in ("object_store_bytes", "input_bytes_in_flight_per_csx"):
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"FlowPolicy.{f.name}: expected a positive int, got {v!r}.")
@@ -55,7 +59,8 @@ class FlowPolicy:
         """The policy for ``cs_config`` (its input knobs) and the backend's look-ahead."""
         fields = dict(lookahead_steps=lookahead_steps,
                       input_buffer_batches=cs_config.input_buffer_batches,
-                      batches_per_fetch=cs_config.batches_per_fetch)
+                      batches_per_fetch=cs_config.batches_per_fetch,
+                      input_bytes_in_flight_per_csx=cs_config.input_bytes_in_flight_per_csx)
         fields.update(overrides)
         return cls(**fields)
 
@@ -69,6 +74,18 @@ class FlowPolicy:
         """The capacity of a CS-X's input buffer for batches of ``batch_bytes``."""
         return max(self.input_buffer_batches, self.batches_per_reply(batch_bytes)
                    if 0 < batch_bytes < self.small_batch_bytes else 0)
+
+    def input_bytes_per_worker(self, num_csx: int, num_workers_per_csx: int,
+                               object_store_bytes: Optional[int]) -> Optional[int]:
+        """One input worker's byte bound: :attr:`input_bytes_in_flight_per_csx` (or, when None,
+        :data:`OBJECT_STORE_SHARE_FOR_INPUT` of ``object_store_bytes`` shared by the
+        ``num_csx`` CS-Xs) split over a CS-X's workers. None: neither is known."""
+        per_csx = self.input_bytes_in_flight_per_csx
+        if per_csx is None:
+            if not object_store_bytes:
+                return None
+            per_csx = int(object_store_bytes * OBJECT_STORE_SHARE_FOR_INPUT) // num_csx
+        return max(1, per_csx // num_workers_per_csx)
 
     @property
     def ack_every_steps(self) -> int:
@@ -103,9 +120,5 @@ def input_bytes_in_flight_per_worker(cs_config: CSConfig,
     >>> input_bytes_in_flight_per_worker(CSConfig(input_bytes_in_flight_per_csx=2**20), None)
     1048576
     """
-    per_csx = cs_config.input_bytes_in_flight_per_csx
-    if per_csx is None:
-        if not object_store_bytes:
-            return None
-        per_csx = int(object_store_bytes * OBJECT_STORE_SHARE_FOR_INPUT) // cs_config.num_csx
-    return max(1, per_csx // cs_config.num_workers_per_csx)
+    return FlowPolicy.from_config(cs_config).input_bytes_per_worker(
+        cs_config.num_csx, cs_config.num_workers_per_csx, object_store_bytes)
