@@ -39,11 +39,7 @@ def one_thread():
 def csx_options(where: str) -> dict:
     if where == "in_process":
         return {"in_process": True}  # the wafer computes with this process's threads
-    from executor.backends.csx import CSXBackend
-
-    if "num_threads" not in CSXBackend.options:
-        return {}  # a Ray wafer without the option computes with one thread (OMP_NUM_THREADS=1)
-    return {"num_threads": THREADS}
+    return {"num_threads": THREADS}  # the Ray wafer computes with as many threads as the CPU run
 
 
 def run_steps(step, executor):

@@ -27,8 +27,7 @@ class FlowPolicy:
     """The wafer runs at most this many steps past the last step whose closures the client has
     finished; it is also the most step outputs the wafer keeps. A hard bound."""
     input_buffer_batches: int = 4
-    """Batches each CS-X's input buffer on the wafer holds (filled by one feeder thread); for
-    small batches, as many as one worker reply carries (see :meth:`buffer_batches`)."""
+    """Batches each CS-X's input buffer on the wafer holds (filled by one feeder thread)."""
     batches_per_fetch: int = 4
     """The most batches an input worker sends in one reply (one Ray call, one object)."""
     small_batch_bytes: int = 64 * 1024
@@ -69,11 +68,6 @@ class FlowPolicy:
         if 0 < batch_bytes < self.small_batch_bytes:
             return max(self.batches_per_fetch, self.small_reply_batches)
         return self.batches_per_fetch
-
-    def buffer_batches(self, batch_bytes: int) -> int:
-        """The capacity of a CS-X's input buffer for batches of ``batch_bytes``."""
-        return max(self.input_buffer_batches, self.batches_per_reply(batch_bytes)
-                   if 0 < batch_bytes < self.small_batch_bytes else 0)
 
     def input_bytes_per_worker(self, num_csx: int, num_workers_per_csx: int,
                                object_store_bytes: Optional[int]) -> Optional[int]:

@@ -410,7 +410,8 @@ class CsxInputStream:
         wk.pending.popleft()
         items = reply["items"] if reply["kind"] == "chunk" else [reply]
         received_unix = time.time()
-        if self.capacity > self.batches_per_fetch and items[0]["kind"] != "error":
+        if self.policy is not None and self.capacity > self.batches_per_fetch \
+                and items[0]["kind"] != "error":
             # small batches: as many per reply as the worker may hold
             m = min(self.capacity, self.policy.batches_per_reply(items[0]["nbytes"]))
             self.batches_per_fetch = max(self.batches_per_fetch, m)

@@ -95,8 +95,8 @@ class InputFeed:
 
     # -- feeding -------------------------------------------------------------------------------
     def start(self, num_steps: int, checkpoint_steps: set) -> None:
-        self._buffers = [queue.Queue(maxsize=self.policy.buffer_batches(self._part_bytes(c)))
-                         for c in range(len(self.streams))]
+        self._buffers = [queue.Queue(maxsize=self.policy.input_buffer_batches)
+                         for _ in self.streams]
         self._parts = [None] * len(self.streams)
         self._threads = [
             threading.Thread(target=self._feed, args=(c, s, self._buffers[c], num_steps,
@@ -148,10 +148,6 @@ class InputFeed:
                     f"graph expects {tuple(want.shape)} {want.dtype}. The graph is static (seed "
                     "002): every batch must have the same shapes and dtypes; a short last batch "
                     "is the usual cause (use drop_last=True).")
-
-    def _part_bytes(self, c: int) -> int:
-        return sum(t.numel() * t.element_size() for t in self._part_specs[c][0]
-                   if isinstance(t, torch.Tensor))
 
     # -- taking --------------------------------------------------------------------------------
     def occupancy(self) -> float:
