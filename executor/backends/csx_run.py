@@ -76,7 +76,6 @@ class CSXRun:
         self.collect_calls = 0
         self.report: dict = {}
         self._stats: dict[int, dict] = {}
-        self._snapshot_cache: Optional[dict] = None
         self._last_consts: Optional[list] = None  # plain-tensor step arguments last sent
         self._consts_sent = None  # the last asynchronous feed of them
         self.store.running = True
