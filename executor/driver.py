@@ -255,10 +255,12 @@ class WaferDriver:
             raise DriverError("no run has started on the wafer.")
         return self._loop
 
-    def collect(self, since: int, until: int, indices: list, ack: int = -1) -> Collected:
-        """Every finished step's outputs ``indices`` from ``since`` on, once ``until`` is done;
-        acknowledges ``ack`` first (see :meth:`WaferLoop.collect`)."""
-        return self._running().collect(since, until, indices, ack, alive=self._alive)
+    def collect(self, since: int, until: int, indices: list, ack: int = -1,
+                more: int = 0) -> Collected:
+        """Every finished step's outputs ``indices`` from ``since`` on, once ``until`` is done
+        (and up to ``more`` steps after it); acknowledges ``ack`` first (see
+        :meth:`WaferLoop.collect`)."""
+        return self._running().collect(since, until, indices, ack, alive=self._alive, more=more)
 
     def fetch(self, step: int, indices: list) -> tuple[list, list]:
         return self._running().fetch(step, indices, alive=self._alive)

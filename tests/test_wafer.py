@@ -73,8 +73,9 @@ def test_the_loop_waits_for_input_runs_steps_and_stops_at_the_look_ahead():
         assert loop._step(block=False) is Phase.WAITING_FOR_CLIENT
         assert sorted(loop.outputs) == [0, 1, 2]
         got = loop.collect(since=0, until=2, indices=[0], ack=0)
-        assert {s: [float(v) for v in vals] for s, vals in got.values.items()} == {
-            1: [2.0], 2: [4.0]}
+        # steps 1 and 2 (step 0 was acknowledged), output 0 of each, stacked
+        assert (got.first, got.done) == (1, 2)
+        assert [v.tolist() for v in got.values] == [[2.0, 4.0]]
         assert [s["step"] for s in got.stats] == [1, 2, 3]
         assert sorted(loop.outputs) == [1, 2]  # the acknowledged step's outputs are gone
         assert _until_not(loop, Phase.WAITING_FOR_INPUT) is Phase.READY
@@ -197,9 +198,9 @@ def test_outputs_stream_back_in_batches_so_closures_on_finished_steps_make_no_ca
     csx, ex = _train("CSX", in_process=True, compiler="fx", steps=16, lookahead=8,
                      on_closure=on_closure)
     assert csx == cpu
-    # step 1's closure collected step 1 alone; then one collect brought steps 2-8, whose
-    # closures made no call of their own
-    assert calls[:8] == [1] + [2] * 7
+    # step 1's closure made the first collect; once the wafer is 8 steps ahead, one more
+    # collect brings every step through 8: the closures of steps 2-8 make at most one call
+    assert calls[0] == 1 and calls[7] <= 2
     assert ex.summary["collect_calls"] < 16
 
 

@@ -86,6 +86,19 @@ class FlowPolicy:
         """How often the client tells the wafer how far it is when it has nothing to fetch."""
         return max(1, self.lookahead_steps // 2)
 
+    @property
+    def collect_more_steps(self) -> int:
+        """When the client must wait for a step's outputs, it also waits for up to this many
+        steps after it (or ``collect_more_s``, or the end of the run), so a client ahead of the
+        wafer makes one call per this many steps rather than one per step."""
+        return max(0, self.lookahead_steps // 4)
+
+    @property
+    def collect_more_s(self) -> float:
+        """The most time a collect waits for those further steps once the step it needs is
+        done: closures lag the wafer by at most this much more."""
+        return 0.02
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 

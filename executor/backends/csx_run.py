@@ -71,7 +71,8 @@ class CSXRun:
         self._acked = -1  # the last step acknowledged to the wafer
         self._client_done = -1  # the last step whose closures ran
         self._streamed: list[int] = []  # output indices that stream back for every step
-        self._values: dict[int, dict] = {}  # step -> {output index: value} collected
+        # step -> (the collected stacked outputs holding it, its row in them)
+        self._values: dict[int, tuple] = {}
         self._collected = -1  # outputs collected through this step
         self.collect_calls = 0
         self.report: dict = {}
@@ -247,15 +248,17 @@ class CSXRun:
         step, index = slot.program
         return self._outputs_of(step, [index])[0]
 
-    def _collect(self, until: int) -> None:
+    def _collect(self, until: int, more: int = 0) -> None:
         """One round trip: the streamed outputs of every step the wafer finished since the
-        last collect, once it has finished ``until``; acknowledges the client's progress."""
-        got = self.driver.collect(self._collected + 1, until, self._streamed, self._client_done)
+        last collect, once it has finished ``until`` (and, briefly, ``more`` steps after it);
+        acknowledges the client's progress."""
+        got = self.driver.collect(self._collected + 1, until, self._streamed, self._client_done,
+                                  more)
         self.collect_calls += 1
         self._acked = max(self._acked, self._client_done)
-        for s, values in got.values.items():
-            if s > self._client_done:
-                self._values[s] = dict(zip(self._streamed, values))
+        if got.values:
+            for s in range(max(got.first, self._client_done + 1), got.done + 1):
+                self._values[s] = (got.values, s - got.first)
         self._collected = max(self._collected, got.done)
         self.known_done = max(self.known_done, got.done)
         self._add_stats(got.stats)
@@ -264,10 +267,11 @@ class CSXRun:
         """Outputs ``indices`` of ``step``: from the collected ones, else fetched."""
         if all(i in self._streamed for i in indices):
             if step > self._collected:
-                self._collect(step)
+                self._collect(step, more=self.policy.collect_more_steps)
             have = self._values.get(step)
             if have is not None:
-                return [have[i] for i in indices]
+                stacked, row = have
+                return [stacked[self._streamed.index(i)][row] for i in indices]
         return self._fetch(step, indices)
 
     def _fetch(self, step: int, indices: list) -> list:

@@ -87,7 +87,8 @@ class DriverClient:
                      compile_only=False, num_steps=None) -> dict: ...
     def open_input(self, dataloader, cs_config, resume_states, policy): ...
     def start(self, num_steps: int, checkpoint_steps: list) -> None: ...
-    def collect(self, since: int, until: int, indices: list, ack: int) -> Collected: ...
+    def collect(self, since: int, until: int, indices: list, ack: int,
+                more: int = 0) -> Collected: ...
     def fetch(self, step: int, indices: list) -> tuple: ...
     def wait_done(self, step: int) -> int: ...
     def ack_async(self, step: int) -> Future: ...
@@ -126,8 +127,8 @@ class LocalDriverClient(DriverClient):
     def start(self, num_steps, checkpoint_steps):
         return self.driver.start(num_steps, checkpoint_steps)
 
-    def collect(self, since, until, indices, ack):
-        return self.driver.collect(since, until, indices, ack)
+    def collect(self, since, until, indices, ack, more=0):
+        return self.driver.collect(since, until, indices, ack, more)
 
     def fetch(self, step, indices):
         return self.driver.fetch(step, indices)
@@ -250,8 +251,9 @@ class RayDriverClient(DriverClient):
     def start(self, num_steps, checkpoint_steps):
         return self._get(self._actor().start.remote(num_steps, checkpoint_steps), "start")
 
-    def collect(self, since, until, indices, ack):
-        return self._get(self._actor().collect.remote(since, until, indices, ack), "collect")
+    def collect(self, since, until, indices, ack, more=0):
+        return self._get(self._actor().collect.remote(since, until, indices, ack, more),
+                         "collect")
 
     def fetch(self, step, indices):
         return self._get(self._actor().fetch.remote(step, indices), "fetch")

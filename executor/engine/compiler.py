@@ -32,6 +32,7 @@ from typing import Callable, Optional
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._pytree import tree_unflatten
 
 log = logging.getLogger("cstream.compile")
 COMPILERS = ("auto", "fx", "inductor")
@@ -168,14 +169,90 @@ def input_spec(example: tuple) -> list:
     return [(tuple(t.shape), str(t.dtype)) for t in (*state, *batch, *consts)]
 
 
+_LITERALS = (bool, int, str, type(None))
+
+
+def _structured(gm: torch.fx.GraphModule, outputs):
+    """The output node's values in the structure ``gm`` returns them in: a graph built with
+    pytree inputs and outputs (``make_fx``) keeps them flat and unflattens on return."""
+    info = getattr(gm.graph._codegen, "pytree_info", None)
+    if info is None or info.out_spec is None:
+        return outputs
+    return tree_unflatten(list(outputs), info.out_spec)
+
+
+def replay_function(gm: torch.fx.GraphModule) -> Callable:
+    """``gm`` as one plain Python function ``(state, batch, consts) -> gm's output``, run
+    without autograd.
+
+    ``GraphModule``'s own code calls each aten op through ``OpOverload.__call__``, a Python
+    frame per op, and flattens its inputs with pytree on every call; here each op is bound to
+    its C++ entry point (``OpOverload._op``) and the inputs are taken as they come. Constants
+    other than ints, bools, strings and None (floats, dtypes, devices, ...) are bound as
+    globals, so every value is the graph's own object."""
+    env: dict = {}
+    names: dict = {}
+    params, lines = [], []
+
+    def bind(value, prefix: str) -> str:
+        name = f"{prefix}{len(env)}"
+        env[name] = value
+        return name
+
+    def render(a) -> str:
+        if isinstance(a, torch.fx.Node):
+            return names[a]
+        if isinstance(a, dict):
+            return "{" + ", ".join(f"{render(k)}: {render(v)}" for k, v in a.items()) + "}"
+        if isinstance(a, list):
+            return "[" + ", ".join(render(x) for x in a) + "]"
+        if isinstance(a, tuple):
+            return "(" + "".join(render(x) + ", " for x in a) + ")"
+        if isinstance(a, _LITERALS):
+            return repr(a)
+        return bind(a, "_c")
+
+    for i, node in enumerate(gm.graph.nodes):
+        names[node] = name = f"v{i}"
+        if node.op == "placeholder":
+            params.append(name)
+        elif node.op == "get_attr":
+            obj = gm
+            for part in node.target.split("."):
+                obj = getattr(obj, part)
+            lines.append(f"{name} = {bind(obj, '_a')}")
+        elif node.op == "call_function":
+            target = node.target
+            fn = target._op if isinstance(target, torch._ops.OpOverload) else target
+            args = [render(a) for a in node.args]
+            args += [f"{k}={render(v)}" for k, v in node.kwargs.items()]
+            lines.append(f"{name} = {bind(fn, '_f')}({', '.join(args)})")
+        elif node.op == "output":
+            lines.append(f"return {render(_structured(gm, node.args[0]))}")
+        else:
+            raise NotImplementedError(f"replay of an fx {node.op!r} node ({node.format_node()})")
+    info = getattr(gm.graph._codegen, "pytree_info", None)
+    # a pytree graph takes the leaves of (state, batch, consts); a plain one the three lists
+    inputs = "(*state, *batch, *consts)" if info is not None else "(state, batch, consts)"
+    body = "\n".join("        " + line for line in lines)
+    src = (f"def replay(state, batch, consts):\n"
+           f"    {''.join(p + ', ' for p in params)}= {inputs}\n"
+           f"    with _no_grad():\n{body}\n")
+    env["_no_grad"] = torch.no_grad
+    exec(compile(src, "<cstream replay>", "exec"), env)
+    replay = env["replay"]
+    replay.source = src
+    return replay
+
+
 def fx_step(gm: torch.fx.GraphModule, device: str,
             generator: Optional[torch.Generator] = None) -> CompiledStep:
-    """The captured graph replayed op by op, state updated in place: nothing to compile. Its
-    random ops draw from ``generator`` (the wafer's own), when given."""
+    """The captured graph replayed op by op (:func:`replay_function`), state updated in place:
+    nothing to compile. Its random ops draw from ``generator`` (the wafer's own), when given."""
     gm = gm.to(device) if device != "cpu" else gm
     _drop_detach(gm)
     seeded = seed_random_ops(gm, generator) if generator is not None else True
-    return CompiledStep(gm, None, "fx", generator, seeded)
+    return CompiledStep(replay_function(gm), None, "fx", generator, seeded)
 
 
 class CacheEntry:

@@ -74,8 +74,12 @@ class Collected:
     """What one :meth:`WaferLoop.collect` returns."""
     done: int
     """The last step the wafer finished."""
-    values: dict
-    """``{step: [output values]}`` for the steps finished since the client's last call."""
+    first: int
+    """The first step whose outputs ``values`` holds: it holds steps ``first`` to ``done``."""
+    values: list
+    """Per output index asked for, that output of every step from ``first`` to ``done``,
+    stacked (one tensor per index, row ``k`` is step ``first + k``): one object to send
+    instead of one per step."""
     stats: list
     """Per-step figures not sent before."""
 
@@ -276,16 +280,25 @@ class WaferLoop:
         return new
 
     def collect(self, since: int, until: int, indices: list, ack: int = -1,
-                alive: Callable[[], bool] = lambda: True) -> Collected:
+                alive: Callable[[], bool] = lambda: True, more: int = 0) -> Collected:
         """Outputs ``indices`` of every step from ``since`` to the last one finished, once the
-        wafer has finished ``until``; acknowledges ``ack`` first."""
+        wafer has finished ``until`` and then, if it gets there within
+        ``policy.collect_more_s``, ``more`` steps after it (a client waiting for the wafer
+        then makes one call for several steps); acknowledges ``ack`` first."""
         with self.cond:
             self._ack(ack)
         self.wait_done(until, alive=alive)
         with self.cond:
-            values = {s: [self.outputs[s][i].to("cpu", copy=True) for i in indices]
-                      for s in range(max(since, self.acked + 1), self.done + 1)}
-            return Collected(self.done, values, self.take_stats())
+            target = min(until + more, self.acked + self.policy.lookahead_steps,
+                         self.plan.num_steps - 1)
+            if self.done < target:
+                self.cond.wait_for(lambda: self.done >= target or self.phase.terminal
+                                   or self.error is not None, timeout=self.policy.collect_more_s)
+            first = max(since, self.acked + 1)
+            steps = range(first, self.done + 1)
+            values = [torch.stack([self.outputs[s][i] for s in steps]).to("cpu")
+                      for i in indices] if len(steps) else []
+            return Collected(self.done, first, values, self.take_stats())
 
     def fetch(self, step: int, indices: list, alive: Callable[[], bool] = lambda: True):
         """Outputs ``indices`` of one ``step`` (waits for it)."""
