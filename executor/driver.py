@@ -203,7 +203,7 @@ class WaferDriver:
         first batch's spec."""
         self._close_run()
         if self.use_ray_workers:
-            from workers.stream import CsxInputStream as Stream
+            from workers.coordinator import CoordinatedInputStream as Stream
         else:
             from workers.local_stream import LocalInputStream as Stream
         self.cs_config = cs_config

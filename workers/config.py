@@ -8,6 +8,7 @@ from typing import Optional
 
 
 DUPLICATE_SAMPLES = ("warn", "error", "ignore")
+INPUT_ASSIGNMENTS = ("dynamic", "static")
 
 
 def _positive_int(name: str, value) -> None:
@@ -56,6 +57,21 @@ class CSConfig:
     shard): ``"warn"`` (an ``UnshardedInputWarning`` in the user's process, recorded in the
     run's profile), ``"error"`` (the run stops with ``UnshardedInputError`` before its first
     step) or ``"ignore"`` (no check)."""
+    input_assignment: str = "dynamic"
+    """Which input worker produces which global batch. ``"dynamic"``: each worker takes the
+    next global batch number from its CS-X's coordinator as it becomes free (holding at most
+    a couple ahead), and the wafer side puts the batches back into global order in a bounded
+    reorder window, so a slow batch or a slow worker delays only itself while the other
+    workers go on; the wafer still sees exactly the single-process sequence of global
+    batches. ``"static"``: worker ``s % num_workers_per_csx`` produces step ``s``
+    (round-robin), and one slow batch stalls the stream. Only loaders that draw their batches
+    from :class:`cstream.utils.data.ShardedSampler` can be assigned dynamically; iterable
+    datasets and other samplers keep the round-robin, and the run's profile says which mode
+    ran and why. The default is ``"dynamic"``: on ``benchmarks/stragglers.py`` (4 workers,
+    heavy-tailed read costs, wafer held to 85% of the workers' capacity) it kept the wafer's
+    utilisation where static lost points, and with one 2x slower worker it delivered close to
+    the sum of the workers' rates where static was capped by the slowest; with uniform costs
+    the two deliver the same (see the README's "Stragglers" section)."""
     duplicate_check_batches: int = 2
     """How many of each worker's first batches are compared across all workers of all CS-Xs
     (by sample id where the sampler gives them, by content otherwise)."""
@@ -68,6 +84,12 @@ class CSConfig:
         _positive_int("duplicate_check_batches", self.duplicate_check_batches)
         if self.input_bytes_in_flight_per_csx is not None:
             _positive_int("input_bytes_in_flight_per_csx", self.input_bytes_in_flight_per_csx)
+        if self.input_assignment not in INPUT_ASSIGNMENTS:
+            raise ValueError(
+                f"CSConfig.input_assignment: expected one of {INPUT_ASSIGNMENTS}, got "
+                f"{self.input_assignment!r}. \"dynamic\" balances the global batches over the "
+                "input workers as they become free; \"static\" assigns them round-robin."
+            )
         if self.duplicate_samples not in DUPLICATE_SAMPLES:
             raise ValueError(
                 f"CSConfig.duplicate_samples: expected one of {DUPLICATE_SAMPLES}, got "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from dataclasses import dataclass, field
 
 
@@ -86,3 +87,89 @@ def worker_context(info: WorkerInfo, state: DataLoaderCheckpoint | None = None):
     finally:
         _local.info = prev_info
         _local.state = prev_state
+
+
+class AssignmentClosed(Exception):
+    """The worker stops: no more global batch numbers will be assigned."""
+
+
+class BatchAssignment:
+    """The global batch numbers a coordinator assigned to one input worker (dynamic assignment).
+
+    The worker's stream sends numbers with :meth:`extend` (in sends numbered 0, 1, 2, ... so
+    that sends overtaking each other are applied in order); a sampler that takes part in
+    dynamic assignment (:class:`workers.sharding.ShardedSampler`) reads them with :meth:`peek`
+    and :meth:`take`, and the worker pairs each batch it produces with :meth:`pop_taken`.
+    Numbers count global batches across epochs: number ``s`` is the batch the wafer consumes
+    at step ``s`` (global batch ``s % n`` of epoch ``s // n`` for ``n`` batches an epoch).
+    """
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._numbers: list[int] = []  # assigned, not yet taken, in increasing order
+        self._taken: list[int] = []  # taken by the sampler, batch not yet produced
+        self._sends: dict[int, list[int]] = {}  # sends that arrived before an earlier one
+        self._next_send = 0
+        self._closed = False
+        self.idle_s = 0.0  # time spent waiting for a number (not producing)
+
+    def extend(self, send: int, numbers: list[int]) -> None:
+        with self._cond:
+            self._sends[int(send)] = [int(n) for n in numbers]
+            while self._next_send in self._sends:
+                self._numbers.extend(self._sends.pop(self._next_send))
+                self._next_send += 1
+            self._cond.notify_all()
+
+    def peek(self) -> int:
+        """The next assigned number (waits for one); raises :class:`AssignmentClosed`."""
+        with self._cond:
+            if not self._numbers:
+                t0 = time.perf_counter()
+                while not self._numbers:
+                    if self._closed:
+                        raise AssignmentClosed()
+                    self._cond.wait(0.5)
+                self.idle_s += time.perf_counter() - t0
+            return self._numbers[0]
+
+    def take(self) -> int:
+        """Take the number :meth:`peek` returned: the sampler yields its batch."""
+        with self._cond:
+            n = self._numbers.pop(0)
+            self._taken.append(n)
+            return n
+
+    def pop_taken(self) -> int | None:
+        """The number of the oldest batch taken and not yet paired with a produced batch."""
+        with self._cond:
+            return self._taken.pop(0) if self._taken else None
+
+    def pending(self) -> list[int]:
+        with self._cond:
+            return list(self._taken) + list(self._numbers)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+_assignment = threading.local()
+
+
+def get_batch_assignment() -> BatchAssignment | None:
+    """The calling input worker's :class:`BatchAssignment`, or None when its batches are
+    assigned statically (round-robin)."""
+    return getattr(_assignment, "value", None)
+
+
+@contextlib.contextmanager
+def batch_assignment(assignment: BatchAssignment | None):
+    """Run a block with ``assignment`` as the worker's source of global batch numbers."""
+    prev = getattr(_assignment, "value", None)
+    _assignment.value = assignment
+    try:
+        yield assignment
+    finally:
+        _assignment.value = prev

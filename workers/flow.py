@@ -37,6 +37,14 @@ class FlowPolicy:
     """The most batches per reply when batches are small (see ``small_batch_bytes``)."""
     requests_in_flight_per_worker: int = 2
     """``fetch`` requests kept outstanding per input worker, so transport overlaps production."""
+    assigned_batches_per_worker: int = 2
+    """Dynamic assignment: global batch numbers an input worker holds at most (the one it
+    produces and the ones queued behind it). Few, so that a worker stuck on a slow batch
+    holds few others back; two covers the round trip for the next number."""
+    reorder_window_batches_per_worker: int = 8
+    """Dynamic assignment: numbers are issued at most ``num_workers_per_csx`` x this beyond the
+    last step the CS-X's stream delivered (the reorder window's bound; a static worker runs
+    about as far ahead)."""
     object_store_bytes: Optional[int] = None
     """Size of the embedded Ray object store; None: sized by :func:`object_store_bytes_for`."""
     input_bytes_in_flight_per_csx: Optional[int] = None

@@ -28,11 +28,13 @@ import ray
 import torch
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
-from workers.context import DataLoaderCheckpoint, WorkerInfo, worker_context
+from workers.context import (BatchAssignment, DataLoaderCheckpoint, WorkerInfo, batch_assignment,
+                             worker_context)
 from workers.dataloader import DataLoader
 from workers.duplicates import content_digest, sample_keys
 from workers.errors import user_traceback
 from workers.resume import Source, check_position, start_position
+from workers.sharding import dynamic_assignment_support
 
 # ---------------------------------------------------------------------------------------------
 # Transport: torch tensors <-> numpy arrays
@@ -212,12 +214,24 @@ class InputWorkerImpl:
             content digest) for the duplicate check of :mod:`workers.duplicates`.
         owns_global_rng: the process runs nothing but this worker (a Ray actor), so torch's
             global RNG is the input pipeline's (see :class:`workers.resume.Source`).
+        dynamic: ask for dynamic assignment: if the loader can take part
+            (:func:`workers.sharding.dynamic_assignment_support`), the worker produces the
+            global batches whose numbers :meth:`assign` gives it, starting from
+            ``dynamic_start`` (a position as in ``start``; None: ``start``'s), and every batch
+            carries its number as ``"step"``; otherwise it runs as without (round-robin).
+            :meth:`assignment_mode` tells which.
     """
 
     def __init__(self, dataloader: DataLoader, info: WorkerInfo, start: dict | None = None,
                  capacity: int = 2, capacity_bytes: int | None = None, keys_until: int = 0,
-                 owns_global_rng: bool = False):
+                 owns_global_rng: bool = False, dynamic: bool = False,
+                 dynamic_start: dict | None = None):
         start = dict(start or {})
+        self.dynamic_requested = bool(dynamic)
+        self._dynamic_start = dynamic_start
+        self._assignment = BatchAssignment() if dynamic else None
+        self._mode: tuple[str, str] | None = None
+        self._mode_known = threading.Event()
         self.info = info
         self.dataloader = dataloader
         self.capacity = max(1, int(capacity))
@@ -284,55 +298,88 @@ class InputWorkerImpl:
             self._error = _error_reply(self._next_index, exc, during)
             self._cond.notify_all()
 
+    def _decide_mode(self, loader) -> None:
+        """Dynamic assignment where asked for and the loader can take part, else static."""
+        if not self.dynamic_requested:
+            self._mode = ("static", "static assignment was asked for")
+        else:
+            ok, why = dynamic_assignment_support(loader)
+            self._mode = ("dynamic", why) if ok else ("static", why)
+        if self._mode[0] == "dynamic":
+            if self._dynamic_start is not None:
+                self._position = check_position(dict(self._dynamic_start))
+                self.state.user_state_dict = self._position
+        else:
+            self._assignment = None
+        self._mode_known.set()
+
     def _run(self) -> None:
         info = self.info
         with worker_context(info, self.state):
             try:
                 loader = self.dataloader.build(info)
+                self._decide_mode(loader)
                 source = Source(self.dataloader, loader, self._position,
                                 owns_global_rng=self.owns_global_rng)
             except BaseException as e:  # noqa: BLE001 (sent to the consumer)
+                if self._mode is None:
+                    self._mode = ("failed", "")
+                self._mode_known.set()
                 self._fail(e, "while building its dataloader")
                 return
-            while not self._stop:
-                index = self._next_index
-                try:
-                    t0, t0_unix, t0_cpu = time.perf_counter(), time.time(), time.thread_time()
-                    batch = next(source)
-                    self.produced += 1
-                    st = self.state
-                    st.worker_step = index + 1
-                    st.appliance_step = self._appliance_step(index + 1)
-                    st.samples_streamed += _leading_dim(batch)
-                    # a fresh dict each batch, never changed after: the reply and the worker's
-                    # state share it
-                    position = source.position()
-                    st.user_state_dict = position
-                    # packed by the fetch call that sends it, off the producer's path
-                    item = {
-                        "kind": "batch",
-                        "index": index,
-                        "batch": batch,
-                        "nbytes": batch_nbytes(batch),
-                        "after": {
-                            "worker_step": st.worker_step,
-                            "samples_streamed": st.samples_streamed,
-                            "user_state_dict": position,
-                        },
-                        "produce_s": time.perf_counter() - t0,
-                        # wall-clock span of the production, for the run's timeline
-                        "produced_unix": (t0_unix, time.time()),
-                        "produce_cpu_s": time.thread_time() - t0_cpu,
-                    }
-                    if index < self.keys_until:
-                        item["keys"] = sample_keys(batch, source.epoch,
-                                                   source.last_sample_ids())
-                except BaseException as e:  # noqa: BLE001 (sent to the consumer)
-                    self._fail(e, "while producing this batch")
+            with batch_assignment(self._assignment):
+                self._produce(source)
+
+    def _produce(self, source: Source) -> None:
+        assignment = self._assignment
+        while not self._stop:
+            index = self._next_index
+            try:
+                t0, t0_unix, t0_cpu = time.perf_counter(), time.time(), time.thread_time()
+                idle0 = assignment.idle_s if assignment is not None else 0.0
+                batch = next(source)
+                if assignment is not None:  # waiting for a number is no part of the cost
+                    idle = assignment.idle_s - idle0
+                    t0 += idle
+                    t0_unix += idle
+                self.produced += 1
+                st = self.state
+                st.worker_step = index + 1
+                st.appliance_step = self._appliance_step(index + 1)
+                st.samples_streamed += _leading_dim(batch)
+                # a fresh dict each batch, never changed after: the reply and the worker's
+                # state share it
+                position = source.position()
+                st.user_state_dict = position
+                # packed by the fetch call that sends it, off the producer's path
+                item = {
+                    "kind": "batch",
+                    "index": index,
+                    "batch": batch,
+                    "nbytes": batch_nbytes(batch),
+                    "after": {
+                        "worker_step": st.worker_step,
+                        "samples_streamed": st.samples_streamed,
+                        "user_state_dict": position,
+                    },
+                    "produce_s": time.perf_counter() - t0,
+                    # wall-clock span of the production, for the run's timeline
+                    "produced_unix": (t0_unix, time.time()),
+                    "produce_cpu_s": time.thread_time() - t0_cpu,
+                }
+                if assignment is not None:
+                    item["step"] = assignment.pop_taken()
+                if index < self.keys_until:
+                    item["keys"] = sample_keys(batch, source.epoch,
+                                               source.last_sample_ids())
+            except BaseException as e:  # noqa: BLE001 (sent to the consumer)
+                if self._stop:
                     return
-                del batch
-                if not self._put(item):
-                    return
+                self._fail(e, "while producing this batch")
+                return
+            del batch
+            if not self._put(item):
+                return
 
     # -- remote methods -----------------------------------------------------------------------
     def fetch(self, index: int, count: int = 1, max_bytes: int | None = None) -> dict:
@@ -382,6 +429,18 @@ class InputWorkerImpl:
                         "(internal: duplicate fetch)")
                 self._cond.wait(0.5)
 
+    def assign(self, send: int, numbers: list) -> None:
+        """Global batch numbers for this worker to produce, in increasing order (dynamic
+        assignment); ``send`` numbers the calls 0, 1, 2, ... so they apply in order."""
+        if self._assignment is not None:
+            self._assignment.extend(send, numbers)
+
+    def assignment_mode(self, timeout_s: float = 600.0) -> tuple[str, str]:
+        """``(mode, why)`` once the dataloader is built: ``"dynamic"`` or ``"static"`` (or
+        ``"failed"``: building it raised, and ``fetch`` replies with the error)."""
+        self._mode_known.wait(timeout_s)
+        return self._mode or ("failed", "the dataloader was not built in time")
+
     def dump_stack(self) -> str:
         """The Python stacks of this worker's threads, producer first."""
         frames = sys._current_frames()
@@ -410,6 +469,8 @@ class InputWorkerImpl:
         with self._cond:
             self._stop = True
             self._cond.notify_all()
+        if self._assignment is not None:
+            self._assignment.close()
         if join_s > 0:
             self._thread.join(join_s)
         return not self._thread.is_alive()
@@ -441,6 +502,14 @@ class InputWorker(InputWorkerImpl):
     @ray.method(concurrency_group=_CONTROL)
     def pid(self) -> int:
         return InputWorkerImpl.pid(self)
+
+    @ray.method(concurrency_group=_CONTROL)
+    def assign(self, send: int, numbers: list) -> None:
+        return InputWorkerImpl.assign(self, send, numbers)
+
+    @ray.method(concurrency_group=_CONTROL)
+    def assignment_mode(self, timeout_s: float = 600.0) -> tuple:
+        return InputWorkerImpl.assignment_mode(self, timeout_s)
 
     @ray.method(concurrency_group=_CONTROL)
     def stop(self, join_s: float = 0.0) -> bool:

@@ -158,7 +158,10 @@ class LocalInputStream:
 
     def stats(self):
         return {"workers": [{"local_worker_id": wk.info.local_worker_id, "batches": wk.consumed}
-                            for wk in self._workers]}
+                            for wk in self._workers],
+                "assignment": {"requested": self.cs_config.input_assignment, "mode": "static",
+                               "reason": "the in-process input side produces every batch in "
+                                         "step order in one thread (round-robin)"}}
 
     def ready_count(self) -> int:
         return 0

@@ -373,7 +373,7 @@ class Source:
                 elif batch is _END:
                     raise StopIteration
             except StopIteration:
-                if self.batch_in_epoch == 0:
+                if self.batch_in_epoch == 0 and not _skipped_epoch(self.loader):
                     raise self._empty() from None
                 if self.batches_in_first_epoch is None:
                     self.batches_in_first_epoch = self.batch_in_epoch
@@ -413,6 +413,12 @@ class Source:
 
 
 _END = object()
+
+
+def _skipped_epoch(loader) -> bool:
+    """A part of ``loader`` yielded nothing this epoch on purpose: under dynamic assignment
+    (:class:`workers.sharding.ShardedSampler`) a worker may be given no batch of an epoch."""
+    return any(getattr(o, "skipped_epoch", False) is True for o in _candidates(loader))
 
 
 def _encode_state(state: torch.Tensor) -> str:

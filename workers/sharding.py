@@ -31,9 +31,10 @@ from typing import Any
 
 import torch
 
-from workers.context import get_worker_info
+from workers.context import AssignmentClosed, get_batch_assignment, get_worker_info
 
-__all__ = ["DistributedSampler", "ParquetDataset", "ShardedSampler", "shard_iterable"]
+__all__ = ["DistributedSampler", "ParquetDataset", "ShardedSampler", "dynamic_assignment_support",
+           "shard_iterable"]
 
 
 def _slice_bounds(n: int, parts: int, part: int) -> tuple[int, int]:
@@ -134,6 +135,7 @@ class ShardedSampler:
         self._digest: str | None = None  # of global batches 0.._next-1
         self._resume_from: int | None = None
         self._resume_digest: str | None = None
+        self.skipped_epoch = False  # the last epoch yielded nothing on purpose (dynamic)
 
     def _epoch_target(self):
         if callable(getattr(self.data_source, "set_epoch", None)):
@@ -165,6 +167,12 @@ class ShardedSampler:
         return 0 if n is None else (self.epoch * n) % W
 
     def __iter__(self) -> Iterator:
+        assignment = get_batch_assignment()
+        if assignment is not None:
+            return self._iter_assigned(assignment)
+        return self._iter_round_robin()
+
+    def _iter_round_robin(self) -> Iterator:
         info = get_worker_info()
         W, C, w, c = info.num_workers_per_csx, info.num_csx, info.local_worker_id, info.wse_id
         start = self._resume_from or 0
@@ -184,25 +192,92 @@ class ShardedSampler:
             order.update(_batch_bytes(batch))
             if index < start or (offset + index) % W != w:
                 continue
-            n = len(batch)
-            if n < C:
-                raise ValueError(
-                    f"ShardedSampler: global batch {index} has {n} sample(s), fewer than "
-                    f"num_csx={C}, so some CS-X would get an empty slice of it. Every global "
-                    f"batch needs at least num_csx samples: use a batch_size of at least {C}, "
-                    f"and drop_last=True in the BatchSampler when the short last batch is the "
-                    f"cause."
-                )
+            part = self._slice(batch, index, C, c)
             self._next = index + 1
             self._digest = order.hexdigest()
-            if C == 1:
-                yield batch
-            else:
-                lo, hi = _slice_bounds(n, C, c)
-                part = batch[lo:hi]
-                yield list(part) if isinstance(part, tuple) else part
+            yield part
         if expected is not None and index + 1 <= start:
             self._check_order(order.hexdigest(), expected, start)
+
+    @staticmethod
+    def _slice(batch, index: int, C: int, c: int):
+        """CS-X ``c``'s slice of global batch ``index``."""
+        n = len(batch)
+        if n < C:
+            raise ValueError(
+                f"ShardedSampler: global batch {index} has {n} sample(s), fewer than "
+                f"num_csx={C}, so some CS-X would get an empty slice of it. Every global "
+                f"batch needs at least num_csx samples: use a batch_size of at least {C}, "
+                f"and drop_last=True in the BatchSampler when the short last batch is the "
+                f"cause."
+            )
+        if C == 1:
+            return batch
+        lo, hi = _slice_bounds(n, C, c)
+        part = batch[lo:hi]
+        return list(part) if isinstance(part, tuple) else part
+
+    def _iter_assigned(self, assignment) -> Iterator:
+        """Dynamic assignment: yield the global batches whose numbers the worker's coordinator
+        assigned (in increasing order), as long as they fall in this epoch.
+
+        Number ``s`` is global batch ``s % n`` of epoch ``s // n`` (``n = len(data_source)``).
+        The epoch's global batches are walked in order (the shuffle is drawn once, as in the
+        round-robin path) and the ones assigned are yielded; the iteration ends where the
+        next assigned number belongs to a later epoch. An epoch none of whose batches this
+        worker was given yields nothing (``skipped_epoch`` is then True), after drawing its
+        shuffle, so that the next epoch's is drawn as every other worker draws it."""
+        info = get_worker_info()
+        C, c = info.num_csx, info.wse_id
+        n = len(self.data_source)
+        start = self._resume_from or 0
+        expected, self._resume_from, self._resume_digest = self._resume_digest, None, None
+        self._next = start
+        self.skipped_epoch = False
+        order = hashlib.blake2b(digest_size=16)
+        source = iter(self.data_source)
+        walked = 0  # global batches of this epoch walked (and digested)
+        batch = None
+        while True:
+            try:
+                number = assignment.peek()
+            except AssignmentClosed:
+                return
+            epoch, index = divmod(number, n)
+            if epoch > self.epoch:
+                # walk the rest of the epoch as the round-robin path does: a sampler may draw
+                # random numbers up to its end (RandomSampler draws again there), and the
+                # next epoch's shuffle must be drawn from the same state in every worker
+                self.skipped_epoch = walked == 0
+                for _ in source:
+                    pass
+                return
+            if epoch < self.epoch or index < max(walked, start):
+                raise RuntimeError(
+                    f"ShardedSampler: global batch number {number} (batch {index} of epoch "
+                    f"{epoch}) was assigned after this worker had passed it (epoch "
+                    f"{self.epoch}, batch {max(walked, start)}); numbers must reach a worker "
+                    "in increasing order.")
+            while walked <= index:
+                if walked == start and expected is not None:
+                    self._check_order(order.hexdigest(), expected, start)
+                try:
+                    batch = next(source)
+                except StopIteration:
+                    raise ValueError(
+                        f"ShardedSampler: epoch {self.epoch} of the data source ended after "
+                        f"{walked} global batches, but len(data_source) is {n}. Dynamic "
+                        "assignment numbers global batches with len(data_source): give the "
+                        "batch sampler a length that matches what it yields.") from None
+                if not hasattr(batch, "__len__") or not hasattr(batch, "__getitem__"):
+                    batch = list(batch)
+                order.update(_batch_bytes(batch))
+                walked += 1
+            part = self._slice(batch, index, C, c)
+            assignment.take()
+            self._next = index + 1
+            self._digest = order.hexdigest()
+            yield part
 
     def _check_order(self, digest: str, expected: str, start: int) -> None:
         if digest != expected:
@@ -243,6 +318,28 @@ class ShardedSampler:
 
     def __repr__(self) -> str:
         return f"ShardedSampler({self.data_source!r})"
+
+
+def dynamic_assignment_support(loader) -> tuple[bool, str]:
+    """Whether the batches of ``loader`` (what ``input_fn`` returned) can be assigned to the
+    workers dynamically, and why (or why not).
+
+    They can when the loader draws its batches from a :class:`ShardedSampler` (the loader
+    itself, or its ``batch_sampler`` / ``sampler``) whose global batches have a length: then
+    any worker can produce any global batch. Iterable datasets and other samplers decide in
+    the worker which batches it yields, so they keep the round-robin (static) assignment."""
+    parts = [loader] + [getattr(loader, name, None) for name in ("batch_sampler", "sampler")]
+    sampler = next((p for p in parts if isinstance(p, ShardedSampler)), None)
+    if sampler is None:
+        return False, (f"the loader input_fn returned ({type(loader).__name__}) does not draw "
+                       "its batches from a cstream ShardedSampler (an iterable dataset or "
+                       "another sampler decides in each worker which batches it yields)")
+    try:
+        len(sampler.data_source)
+    except TypeError:
+        return False, (f"the ShardedSampler's data source ({type(sampler.data_source).__name__})"
+                       " has no len(), so global batch numbers cannot be placed in epochs")
+    return True, "the loader draws its global batches from a ShardedSampler"
 
 
 # ---------------------------------------------------------------------------------------------

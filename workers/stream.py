@@ -311,7 +311,8 @@ class CsxInputStream:
                     max_concurrency=2,
                 ).remote(self._dataloader_ref, wk.info, start, self.capacity,
                          capacity_bytes=self.in_flight_bytes_per_worker,
-                         keys_until=wk.keys_until, owns_global_rng=True)
+                         keys_until=wk.keys_until, owns_global_rng=True,
+                         **self._spawn_options(wk))
             except ValueError as e:
                 if "already" not in str(e) and "taken" not in str(e):
                     raise
@@ -324,6 +325,10 @@ class CsxInputStream:
                         "name_prefix."
                     ) from None
                 time.sleep(0.1)
+
+    def _spawn_options(self, wk: _Worker) -> dict:
+        """More keyword arguments for a worker's actor (a subclass's)."""
+        return {}
 
     def _top_up(self, wk: _Worker) -> None:
         m = self.batches_per_fetch
@@ -490,8 +495,7 @@ class CsxInputStream:
         if self._peeked is not None:
             (w, reply, batch), self._peeked = self._peeked, None
         else:
-            w = self._step % self.num_workers
-            reply, batch = self._receive(w)
+            w, reply, batch = self._next_reply()
         now = time.perf_counter()
         wait_s = now - t0
         if self._t_first is None:
@@ -508,6 +512,12 @@ class CsxInputStream:
         self._step += 1
         self._wait_s += wait_s
         return batch, info
+
+    def _next_reply(self) -> tuple[int, dict, Any]:
+        """``(worker, reply, batch)`` of step ``self._step``: from worker ``step % W``."""
+        w = self._step % self.num_workers
+        reply, batch = self._receive(w)
+        return w, reply, batch
 
     def sample_keys(self) -> list[WorkerKeys]:
         """The sample keys of each worker's first :attr:`key_batches` batches of this stream
@@ -527,9 +537,7 @@ class CsxInputStream:
         dtype; the batch itself stays for :meth:`next`."""
         self._check_open()
         if self._peeked is None:
-            w = self._step % self.num_workers
-            reply, batch = self._receive(w)
-            self._peeked = (w, reply, batch)
+            self._peeked = self._next_reply()
         return tree_map_only(torch.Tensor, lambda t: torch.empty_like(t, device="meta"),
                              self._peeked[2])
 

@@ -1,0 +1,415 @@
+"""Dynamic assignment: input workers take the next global batch as they become free, and the
+stream puts the batches back into global order.
+
+:class:`CoordinatedInputStream` is the input side of one CS-X (a
+:class:`~workers.stream.CsxInputStream`) with a coordinator in front of its workers. Under
+round-robin (static) assignment step ``s`` can only come from worker ``s % W``, so one slow
+batch holds the wafer while the other workers sit with full buffers. Here:
+
+- the coordinator hands out *global batch numbers* (the wafer step that consumes the batch:
+  global batch ``s % n`` of epoch ``s // n``) in increasing order to whichever worker has room,
+  each worker holding at most ``assigned_batches_per_worker`` numbers it has not delivered;
+- a worker's :class:`~workers.sharding.ShardedSampler` turns each number into its samples (this
+  CS-X's slice of that global batch), so which worker produces a batch changes, the batch
+  does not;
+- replies from any worker land in a bounded *reorder window* keyed by number, and
+  :meth:`next` releases them in order: the wafer sees exactly the single-process sequence;
+- numbers are issued only below ``delivered + reorder_window_batches`` (and while the window's
+  bytes stay under the CS-X's byte bound), so memory stays bounded whatever a straggler does;
+- a worker whose process dies is restarted from the position after the last batch received
+  from it, and its undelivered numbers are assigned again to the new process, in order:
+  nothing is lost or repeated;
+- the resume position is the position after the last delivered batch (global-batch units,
+  :mod:`workers.resume`'s one format), the same for every worker: it resumes with any number
+  of workers, in either mode.
+
+Loaders that cannot take part (iterable datasets, other samplers:
+:func:`workers.sharding.dynamic_assignment_support`) keep the round-robin of the base class;
+:meth:`stats` says which mode ran and why.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from collections import deque
+from typing import Any
+
+import ray
+
+from workers.context import DataLoaderCheckpoint
+from workers.input_worker import unpack_batch
+from workers.resume import start_position
+from workers.stream import CsxInputStream, _Worker
+
+__all__ = ["ASSIGNMENT_MODES", "CoordinatedInputStream", "cost_summary", "global_position"]
+
+ASSIGNMENT_MODES = ("static", "dynamic")
+
+_COST_SAMPLES = 4096  # batch costs kept per worker (a uniform sample of all of them)
+
+
+def global_position(states: list) -> dict | None:
+    """The ``after`` dict of the furthest position among resume ``states`` when their loaders
+    keep positions in global-batch units (``ShardedSampler``: ``loader_state`` has
+    ``next_global_batch``), else None. Under round-robin the furthest worker delivered the
+    step just before the resume step, so its position is where every worker resumes."""
+    best = None
+    for st in states:
+        usd = st.user_state_dict or {}
+        ls = usd.get("loader_state")
+        if not (isinstance(ls, dict) and "next_global_batch" in ls):
+            return None
+        key = (int(usd.get("epoch", 0)), int(ls.get("epoch", 0)), int(ls["next_global_batch"]))
+        if best is None or key > best[0]:
+            best = (key, st)
+    if best is None:
+        return None
+    st = best[1]
+    return {"worker_step": int(st.worker_step), "samples_streamed": int(st.samples_streamed),
+            "user_state_dict": copy.deepcopy(st.user_state_dict)}
+
+
+def cost_summary(costs: list) -> dict | None:
+    """``{"count", "mean_s", "p50_s", "p99_s", "max_s"}`` of batch costs in seconds."""
+    if not costs:
+        return None
+    xs = sorted(costs)
+    n = len(xs)
+
+    def q(p):
+        return xs[min(n - 1, max(0, round(p * (n - 1))))]
+
+    return {"count": n, "mean_s": sum(xs) / n, "p50_s": q(0.5), "p99_s": q(0.99),
+            "max_s": xs[-1]}
+
+
+class CoordinatedInputStream(CsxInputStream):
+    """A :class:`~workers.stream.CsxInputStream` whose global batches are assigned to the
+    workers by a coordinator (``CSConfig.input_assignment="dynamic"``) or round-robin
+    (``"static"``), recording either way what the run report needs about stragglers: each
+    worker's batch costs, the reorder window's occupancy and the wait attributable to
+    stragglers.
+
+    Extra arguments (beyond :class:`~workers.stream.CsxInputStream`'s):
+        assignment: ``"dynamic"`` or ``"static"``; None: ``cs_config.input_assignment``.
+        assigned_batches_per_worker: numbers a worker holds at most (the one it produces and
+            the ones queued behind it); None: the policy's, else 2.
+        reorder_window_batches: numbers issued beyond the last delivered step at most; None:
+            the policy's ``reorder_window_batches_per_worker`` x ``num_workers_per_csx``.
+
+    The wait attributable to stragglers is the time :meth:`next` waited for a step while the
+    reorder window (dynamic) or another worker (static) already held later batches: the data
+    was there, in the wrong worker. It is counted against the worker holding the step.
+    """
+
+    def __init__(self, dataloader, cs_config, wse_id, *, assignment=None,
+                 assigned_batches_per_worker=None, reorder_window_batches=None,
+                 resume_states=None, **options):
+        mode = cs_config.input_assignment if assignment is None else assignment
+        if mode not in ASSIGNMENT_MODES:
+            raise ValueError(
+                f"CoordinatedInputStream: assignment={mode!r}; it must be one of "
+                f"{ASSIGNMENT_MODES} (CSConfig.input_assignment).")
+        policy = options.get("policy")
+        W = cs_config.num_workers_per_csx
+        if assigned_batches_per_worker is None:
+            assigned_batches_per_worker = getattr(policy, "assigned_batches_per_worker", 2)
+        if reorder_window_batches is None:
+            reorder_window_batches = W * getattr(policy, "reorder_window_batches_per_worker", 8)
+        for name, v in (("assigned_batches_per_worker", assigned_batches_per_worker),
+                        ("reorder_window_batches", reorder_window_batches)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"CoordinatedInputStream: {name}={v!r}; it must be an int >= 1.")
+        self.requested_mode = mode
+        self.mode = "static"
+        self.mode_reason = ""
+        self.assigned_per_worker = assigned_batches_per_worker
+        # every worker can hold its share: the window never starves a worker outright
+        self.window_batches = max(reorder_window_batches, W * assigned_batches_per_worker)
+        self._outstanding = [deque() for _ in range(W)]  # numbers assigned, not yet received
+        self._sends = [0] * W  # assign() calls made to each worker's current actor
+        self._window: dict[int, tuple[int, dict]] = {}  # number -> (worker, reply item)
+        self._window_bytes = 0
+        self._next_number = 0
+        self._delivered_after: dict | None = None
+        self._dynamic_start = None
+        self._costs = [[] for _ in range(W)]
+        self._cost_seen = [0] * W
+        self._cost_rng = [random.Random(w) for w in range(W)]
+        self._straggler_wait = [0.0] * W
+        self._occupancy_sum = 0
+        self._occupancy_max = 0
+        self._deliveries = 0
+        if resume_states is not None and mode == "dynamic":
+            states = [DataLoaderCheckpoint(**s) if isinstance(s, dict) else s
+                      for s in resume_states]
+            self._dynamic_start = global_position(states)
+        super().__init__(dataloader, cs_config, wse_id, resume_states=resume_states, **options)
+        try:
+            self._decide_mode()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- setup ----------------------------------------------------------------------------
+    def _spawn_options(self, wk: _Worker) -> dict:
+        if self.requested_mode != "dynamic":
+            return {}
+        start = self._dynamic_start if wk.restarts == 0 and self.mode == "static" else None
+        return {"dynamic": True,
+                "dynamic_start": None if start is None else
+                start.get("user_state_dict") or start_position()}
+
+    def _spawn(self, wk: _Worker):
+        actor = super()._spawn(wk)
+        w = wk.info.local_worker_id
+        self._sends[w] = 0
+        # the numbers the dead process did not deliver (those of replies received and not yet
+        # moved into the window are delivered): the new process produces them, in order
+        received = sum(1 for it in wk.ready if it["kind"] != "error")
+        redo = list(self._outstanding[w])[received:]
+        if self.mode == "dynamic" and redo:
+            actor.assign.remote(0, redo)
+            self._sends[w] = 1
+        return actor
+
+    def _decide_mode(self) -> None:
+        if self.requested_mode == "static":
+            self.mode, self.mode_reason = "static", "CSConfig.input_assignment='static'"
+            return
+        modes = []
+        for wk in self._workers:
+            try:
+                modes.append(ray.get(wk.actor.assignment_mode.remote()))
+            except ray.exceptions.RayError:
+                modes.append(("failed", ""))  # fetch reports what went wrong
+        kinds = {m for m, _ in modes if m != "failed"}
+        if kinds == {"dynamic"}:
+            self.mode, self.mode_reason = "dynamic", modes[0][1]
+        else:
+            # a failed build is reported by the first fetch; round-robin then raises it
+            self.mode = "static"
+            self.mode_reason = next((why for m, why in modes if m == "static"),
+                                    "the input workers could not build their dataloaders")
+            if "dynamic" in kinds:
+                self.close()
+                raise RuntimeError(
+                    f"CS-X {self.wse_id}: the input workers' loaders disagree on dynamic "
+                    f"assignment ({[m for m, _ in modes]}); input_fn must build the same kind "
+                    "of loader in every worker.")
+            return
+        self._next_number = self._step
+        if self._dynamic_start is not None:
+            for wk in self._workers:  # a restart before any batch starts here too
+                wk.received_after = wk.consumed_after = self._dynamic_start
+        self._issue()
+
+    # -- the coordinator --------------------------------------------------------------------
+    def _window_full(self) -> bool:
+        if self._next_number >= self._step + self.window_batches:
+            return True
+        limit = self.in_flight_bytes_per_worker
+        return limit is not None and self._window and \
+            self._window_bytes >= limit * self.num_workers
+
+    def _issue(self) -> None:
+        """Give the next numbers to the workers with room, fewest held first."""
+        new: dict[int, list[int]] = {}
+        k = self.assigned_per_worker
+        while not self._window_full():
+            free = [w for w in range(self.num_workers) if len(self._outstanding[w]) < k]
+            if not free:
+                break
+            w = min(free, key=lambda i: len(self._outstanding[i]))
+            self._outstanding[w].append(self._next_number)
+            new.setdefault(w, []).append(self._next_number)
+            self._next_number += 1
+        for w, numbers in new.items():
+            wk = self._workers[w]
+            wk.actor.assign.remote(self._sends[w], numbers)
+            self._sends[w] += 1
+            if not wk.pending:
+                self._top_up(wk)
+
+    def _drain(self, wk: _Worker) -> None:
+        """Move ``wk``'s received replies into the reorder window."""
+        w = wk.info.local_worker_id
+        while wk.ready:
+            item = wk.ready.popleft()
+            if item["kind"] == "error":
+                # the batch the worker was making: its oldest number not received
+                number = self._outstanding[w][0] if self._outstanding[w] else self._step
+                self._window.setdefault(number, (w, item))
+                continue
+            wk.ready_bytes -= item["nbytes"]
+            number = item["step"]
+            expected = self._outstanding[w].popleft() if self._outstanding[w] else None
+            if number != expected:  # a broken invariant, never silently wrong data
+                self._raise_failure(wk, {
+                    "exc_type": "RuntimeError", "traceback": "", "during": "in transport",
+                    "exc_message": f"expected global batch {expected}, received {number}"})
+            self._window[number] = (w, item)
+            self._window_bytes += item["nbytes"]
+            self._record_cost(w, item.get("produce_s"))
+
+    def _record_cost(self, w: int, cost) -> None:
+        if cost is None:
+            return
+        self._cost_seen[w] += 1
+        costs = self._costs[w]
+        if len(costs) < _COST_SAMPLES:
+            costs.append(cost)
+        else:
+            j = self._cost_rng[w].randrange(self._cost_seen[w])
+            if j < _COST_SAMPLES:
+                costs[j] = cost
+
+    def _holder(self, number: int) -> int | None:
+        return next((w for w, out in enumerate(self._outstanding) if number in out), None)
+
+    def _wait_for(self, number: int) -> None:
+        """Receive from whichever worker replies until ``number`` is in the window."""
+        timeout = self.cs_config.straggler_timeout_s
+        wait_start = time.perf_counter()
+        next_report = timeout
+        while number not in self._window:
+            self._check_open()
+            self._issue()
+            by_ref = {}
+            for wk in self._workers:
+                if self._outstanding[wk.info.local_worker_id] or wk.ready:
+                    if not wk.pending and not wk.ready:
+                        self._top_up(wk)
+                    if wk.ready:
+                        self._drain(wk)
+                    elif wk.pending:
+                        by_ref[wk.pending[0][1]] = wk
+            if number in self._window:
+                break
+            if not by_ref:  # pragma: no cover - a broken invariant
+                raise RuntimeError(
+                    f"CS-X {self.wse_id}: step {number} is assigned to no input worker "
+                    f"(next number {self._next_number}, window {sorted(self._window)}).")
+            done, _ = ray.wait(list(by_ref), num_returns=1, timeout=self._poll_s)
+            if not done:
+                waited = time.perf_counter() - wait_start
+                holder = self._holder(number)
+                if waited >= next_report and holder is not None:
+                    self._report_straggler(self._workers[holder], waited)
+                    next_report = max(2 * next_report, waited + timeout)
+                continue
+            for ref in done:
+                wk = by_ref[ref]
+                self._receive_reply(wk)  # the reply is there; restarts a dead worker
+                self._drain(wk)
+
+    # -- delivering -------------------------------------------------------------------------
+    def _next_reply(self) -> tuple[int, dict, Any]:
+        step = self._step
+        t0 = time.perf_counter()
+        if self.mode == "static":
+            w = step % self.num_workers
+            ahead = any(wk.ready for i, wk in enumerate(self._workers) if i != w)
+            wk = self._workers[w]
+            before = len(wk.ready)
+            w, reply, batch = super()._next_reply()
+            if not before and ahead:
+                self._straggler_wait[w] += time.perf_counter() - t0
+            self._record_cost(w, reply.get("produce_s"))
+            self._delivered_after = reply["after"]
+            return w, reply, batch
+        ahead = any(n > step for n in self._window)
+        if step not in self._window:
+            self._wait_for(step)
+        w, item = self._window.pop(step)
+        wk = self._workers[w]
+        if ahead:
+            self._straggler_wait[w] += time.perf_counter() - t0
+        self._occupancy_sum += len(self._window)
+        self._occupancy_max = max(self._occupancy_max, len(self._window))
+        self._deliveries += 1
+        if item["kind"] == "error":
+            self._raise_failure(wk, item)
+        self._window_bytes -= item["nbytes"]
+        self._delivered_after = item["after"]
+        batch = unpack_batch(item["payload"], copy=not self.zero_copy)
+        return w, item, batch
+
+    def _poll(self) -> None:
+        """Take in the replies that have arrived (without waiting), so that a worker that
+        finished its numbers gets new ones even while the window already holds the next steps."""
+        by_ref = {wk.pending[0][1]: wk for wk in self._workers
+                  if wk.pending and self._outstanding[wk.info.local_worker_id]}
+        if by_ref:
+            done, _ = ray.wait(list(by_ref), num_returns=len(by_ref), timeout=0,
+                               fetch_local=False)
+            for ref in done:
+                self._receive_reply(by_ref[ref])
+                self._drain(by_ref[ref])
+
+    def next(self):
+        batch, info = super().next()
+        if self.mode == "dynamic":
+            self._poll()
+            self._issue()  # the window moved on: more numbers for the workers with room
+        return batch, info
+
+    def sample_keys(self):
+        if self.mode == "static":
+            return super().sample_keys()
+        from workers.duplicates import WorkerKeys
+
+        for wk in self._workers:
+            w = wk.info.local_worker_id
+            want = min(wk.keys_until, wk.received + len(self._outstanding[w]))
+            while wk.received < want and not (wk.ready and wk.ready[-1]["kind"] == "error"):
+                if not self._receive_reply(wk):
+                    break
+            self._drain(wk)
+        return [WorkerKeys(self.wse_id, wk.info.local_worker_id, list(wk.keys))
+                for wk in self._workers]
+
+    def worker_states(self) -> list[DataLoaderCheckpoint]:
+        if self.mode == "static":
+            return super().worker_states()
+        # every worker resumes at the position after the last delivered batch; worker_step
+        # values are a round-robin position, so the states resume in either mode
+        after = self._delivered_after or self._dynamic_start
+        W, total = self.num_workers, self._step
+        out = []
+        for wk in self._workers:
+            i = wk.info
+            a = after or wk.consumed_after
+            out.append(DataLoaderCheckpoint(
+                local_worker_id=i.local_worker_id, num_workers_per_csx=W, num_csx=i.num_csx,
+                wse_id=i.wse_id, appliance_step=total,
+                worker_step=(total - i.local_worker_id + W - 1) // W,
+                samples_streamed=int(a.get("samples_streamed", 0)),
+                user_state_dict=copy.deepcopy(a.get("user_state_dict") or start_position())))
+        return out
+
+    def ready_count(self) -> int:
+        return super().ready_count() + (len(self._window) if self.mode == "dynamic" else 0)
+
+    def stats(self) -> dict:
+        out = super().stats()
+        out["assignment"] = {
+            "requested": self.requested_mode, "mode": self.mode, "reason": self.mode_reason,
+            "assigned_batches_per_worker": self.assigned_per_worker if self.mode == "dynamic"
+            else None,
+            "reorder_window_batches": self.window_batches if self.mode == "dynamic" else None,
+        }
+        if self.mode == "dynamic":
+            out["reorder_window"] = {
+                "max_batches": self._occupancy_max,
+                "mean_batches": self._occupancy_sum / self._deliveries if self._deliveries
+                else 0.0,
+                "capacity_batches": self.window_batches}
+        out["straggler_wait_s"] = sum(self._straggler_wait)
+        for entry in out["workers"]:
+            w = entry["local_worker_id"]
+            entry["batch_cost"] = cost_summary(self._costs[w])
+            entry["straggler_wait_s"] = self._straggler_wait[w]
+        return out
