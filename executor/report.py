@@ -22,6 +22,9 @@ delivered the batch). From those this module derives:
   ``worker_rate_spread`` = (max - min) / mean of the production rates (round-robin delivery
   gives every worker the same delivered rate, so only production tells a slow worker apart);
   ``input_cpu_cores`` = the workers' CPU demand in cores, beside ``machine_cpus``;
+* ``input_assignment`` (:func:`input_assignment`): the assignment mode that ran (dynamic or
+  static, and why), the reorder window's occupancy, each worker's batch costs (p50/p99), the
+  wait attributable to stragglers, and whether stragglers cost utilisation (and which worker);
 * ``time_to_first_step_s``: from the start of the run to the end of the first step on the wafer
   (tracing, compile and start-up included), with ``trace_s`` and ``compile_s`` beside it.
 
@@ -213,6 +216,77 @@ def summarize(records: list[dict], *, global_rate: Optional[float] = None,
     if stream_stats:
         out["worker_restarts"] = sum(int(s.get("restarts", 0)) for s in stream_stats)
         out["straggler_reports"] = sum(len(s.get("stragglers", [])) for s in stream_stats)
+        out["input_assignment"] = input_assignment(stream_stats, wait, wall)
+    return out
+
+
+STRAGGLER_COST_FRACTION = 0.02
+"""Stragglers cost utilisation when the wafer waited for input at least this share of its
+steady wall time and at least half of that wait is matched by straggler wait."""
+
+
+def input_assignment(stream_stats: list, input_wait_s: float, wall_s: float) -> Optional[dict]:
+    """Which assignment mode ran, the reorder window's occupancy, each worker's batch costs
+    (p50/p99) and the wait attributable to stragglers, from the input streams' reports; and
+    whether stragglers cost the wafer utilisation, naming the worker that cost the most.
+
+    The streams count as straggler wait the time they waited for a step while later batches
+    were already there (in the reorder window, or in another worker under round-robin): the
+    data existed, in the wrong place. Stragglers cost utilisation when the wafer's input wait
+    is at least :data:`STRAGGLER_COST_FRACTION` of its steady wall time and the straggler
+    wait is at least half of it."""
+    streams = [s for s in stream_stats if isinstance(s, dict) and s.get("assignment")]
+    if not streams:
+        return None
+    modes = sorted({s["assignment"]["mode"] for s in streams})
+    out: dict[str, Any] = {
+        "mode": modes[0] if len(modes) == 1 else "mixed",
+        "requested": streams[0]["assignment"].get("requested"),
+        "reason": streams[0]["assignment"].get("reason"),
+    }
+    windows = [s["reorder_window"] for s in streams if s.get("reorder_window")]
+    out["reorder_window"] = {
+        "mean_batches": sum(w["mean_batches"] for w in windows) / len(windows),
+        "max_batches": max(w["max_batches"] for w in windows),
+        "capacity_batches": max(w["capacity_batches"] for w in windows),
+    } if windows else None
+    workers = []
+    for c, s in enumerate(streams):
+        for w in s.get("workers", []):
+            cost = w.get("batch_cost") or {}
+            workers.append({
+                "csx": s.get("wse_id", c), "worker": w["local_worker_id"],
+                "batches": w.get("batches"),
+                "batch_cost_p50_s": cost.get("p50_s"), "batch_cost_p99_s": cost.get("p99_s"),
+                "batch_cost_mean_s": cost.get("mean_s"), "batch_costs": cost.get("count", 0),
+                "straggler_wait_s": float(w.get("straggler_wait_s", 0.0))})
+    out["workers"] = workers
+    straggler = sum(float(s.get("straggler_wait_s", 0.0)) for s in streams)
+    out["straggler_wait_s"] = straggler
+    starved = input_wait_s / wall_s if wall_s > 0 else 0.0
+    worst = max(workers, key=lambda w: w["straggler_wait_s"], default=None)
+    costly = starved >= STRAGGLER_COST_FRACTION and straggler >= 0.5 * input_wait_s \
+        and worst is not None and worst["straggler_wait_s"] > 0
+    out["stragglers_cost_utilisation"] = bool(costly)
+    out["straggler_worker"] = {"csx": worst["csx"], "worker": worst["worker"]} if costly \
+        else None
+    if costly:
+        hint = (" Dynamic assignment (CSConfig.input_assignment='dynamic') would let the other "
+                "workers go on." if out["mode"] == "static" else
+                " Under dynamic assignment this means the reorder window filled behind it: a "
+                "batch slower than the window covers, or a worker much slower than the rest.")
+        out["verdict"] = (
+            f"stragglers cost utilisation: the wafer waited for input {pct(starved)} of its "
+            f"steady time, and {straggler:.3f} s of waiting was for a step whose later batches "
+            f"were already there, most of it ({worst['straggler_wait_s']:.3f} s) for CS-X "
+            f"{worst['csx']} worker {worst['worker']}.{hint}")
+    elif starved >= STRAGGLER_COST_FRACTION:
+        out["verdict"] = (
+            f"stragglers did not cost utilisation: the wafer waited for input {pct(starved)} of "
+            "its steady time, but little of it for a straggler: the input side as a whole is "
+            "slower than the wafer (more workers, or cheaper batches)")
+    else:
+        out["verdict"] = "stragglers did not cost utilisation: the wafer rarely waited for input"
     return out
 
 
@@ -450,6 +524,22 @@ def summary_lines(report: dict) -> list[tuple[str, str]]:
         cpus = report.get("machine_cpus")
         rows.append(("input workers' CPU demand", f"{report['input_cpu_cores']:.2f} cores"
                      + (f" of {cpus}" if cpus else "")))
+    assignment = report.get("input_assignment")
+    if assignment:
+        rows.append(("input assignment", f"{assignment['mode']} ({assignment['reason']})"))
+        window = assignment.get("reorder_window")
+        if window:
+            rows.append(("reorder window (batches)", f"mean {window['mean_batches']:.1f}, max "
+                         f"{window['max_batches']} of {window['capacity_batches']}"))
+        rows.append(("straggler wait", f"{assignment['straggler_wait_s']:.3f} s"))
+        rows.append(("stragglers", assignment["verdict"]))
+        for w in assignment["workers"]:
+            if w["batch_cost_p50_s"] is None:
+                continue
+            rows.append((f"CS-X {w['csx']} worker {w['worker']} batch cost",
+                         f"p50 {1000 * w['batch_cost_p50_s']:.2f} ms, p99 "
+                         f"{1000 * w['batch_cost_p99_s']:.2f} ms ({w['batch_costs']} batches); "
+                         f"straggler wait {w['straggler_wait_s']:.3f} s"))
     for w in report.get("workers", []):
         value = f"{w['batches_per_s']:,.1f} (wafer waited {w['input_wait_s']:.3f} s)"
         if w.get("produce_batches_per_s") is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 from collections import Counter
 
 import pytest
@@ -283,3 +284,82 @@ def test_a_loader_that_cannot_take_part_keeps_round_robin_and_says_why(ray_sessi
     assert "does not draw its batches from a cstream ShardedSampler" in \
         stats["assignment"]["reason"]
     assert "reorder_window" not in stats
+
+
+# ---------------------------------------------------------------------------------------------
+# Through the executor: the wafer's sequence, and what the profile says
+# ---------------------------------------------------------------------------------------------
+
+def run_ids(cfg, steps):
+    import cstream as cstorch
+
+    backend = cstorch.backend("CSX")
+    anchor = cstorch.compile(torch.nn.Linear(1, 1), backend)
+    seen = []
+
+    @cstorch.trace
+    def step(batch):
+        return batch + anchor.weight.sum().to(batch.dtype) * 0
+
+    @cstorch.step_closure
+    def record(ids):
+        seen.append(ids.tolist())
+
+    executor = cstorch.utils.data.DataExecutor(cstorch.utils.data.DataLoader(shuffled_ids_fn),
+                                               num_steps=steps, cs_config=cfg)
+    for batch in executor:
+        record(step(batch))
+    backend.shutdown()
+    return seen, executor.report
+
+
+def test_the_wafer_sees_the_single_process_sequence_and_the_report_says_dynamic(ray_session):
+    from executor.report import format_summary
+
+    seen, report = run_ids(CSConfig(num_csx=2, num_workers_per_csx=2), 14)
+    assert seen == client_sequence(14)
+    a = report["input_assignment"]
+    assert (a["requested"], a["mode"]) == ("dynamic", "dynamic")
+    assert a["reorder_window"]["max_batches"] <= a["reorder_window"]["capacity_batches"]
+    assert sorted((w["csx"], w["worker"]) for w in a["workers"]) == [(0, 0), (0, 1), (1, 0),
+                                                                     (1, 1)]
+    assert sum(w["batch_costs"] for w in a["workers"] if w["csx"] == 0) >= 14
+    text = format_summary(report)
+    assert re.search(r"^input assignment +dynamic \(the loader draws its global batches from a "
+                     r"ShardedSampler\)$", text, re.M)
+    assert "batch cost" in text and "p99" in text
+
+
+def stream_report(mode, waits, worker_waits, window=None):
+    workers = [{"local_worker_id": w, "batches": 10, "straggler_wait_s": s,
+                "batch_cost": cost_summary([0.01] * 9 + [0.1 * (w + 1)])}
+               for w, s in enumerate(worker_waits)]
+    out = {"wse_id": 0, "assignment": {"requested": "dynamic", "mode": mode, "reason": "why"},
+           "straggler_wait_s": waits, "workers": workers}
+    if window:
+        out["reorder_window"] = window
+    return out
+
+
+def test_the_report_names_the_straggler_that_cost_utilisation():
+    from executor.report import input_assignment
+
+    # the wafer waited 1 s of 10; 0.8 s of the streams' waiting was for worker 2's batches
+    a = input_assignment([stream_report("static", 0.9, [0.0, 0.1, 0.8])], 1.0, 10.0)
+    assert a["stragglers_cost_utilisation"] is True
+    assert a["straggler_worker"] == {"csx": 0, "worker": 2}
+    assert "CS-X 0 worker 2" in a["verdict"] and "input_assignment='dynamic'" in a["verdict"]
+    assert [w["batch_cost_p99_s"] for w in a["workers"]] == [0.1, 0.2, 0.1 * 3]
+    assert a["reorder_window"] is None
+
+    # waiting, but not for a straggler: the input side is slow as a whole
+    a = input_assignment([stream_report("dynamic", 0.1, [0.05, 0.05, 0.0],
+                                        {"mean_batches": 2.0, "max_batches": 5,
+                                         "capacity_batches": 24})], 1.0, 10.0)
+    assert a["stragglers_cost_utilisation"] is False and a["straggler_worker"] is None
+    assert "the input side as a whole is slower" in a["verdict"]
+    assert a["reorder_window"] == {"mean_batches": 2.0, "max_batches": 5, "capacity_batches": 24}
+
+    # hardly any input wait: stragglers cost nothing whatever the streams waited
+    a = input_assignment([stream_report("static", 0.5, [0.5, 0.0, 0.0])], 0.1, 10.0)
+    assert a["stragglers_cost_utilisation"] is False

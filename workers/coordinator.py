@@ -99,9 +99,10 @@ class CoordinatedInputStream(CsxInputStream):
         reorder_window_batches: numbers issued beyond the last delivered step at most; None:
             the policy's ``reorder_window_batches_per_worker`` x ``num_workers_per_csx``.
 
-    The wait attributable to stragglers is the time :meth:`next` waited for a step while the
-    reorder window (dynamic) or another worker (static) already held later batches: the data
-    was there, in the wrong worker. It is counted against the worker holding the step.
+    The wait attributable to stragglers is the time :meth:`next` waited for a step while later
+    batches were already there: in the reorder window (dynamic, from the moment the first one
+    arrived), or with another worker (static, when the wait began). The data was there, in the
+    wrong worker. It is counted against the worker that produced the step.
     """
 
     def __init__(self, dataloader, cs_config, wse_id, *, assignment=None,
@@ -266,15 +267,29 @@ class CoordinatedInputStream(CsxInputStream):
             if j < _COST_SAMPLES:
                 costs[j] = cost
 
+    def _others_ahead(self, w: int) -> bool:
+        """Round-robin: another worker than ``w`` has a later batch here or on its way."""
+        if any(wk.ready for i, wk in enumerate(self._workers) if i != w):
+            return True
+        refs = [wk.pending[0][1] for i, wk in enumerate(self._workers) if i != w and wk.pending]
+        if not refs:
+            return False
+        done, _ = ray.wait(refs, num_returns=1, timeout=0, fetch_local=False)
+        return bool(done)
+
     def _holder(self, number: int) -> int | None:
         return next((w for w, out in enumerate(self._outstanding) if number in out), None)
 
-    def _wait_for(self, number: int) -> None:
-        """Receive from whichever worker replies until ``number`` is in the window."""
+    def _wait_for(self, number: int) -> float:
+        """Receive from whichever worker replies until ``number`` is in the window; returns
+        how long of that wait later batches were already in the window (straggler wait)."""
         timeout = self.cs_config.straggler_timeout_s
         wait_start = time.perf_counter()
         next_report = timeout
+        ahead_since = None
         while number not in self._window:
+            if ahead_since is None and any(n > number for n in self._window):
+                ahead_since = time.perf_counter()
             self._check_open()
             self._issue()
             by_ref = {}
@@ -304,6 +319,7 @@ class CoordinatedInputStream(CsxInputStream):
                 wk = by_ref[ref]
                 self._receive_reply(wk)  # the reply is there; restarts a dead worker
                 self._drain(wk)
+        return 0.0 if ahead_since is None else time.perf_counter() - ahead_since
 
     # -- delivering -------------------------------------------------------------------------
     def _next_reply(self) -> tuple[int, dict, Any]:
@@ -311,22 +327,18 @@ class CoordinatedInputStream(CsxInputStream):
         t0 = time.perf_counter()
         if self.mode == "static":
             w = step % self.num_workers
-            ahead = any(wk.ready for i, wk in enumerate(self._workers) if i != w)
-            wk = self._workers[w]
-            before = len(wk.ready)
+            ahead = not self._workers[w].ready and self._others_ahead(w)
             w, reply, batch = super()._next_reply()
-            if not before and ahead:
+            if ahead:
                 self._straggler_wait[w] += time.perf_counter() - t0
             self._record_cost(w, reply.get("produce_s"))
             self._delivered_after = reply["after"]
             return w, reply, batch
-        ahead = any(n > step for n in self._window)
         if step not in self._window:
-            self._wait_for(step)
+            straggling = self._wait_for(step)
+            self._straggler_wait[self._window[step][0]] += straggling
         w, item = self._window.pop(step)
         wk = self._workers[w]
-        if ahead:
-            self._straggler_wait[w] += time.perf_counter() - t0
         self._occupancy_sum += len(self._window)
         self._occupancy_max = max(self._occupancy_max, len(self._window))
         self._deliveries += 1
