@@ -44,6 +44,10 @@ _STOP_JOIN_S = 1.0  # how long close() lets producers finish the batch they are 
 _MAX_STRAGGLER_RECORDS = 100
 
 
+_MIN_BATCHES_FOR_LOW_WATER = 16
+"""Replies of at least this many batches are asked for at a low-water mark (see ``_top_up``)."""
+
+
 @dataclass
 class _Worker:
     info: WorkerInfo
@@ -61,6 +65,7 @@ class _Worker:
     ready_bytes: int = 0  # bytes of the batches in ``ready``
     restarts: int = 0
     straggler_reports: int = 0
+    replies: int = 0  # fetch replies received (each one Ray call and one object)
     keys_until: int = 0  # batches below this index carry sample keys
     keys: list = field(default_factory=list)  # the sample keys received, in order
 
@@ -337,7 +342,12 @@ class CsxInputStream:
             # a reply holds as many ready batches as there are (up to m), so the next request's
             # first batch is known only when it arrives: one request at a time. Bounded in
             # bytes: the reply may bring what the batches waiting here leave of the budget.
-            if not wk.pending:
+            # many small batches per reply: ask again only once the batches waiting here are
+            # down to a quarter of a reply, so that the worker's buffer fills in between and
+            # the next reply brings a full one (asking at once would bring what the worker
+            # made since the last reply, one batch or two)
+            low_water = m // 4 if m >= _MIN_BATCHES_FOR_LOW_WATER else m
+            if not wk.pending and len(wk.ready) <= low_water:
                 max_bytes = None if budget is None else max(0, budget - wk.ready_bytes)
                 if max_bytes == 0 and wk.ready:
                     return  # asked again once next() has taken batches
@@ -413,6 +423,7 @@ class CsxInputStream:
                     "traceback": str(e), "during": "in its fetch call", "index": index})
             break
         wk.pending.popleft()
+        wk.replies += 1
         items = reply["items"] if reply["kind"] == "chunk" else [reply]
         received_unix = time.time()
         if self.policy is not None and self.capacity > self.batches_per_fetch \
@@ -592,6 +603,7 @@ class CsxInputStream:
             "bytes": wk.bytes,
             "restarts": wk.restarts,
             "straggler_reports": wk.straggler_reports,
+            "replies": wk.replies,
         } for wk in self._workers]
         batches = sum(w["batches"] for w in workers)
         return {
