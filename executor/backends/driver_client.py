@@ -172,19 +172,22 @@ class LocalDriverClient(DriverClient):
 
 
 def default_num_threads() -> int:
-    """Threads for the driver: the CPUs of the largest node of the Ray cluster (this machine's
-    when Ray is embedded)."""
+    """Threads for the driver: half the CPUs of the largest node of the Ray cluster (this
+    machine's when Ray is embedded), at least one. The other half is left to the client and
+    the input workers, which run beside the wafer on the same node when Ray is embedded: an
+    op's threads that must wait for a core held by another process spin, and every step then
+    takes as long as its slowest thread."""
     import ray
 
     cpus = [n["Resources"].get("CPU", 0) for n in ray.nodes() if n.get("Alive")]
-    return max(1, int(max(cpus, default=os.cpu_count() or 1)))
+    return max(1, int(max(cpus, default=os.cpu_count() or 1)) // 2)
 
 
 class RayDriverClient(DriverClient):
     """The driver as a Ray actor. Ray is started here (embedded, loopback) unless it runs.
 
     The actor reserves ``min(num_threads, node CPUs - INPUT_RESERVE_CPUS)`` CPUs and runs the
-    step's ops on ``num_threads`` threads (default: the node's CPUs). Creating the client
+    step's ops on ``num_threads`` threads (default: :func:`default_num_threads`). Creating the client
     starts Ray (``ray.init`` must run on the main thread) and asks for the actor without waiting
     for it: its process starts while the user builds the model; the first call waits."""
 
