@@ -33,6 +33,16 @@ class StepInput:
     infos: list
     worker_states: Optional[list]
 
+    @property
+    def tensors(self) -> list:
+        """The batch's tensor leaves, in order: what the step's graph takes."""
+        if isinstance(self.batch, torch.Tensor):
+            return [self.batch]
+        if isinstance(self.batch, (tuple, list)) and all(
+                isinstance(t, torch.Tensor) for t in self.batch):
+            return list(self.batch)  # the common (inputs, targets): no pytree walk
+        return [t for t in tree_flatten(self.batch)[0] if isinstance(t, torch.Tensor)]
+
 
 def check_leaves(leaves, where: str) -> None:
     tensors = 0

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from executor.wafer.feed import InputFeed, StepInput
 from executor.wafer.state import StateStore
@@ -175,8 +174,9 @@ class WaferLoop:
         step = self.next_step
         t0, t1 = self._wait_t0, time.perf_counter()
         self._wait_t0 = None
-        leaves = [t.to(self.device) if isinstance(t, torch.Tensor) else t
-                  for t in tree_flatten(inp.batch)[0]]
+        leaves = inp.tensors
+        if self.device.type != "cpu":
+            leaves = [t.to(self.device) for t in leaves]
         samples = int(leaves[0].shape[0]) if leaves and leaves[0].dim() else 1
         outputs = []
         if self.program is not None:
@@ -186,8 +186,7 @@ class WaferLoop:
                 if values is not None:
                     self.program.consts = [c.to(self.device) for c in values]
             state = self.state.in_order(self.state_order)
-            outputs = self.program(state, [t for t in leaves if isinstance(t, torch.Tensor)],
-                                   step)
+            outputs = self.program(state, leaves, step)
             self.state.update(self.state_order, state)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
