@@ -165,14 +165,15 @@ def replay_runner(make_model, make_batch, loss_fn, compiler, compile_dir, full=F
     for batch in executor:
         step(batch)
     drv = backend.driver().driver
-    fn = drv._step_fn
-    state = [drv.state[k] for k in drv._state_order]
+    step_fn = drv._program.active  # the compiled step the wafer ran: (state, batch, consts)
+    consts = drv._program.consts
+    state = [drv.store.tensors[k] for k in drv._state_order]
     batch = [x, y]
     report = dict(backend.last_compile)
     backend.shutdown()
 
     def run():
-        fn(state, batch, [])
+        step_fn(state, batch, consts)
     return run, report
 
 
