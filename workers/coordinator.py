@@ -50,7 +50,6 @@ ASSIGNMENT_MODES = ("static", "dynamic")
 
 _COST_SAMPLES = 4096  # batch costs kept per worker (a uniform sample of all of them)
 _PUMP_WAIT_S = 0.02  # the pump's longest wait for replies before it looks for new work
-_PUMP_IDLE_S = 0.005  # the pump's pause when no worker holds a number (the window is full)
 
 
 def global_position(states: list) -> dict | None:
@@ -318,9 +317,11 @@ class CoordinatedInputStream(CsxInputStream):
                         if self._outstanding[wk.info.local_worker_id] and wk.pending:
                             by_ref[wk.pending[0][1]] = wk
                     self._cond.notify_all()
-                if not by_ref:
-                    time.sleep(_PUMP_IDLE_S)
-                    continue
+                    if not by_ref:
+                        # no worker holds a number (the window is full): next() wakes this
+                        # thread when it moves the window on
+                        self._cond.wait(_PUMP_WAIT_S)
+                        continue
                 done, _ = ray.wait(list(by_ref), num_returns=1,
                                    timeout=_PUMP_WAIT_S, fetch_local=False)
                 if not done:
@@ -388,7 +389,9 @@ class CoordinatedInputStream(CsxInputStream):
             if item["kind"] != "error":
                 self._window_bytes -= item["nbytes"]
                 self._delivered_after = item["after"]
-                self._issue()  # the window moved on: a number for a worker with room
+                # the window moved on: the pump hands the freed number to a worker with room,
+                # off this (the wafer feeder's) thread
+                self._cond.notify_all()
         if item["kind"] == "error":
             self._raise_failure(wk, item)
         batch = unpack_batch(item["payload"], copy=not self.zero_copy)
