@@ -199,32 +199,45 @@ def test_a_cpu_run_reports_time_to_first_step_and_rates_without_wafer_figures(tm
 WAFER_S = 0.040   # the simulated wafer: 40 ms per step
 COST_MS = 70      # each batch costs its worker 70 ms (sleep: overlaps across workers)
 TARGET = 0.95     # the issue's bar: the smallest count that keeps the wafer >= 95% busy
-WIDE_TARGET = 0.75  # a bar theory clears (or misses) by a margin no machine load closes
+WIDE_TARGET = 0.75  # a bar that input with half again the wafer's speed clears on a busy machine
 LOOKAHEAD = 2
 EPS_S = 1e-3      # two processes' time.time() readings of one moment
 
 
 def recomputed_figures(records):
     """The steady-state figures of a run recomputed from its per-step records: on the wafer's
-    step clock (``wafer_t``) and, independently, on the wall clock (``end_unix``)."""
+    step clock (``wafer_t``) and, independently, on the wall clock (``end_unix``); and the
+    time each worker spent producing the steady steps' batches it began inside the steady
+    window (one worker produces one batch at a time)."""
     warm = warmup_steps(records)
     steady = records[warm:]
     compute = sum(r["compute_s"] for r in steady)
     wait = sum(r["input_wait_s"] for r in steady)
     wall = records[-1]["wafer_t"] - records[warm - 1]["wafer_t"]
-    wall_unix = records[-1]["end_unix"] - records[warm - 1]["end_unix"]
+    window_start = records[warm - 1]["end_unix"]
+    wall_unix = records[-1]["end_unix"] - window_start
+    producing: dict = {}
+    for r in steady:
+        if r["produce_start_unix"][0] >= window_start:
+            w = r["workers"][0]
+            producing[w] = producing.get(w, 0.0) + r["produce_end_unix"][0] \
+                - r["produce_start_unix"][0]
     return {"warmup_steps": warm, "steady_wall_s": wall, "utilisation": compute / wall,
             "starved_fraction": wait / wall, "client_bound_fraction": 1 - (compute + wait) / wall,
-            "utilisation_unix": compute / wall_unix, "compute_per_step_s": compute / len(steady)}
+            "wall_unix": wall_unix, "utilisation_unix": compute / wall_unix,
+            "compute_per_step_s": compute / len(steady), "compute_s": compute,
+            "busiest_worker_producing_s": max(producing.values(), default=0.0)}
 
 
+@pytest.mark.timeout(900)  # three runs' actor start-ups on a loaded machine; a hang still fails
 def test_a_ray_sweep_finds_the_worker_count_theory_predicts_from_its_measured_figures(
         ray_session, tmp_path):
     # theory: W workers deliver W / cost batches/s and the wafer eats 1 / step; utilisation is
     # min(1, W * step / cost). At the nominal 40 ms and 70 ms: W >= 1.66 for 95%, so 2 workers.
-    # The test applies the theory to the step and batch costs the sweep measured (a loaded
-    # machine makes both longer) and checks the sweep's figures against the records they came
-    # from, in values and orders, never against the clock of this process.
+    # A loaded machine makes steps and batches cost more than nominal, so the test applies
+    # the theory to the costs the sweep measured, and checks the sweep's figures against the
+    # records they came from, in values and orders, never against the clock of this process.
+    assert min(w for w in (1, 2, 4) if w * WAFER_S * 1000 / COST_MS >= TARGET) == 2
     exp = experiment_from_dict({
         "name": "theory",
         "cs_config": {"wafer_seconds_per_step": WAFER_S},
@@ -234,7 +247,7 @@ def test_a_ray_sweep_finds_the_worker_count_theory_predicts_from_its_measured_fi
         "backend": {"type": "CSX", "options": {"lookahead": LOOKAHEAD}},
     })
     grid = [1, 2, 4]
-    rows, theory = [], {}
+    rows, theory, most = [], {}, {}
     for point in sweep_points(exp, grid, [1]):
         w = point.cs_config.num_workers_per_csx
         result = run_experiment(point, artifact_dir=tmp_path / f"w{w}", tensorboard=False)
@@ -261,22 +274,28 @@ def test_a_ray_sweep_finds_the_worker_count_theory_predicts_from_its_measured_fi
             assert r["produce_start_unix"][0] <= r["produce_end_unix"][0] <= begin + EPS_S, r
         for r in recs[LOOKAHEAD:]:
             assert recs[r["step"] - 1 - LOOKAHEAD]["end_unix"] <= r["client_end_unix"] + EPS_S
-        # theory on the measured figures: the step and the mean batch cost of this run
+        # the wafer is never busier than its input lets it be: what a worker produced inside
+        # the steady window took no longer than the window
+        assert 0 < fig["busiest_worker_producing_s"] <= fig["wall_unix"] + EPS_S, fig
+        most[w] = fig["compute_s"] / fig["busiest_worker_producing_s"]
+        assert rep["utilisation"] <= most[w] + 0.01, (w, rep, fig)
+        # theory on this run's measured step and mean batch cost
         costs = [x["produce_s_per_batch"] for x in rep["workers"]]
-        cost = sum(costs) / len(costs)
-        theory[w] = min(1.0, w * fig["compute_per_step_s"] / cost)
-    # the measured costs put the theory's count where the nominal ones do
-    theory_count = {t: min((w for w in grid if theory[w] >= t), default=None)
-                    for t in (TARGET, WIDE_TARGET)}
-    assert theory_count == {TARGET: 2, WIDE_TARGET: 2}, theory
-    # one worker is input-bound: no more busy than its input lets it be, and the profiler puts
-    # the lost time on the input, not on the client
+        theory[w] = w * fig["compute_per_step_s"] / (sum(costs) / len(costs))
+    # one worker is input-bound: the theory and the measured bound keep it below the bar, and
+    # the profiler puts the lost time on the input, not on the client
     one = rows[0]
-    assert one["utilisation"] < WIDE_TARGET <= theory[2], (one, theory)
+    assert theory[1] < WIDE_TARGET and one["utilisation"] <= most[1] < TARGET, (one, most)
     assert one["starved_fraction"] > one["client_bound_fraction"], one
-    # the sweep finds theory's count where theory clears the bar by a wide margin; at 95% the
-    # margin is 14% of batch cost, which transport on a loaded machine may use up, so there no
-    # count below theory's reaches the bar, whichever the sweep finds
-    assert best_counts(rows, WIDE_TARGET)[1] == theory_count[WIDE_TARGET], (theory, rows)
-    found = best_counts(rows, TARGET)[1]
-    assert found is None or found >= theory_count[TARGET], (found, theory, rows)
+    # the sweep's choice: never a count whose input could not keep the wafer at the bar, and,
+    # for the wide bar, no more workers than the smallest count whose measured input is half
+    # again as fast as the wafer (at the 95% bar the margin at 2 workers is 14% of the batch
+    # cost, which a loaded machine may use up: there the sweep may need 4, or find none)
+    for target in (TARGET, WIDE_TARGET):
+        found = best_counts(rows, target)[1]
+        enough = [w for w in grid if most[w] >= target]
+        assert found is None or found >= min(enough), (target, found, most, rows)
+    ample = min((w for w in grid if theory[w] >= 1.5), default=None)
+    if ample is not None:  # none on a machine so loaded that even 4 workers barely keep up
+        found = best_counts(rows, WIDE_TARGET)[1]
+        assert found is not None and found <= ample, (found, theory, rows)
