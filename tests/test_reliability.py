@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import time
 
 import pytest
 import torch
@@ -85,6 +84,7 @@ def test_an_input_fn_that_yields_nothing_says_so_and_suggests_batch_size():
         _run(lambda: [], in_process=True)
 
 
+@pytest.mark.timeout(120)  # a run that hangs on its dead driver fails here, a slow one does not
 def test_the_driver_actor_dying_mid_run_ends_the_run_with_a_clear_error(ray_session):
     ray = ray_session
     backend = cstorch.backend("CSX")
@@ -105,13 +105,11 @@ def test_the_driver_actor_dying_mid_run_ends_the_run_with_a_clear_error(ray_sess
 
     executor = cstorch.utils.data.DataExecutor(
         cstorch.utils.data.DataLoader(endless), num_steps=10_000)
-    t0 = time.time()
     with pytest.raises(DriverError, match="wafer driver actor died"):
         for i, batch in enumerate(executor):
             record(step(batch))
             if i == 20:
                 ray.kill(backend.driver().actor)
-    assert time.time() - t0 < 60
     assert len(seen) >= 20
     backend.shutdown()
 

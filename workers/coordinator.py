@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import random
+import threading
 import time
 from collections import deque
 from typing import Any
@@ -48,6 +49,7 @@ __all__ = ["ASSIGNMENT_MODES", "CoordinatedInputStream", "cost_summary", "global
 ASSIGNMENT_MODES = ("static", "dynamic")
 
 _COST_SAMPLES = 4096  # batch costs kept per worker (a uniform sample of all of them)
+_PUMP_WAIT_S = 0.02  # the pump's longest wait for replies before it looks for new work
 
 
 def global_position(states: list) -> dict | None:
@@ -97,7 +99,9 @@ class CoordinatedInputStream(CsxInputStream):
         assigned_batches_per_worker: numbers a worker holds at most (the one it produces and
             the ones queued behind it); None: the policy's, else 2.
         reorder_window_batches: numbers issued beyond the last delivered step at most; None:
-            the policy's ``reorder_window_batches_per_worker`` x ``num_workers_per_csx``.
+            the policy's ``reorder_window_batches_per_worker`` x ``num_workers_per_csx``, or
+            when that is None ``num_workers_per_csx`` x :attr:`max_batches_ahead` (what the
+            workers' buffers hold together under round-robin: the same bound on memory).
 
     The wait attributable to stragglers is the time :meth:`next` waited for a step while later
     batches were already there: in the reorder window (dynamic, from the moment the first one
@@ -117,18 +121,19 @@ class CoordinatedInputStream(CsxInputStream):
         W = cs_config.num_workers_per_csx
         if assigned_batches_per_worker is None:
             assigned_batches_per_worker = getattr(policy, "assigned_batches_per_worker", 2)
-        if reorder_window_batches is None:
-            reorder_window_batches = W * getattr(policy, "reorder_window_batches_per_worker", 8)
+        if reorder_window_batches is None and policy is not None and \
+                policy.reorder_window_batches_per_worker is not None:
+            reorder_window_batches = W * policy.reorder_window_batches_per_worker
         for name, v in (("assigned_batches_per_worker", assigned_batches_per_worker),
                         ("reorder_window_batches", reorder_window_batches)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ValueError(f"CoordinatedInputStream: {name}={v!r}; it must be an int >= 1.")
         self.requested_mode = mode
         self.mode = "static"
         self.mode_reason = ""
         self.assigned_per_worker = assigned_batches_per_worker
-        # every worker can hold its share: the window never starves a worker outright
-        self.window_batches = max(reorder_window_batches, W * assigned_batches_per_worker)
+        self._window_option = reorder_window_batches
+        self.window_batches = W * assigned_batches_per_worker  # set once the stream is built
         self._outstanding = [deque() for _ in range(W)]  # numbers assigned, not yet received
         self._sends = [0] * W  # assign() calls made to each worker's current actor
         self._window: dict[int, tuple[int, dict]] = {}  # number -> (worker, reply item)
@@ -143,11 +148,19 @@ class CoordinatedInputStream(CsxInputStream):
         self._occupancy_sum = 0
         self._occupancy_max = 0
         self._deliveries = 0
+        self._failed = [False] * W  # a worker's error reply is in the window
+        self._cond = threading.Condition()  # guards everything the pump thread touches
+        self._pump_thread: threading.Thread | None = None
+        self._pump_error: BaseException | None = None
         if resume_states is not None and mode == "dynamic":
             states = [DataLoaderCheckpoint(**s) if isinstance(s, dict) else s
                       for s in resume_states]
             self._dynamic_start = global_position(states)
         super().__init__(dataloader, cs_config, wse_id, resume_states=resume_states, **options)
+        # None: what the workers hold together under round-robin; never less than every
+        # worker's share, so the window never starves a worker outright
+        window = self._window_option or W * self.max_batches_ahead
+        self.window_batches = max(window, W * assigned_batches_per_worker)
         try:
             self._decide_mode()
         except BaseException:
@@ -205,7 +218,11 @@ class CoordinatedInputStream(CsxInputStream):
         if self._dynamic_start is not None:
             for wk in self._workers:  # a restart before any batch starts here too
                 wk.received_after = wk.consumed_after = self._dynamic_start
-        self._issue()
+        with self._cond:
+            self._issue()
+        self._pump_thread = threading.Thread(target=self._pump, daemon=True,
+                                             name=f"coordinator-csx{self.wse_id}")
+        self._pump_thread.start()
 
     # -- the coordinator --------------------------------------------------------------------
     def _window_full(self) -> bool:
@@ -243,6 +260,7 @@ class CoordinatedInputStream(CsxInputStream):
                 # the batch the worker was making: its oldest number not received
                 number = self._outstanding[w][0] if self._outstanding[w] else self._step
                 self._window.setdefault(number, (w, item))
+                self._failed[w] = True
                 continue
             wk.ready_bytes -= item["nbytes"]
             number = item["step"]
@@ -280,45 +298,70 @@ class CoordinatedInputStream(CsxInputStream):
     def _holder(self, number: int) -> int | None:
         return next((w for w, out in enumerate(self._outstanding) if number in out), None)
 
+    def _pump(self) -> None:
+        """The coordinator's thread (dynamic mode): take in every worker's replies as they
+        come and hand out numbers, whether or not the wafer's feeder is asking for a batch
+        (it asks once a step while the wafer's input buffer is full), so a worker is never
+        left waiting for its next number."""
+        try:
+            while not self._closed:
+                with self._cond:
+                    self._issue()
+                    by_ref = {}
+                    for wk in self._workers:
+                        if self._outstanding[wk.info.local_worker_id] and not wk.pending \
+                                and not wk.ready:
+                            self._top_up(wk)
+                        if wk.ready:
+                            self._drain(wk)
+                        if self._outstanding[wk.info.local_worker_id] and wk.pending:
+                            by_ref[wk.pending[0][1]] = wk
+                    self._cond.notify_all()
+                    if not by_ref:
+                        # no worker holds a number (the window is full): next() wakes this
+                        # thread when it moves the window on
+                        self._cond.wait(_PUMP_WAIT_S)
+                        continue
+                done, _ = ray.wait(list(by_ref), num_returns=1,
+                                   timeout=_PUMP_WAIT_S, fetch_local=False)
+                if not done:
+                    continue
+                with self._cond:
+                    for ref in done:
+                        wk = by_ref[ref]
+                        if wk.pending and wk.pending[0][1] is ref:
+                            self._receive_reply(wk)  # it is there; restarts a dead worker
+                            self._drain(wk)
+                    self._cond.notify_all()
+        except BaseException as e:  # noqa: BLE001 (raised by next() in the consumer's thread)
+            with self._cond:
+                if not self._closed or self._pump_error is None:
+                    self._pump_error = e
+                self._cond.notify_all()
+
     def _wait_for(self, number: int) -> float:
-        """Receive from whichever worker replies until ``number`` is in the window; returns
-        how long of that wait later batches were already in the window (straggler wait)."""
+        """Wait (the caller holds ``_cond``) until ``number`` is in the window; returns how
+        long of that wait later batches were already in the window (straggler wait)."""
         timeout = self.cs_config.straggler_timeout_s
         wait_start = time.perf_counter()
         next_report = timeout
         ahead_since = None
         while number not in self._window:
+            if self._pump_error is not None:
+                raise self._pump_error
+            self._check_open()
             if ahead_since is None and any(n > number for n in self._window):
                 ahead_since = time.perf_counter()
-            self._check_open()
-            self._issue()
-            by_ref = {}
-            for wk in self._workers:
-                if self._outstanding[wk.info.local_worker_id] or wk.ready:
-                    if not wk.pending and not wk.ready:
-                        self._top_up(wk)
-                    if wk.ready:
-                        self._drain(wk)
-                    elif wk.pending:
-                        by_ref[wk.pending[0][1]] = wk
-            if number in self._window:
-                break
-            if not by_ref:  # pragma: no cover - a broken invariant
-                raise RuntimeError(
-                    f"CS-X {self.wse_id}: step {number} is assigned to no input worker "
-                    f"(next number {self._next_number}, window {sorted(self._window)}).")
-            done, _ = ray.wait(list(by_ref), num_returns=1, timeout=self._poll_s)
-            if not done:
-                waited = time.perf_counter() - wait_start
-                holder = self._holder(number)
-                if waited >= next_report and holder is not None:
+            self._cond.wait(self._poll_s)
+            waited = time.perf_counter() - wait_start
+            holder = self._holder(number)
+            if waited >= next_report and holder is not None and number not in self._window:
+                self._cond.release()
+                try:
                     self._report_straggler(self._workers[holder], waited)
-                    next_report = max(2 * next_report, waited + timeout)
-                continue
-            for ref in done:
-                wk = by_ref[ref]
-                self._receive_reply(wk)  # the reply is there; restarts a dead worker
-                self._drain(wk)
+                finally:
+                    self._cond.acquire()
+                next_report = max(2 * next_report, waited + timeout)
         return 0.0 if ahead_since is None else time.perf_counter() - ahead_since
 
     # -- delivering -------------------------------------------------------------------------
@@ -334,58 +377,50 @@ class CoordinatedInputStream(CsxInputStream):
             self._record_cost(w, reply.get("produce_s"))
             self._delivered_after = reply["after"]
             return w, reply, batch
-        if step not in self._window:
-            straggling = self._wait_for(step)
-            self._straggler_wait[self._window[step][0]] += straggling
-        w, item = self._window.pop(step)
-        wk = self._workers[w]
-        self._occupancy_sum += len(self._window)
-        self._occupancy_max = max(self._occupancy_max, len(self._window))
-        self._deliveries += 1
+        with self._cond:
+            if step not in self._window:
+                straggling = self._wait_for(step)
+                self._straggler_wait[self._window[step][0]] += straggling
+            w, item = self._window.pop(step)
+            wk = self._workers[w]
+            self._occupancy_sum += len(self._window)
+            self._occupancy_max = max(self._occupancy_max, len(self._window))
+            self._deliveries += 1
+            if item["kind"] != "error":
+                self._window_bytes -= item["nbytes"]
+                self._delivered_after = item["after"]
+                # the window moved on: the pump hands the freed number to a worker with room,
+                # off this (the wafer feeder's) thread
+                self._cond.notify_all()
         if item["kind"] == "error":
             self._raise_failure(wk, item)
-        self._window_bytes -= item["nbytes"]
-        self._delivered_after = item["after"]
         batch = unpack_batch(item["payload"], copy=not self.zero_copy)
         return w, item, batch
-
-    def _poll(self) -> None:
-        """Take in the replies that have arrived (without waiting), so that a worker that
-        finished its numbers gets new ones even while the window already holds the next steps."""
-        by_ref = {wk.pending[0][1]: wk for wk in self._workers
-                  if wk.pending and self._outstanding[wk.info.local_worker_id]}
-        if by_ref:
-            done, _ = ray.wait(list(by_ref), num_returns=len(by_ref), timeout=0,
-                               fetch_local=False)
-            for ref in done:
-                self._receive_reply(by_ref[ref])
-                self._drain(by_ref[ref])
-
-    def next(self):
-        batch, info = super().next()
-        if self.mode == "dynamic":
-            self._poll()
-            self._issue()  # the window moved on: more numbers for the workers with room
-        return batch, info
 
     def sample_keys(self):
         if self.mode == "static":
             return super().sample_keys()
         from workers.duplicates import WorkerKeys
 
-        for wk in self._workers:
-            w = wk.info.local_worker_id
-            want = min(wk.keys_until, wk.received + len(self._outstanding[w]))
-            while wk.received < want and not (wk.ready and wk.ready[-1]["kind"] == "error"):
-                if not self._receive_reply(wk):
-                    break
-            self._drain(wk)
-        return [WorkerKeys(self.wse_id, wk.info.local_worker_id, list(wk.keys))
-                for wk in self._workers]
+        with self._cond:
+            # the pump takes in the replies (and their keys); every worker holds numbers
+            # from the start, so each gets its first batches
+            while not all(wk.received >= wk.keys_until or self._failed[wk.info.local_worker_id]
+                          for wk in self._workers):
+                if self._pump_error is not None:
+                    raise self._pump_error
+                self._check_open()
+                self._cond.wait(self._poll_s)
+            return [WorkerKeys(self.wse_id, wk.info.local_worker_id, list(wk.keys))
+                    for wk in self._workers]
 
     def worker_states(self) -> list[DataLoaderCheckpoint]:
         if self.mode == "static":
             return super().worker_states()
+        with self._cond:
+            return self._dynamic_states()
+
+    def _dynamic_states(self) -> list[DataLoaderCheckpoint]:
         # every worker resumes at the position after the last delivered batch; worker_step
         # values are a round-robin position, so the states resume in either mode
         after = self._delivered_after or self._dynamic_start
@@ -403,9 +438,26 @@ class CoordinatedInputStream(CsxInputStream):
         return out
 
     def ready_count(self) -> int:
-        return super().ready_count() + (len(self._window) if self.mode == "dynamic" else 0)
+        if self.mode == "static":
+            return super().ready_count()
+        with self._cond:
+            return len(self._window)
+
+    def close(self) -> None:
+        super().close()
+        pump = getattr(self, "_pump_thread", None)
+        if pump is not None and pump is not threading.current_thread():
+            with self._cond:
+                self._cond.notify_all()
+            pump.join(timeout=5)
 
     def stats(self) -> dict:
+        if self.mode == "dynamic":
+            with self._cond:
+                return self._stats()
+        return self._stats()
+
+    def _stats(self) -> dict:
         out = super().stats()
         out["assignment"] = {
             "requested": self.requested_mode, "mode": self.mode, "reason": self.mode_reason,

@@ -37,14 +37,18 @@ class FlowPolicy:
     """The most batches per reply when batches are small (see ``small_batch_bytes``)."""
     requests_in_flight_per_worker: int = 2
     """``fetch`` requests kept outstanding per input worker, so transport overlaps production."""
-    assigned_batches_per_worker: int = 2
+    assigned_batches_per_worker: int = 3
     """Dynamic assignment: global batch numbers an input worker holds at most (the one it
-    produces and the ones queued behind it). Few, so that a worker stuck on a slow batch
-    holds few others back; two covers the round trip for the next number."""
-    reorder_window_batches_per_worker: int = 8
+    produces and the ones queued behind it). Few, so that a worker stuck on a slow batch holds
+    few others back; three, because the stream takes in replies (and hands out numbers) when
+    the wafer's feeder asks for a batch -- once a step while the input buffer is full -- so a
+    worker's next number can take a step to come, and two queued cover that."""
+    reorder_window_batches_per_worker: Optional[int] = None
     """Dynamic assignment: numbers are issued at most ``num_workers_per_csx`` x this beyond the
-    last step the CS-X's stream delivered (the reorder window's bound; a static worker runs
-    about as far ahead)."""
+    last step the CS-X's stream delivered (the reorder window's bound, in batches; the byte
+    bound applies as well). None: as many as one worker may run ahead under round-robin
+    (``CsxInputStream.max_batches_ahead``), so the window holds what the workers' own buffers
+    hold together under static assignment."""
     object_store_bytes: Optional[int] = None
     """Size of the embedded Ray object store; None: sized by :func:`object_store_bytes_for`."""
     input_bytes_in_flight_per_csx: Optional[int] = None
@@ -55,7 +59,8 @@ class FlowPolicy:
     def __post_init__(self):
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if v is None and f.name in ("object_store_bytes", "input_bytes_in_flight_per_csx"):
+            if v is None and f.name in ("object_store_bytes", "input_bytes_in_flight_per_csx",
+                                        "reorder_window_batches_per_worker"):
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"FlowPolicy.{f.name}: expected a positive int, got {v!r}.")
