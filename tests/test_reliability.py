@@ -84,7 +84,7 @@ def test_an_input_fn_that_yields_nothing_says_so_and_suggests_batch_size():
         _run(lambda: [], in_process=True)
 
 
-@pytest.mark.timeout(120)  # a run that hangs on its dead driver fails here, a slow one does not
+@pytest.mark.timeout(600)  # a run that hangs on its dead driver fails here, a slow one does not
 def test_the_driver_actor_dying_mid_run_ends_the_run_with_a_clear_error(ray_session):
     ray = ray_session
     backend = cstorch.backend("CSX")
