@@ -50,6 +50,10 @@ ASSIGNMENT_MODES = ("static", "dynamic")
 
 _COST_SAMPLES = 4096  # batch costs kept per worker (a uniform sample of all of them)
 _PUMP_WAIT_S = 0.02  # the pump's longest wait for replies before it looks for new work
+_HELD_WORK_S = 0.005
+"""Dynamic assignment: cheap batches are assigned to a worker this much work at a time (by
+the mean batch cost seen), so that one ``assign`` call and one reply serve many batches."""
+_COST_SAMPLES_FOR_SIZING = 8  # batch costs seen before the assignment size follows them
 
 
 def global_position(states: list) -> dict | None:
@@ -142,6 +146,8 @@ class CoordinatedInputStream(CsxInputStream):
         self._delivered_after: dict | None = None
         self._dynamic_start = None
         self._costs = [[] for _ in range(W)]
+        self._cost_mean_s: list = [None] * W  # each worker's moving mean batch cost
+        self._in_window = [0] * W  # each worker's batches in the window
         self._cost_seen = [0] * W
         self._cost_rng = [random.Random(w) for w in range(W)]
         self._straggler_wait = [0.0] * W
@@ -225,8 +231,30 @@ class CoordinatedInputStream(CsxInputStream):
         self._pump_thread.start()
 
     # -- the coordinator --------------------------------------------------------------------
+    def numbers_per_worker(self, w: int) -> int:
+        """Numbers worker ``w`` may hold now: ``assigned_per_worker``, or, where its batches
+        are so cheap that it makes more than that in ``_HELD_WORK_S``, as many as it makes in
+        that time (by its own mean batch cost; at most the policy's ``small_reply_batches``).
+        A slow batch then holds back at most that much of its worker's usual work, and cheap
+        batches go many to a call."""
+        k = self.assigned_per_worker
+        cap = getattr(self.policy, "small_reply_batches", k)
+        mean = self._cost_mean_s[w]
+        if mean is None or cap <= k:
+            return k
+        return max(k, min(cap, int(_HELD_WORK_S / max(mean, 1e-9))))
+
+    def _waiting_elsewhere(self, wk: _Worker) -> int:
+        """``wk``'s batches in the window while it flows (the next step is there); none while
+        it waits for a straggler, so that replies, and with them new numbers, keep coming."""
+        if self.mode != "dynamic" or self._step not in self._window:
+            return 0
+        return self._in_window[wk.info.local_worker_id]
+
     def _window_full(self) -> bool:
-        if self._next_number >= self._step + self.window_batches:
+        window = max(self.window_batches,
+                     sum(self.numbers_per_worker(w) for w in range(self.num_workers)))
+        if self._next_number >= self._step + window:
             return True
         limit = self.in_flight_bytes_per_worker
         return limit is not None and self._window and \
@@ -235,9 +263,9 @@ class CoordinatedInputStream(CsxInputStream):
     def _issue(self) -> None:
         """Give the next numbers to the workers with room, fewest held first."""
         new: dict[int, list[int]] = {}
-        k = self.assigned_per_worker
+        k = [self.numbers_per_worker(w) for w in range(self.num_workers)]
         while not self._window_full():
-            free = [w for w in range(self.num_workers) if len(self._outstanding[w]) < k]
+            free = [w for w in range(self.num_workers) if len(self._outstanding[w]) < k[w]]
             if not free:
                 break
             w = min(free, key=lambda i: len(self._outstanding[i]))
@@ -270,6 +298,7 @@ class CoordinatedInputStream(CsxInputStream):
                     "exc_type": "RuntimeError", "traceback": "", "during": "in transport",
                     "exc_message": f"expected global batch {expected}, received {number}"})
             self._window[number] = (w, item)
+            self._in_window[w] += 1
             self._window_bytes += item["nbytes"]
             self._record_cost(w, item.get("produce_s"))
 
@@ -277,6 +306,9 @@ class CoordinatedInputStream(CsxInputStream):
         if cost is None:
             return
         self._cost_seen[w] += 1
+        if self._cost_seen[w] >= _COST_SAMPLES_FOR_SIZING:
+            m = self._cost_mean_s[w]
+            self._cost_mean_s[w] = cost if m is None else 0.9 * m + 0.1 * cost
         costs = self._costs[w]
         if len(costs) < _COST_SAMPLES:
             costs.append(cost)
@@ -382,6 +414,8 @@ class CoordinatedInputStream(CsxInputStream):
                 straggling = self._wait_for(step)
                 self._straggler_wait[self._window[step][0]] += straggling
             w, item = self._window.pop(step)
+            if item["kind"] != "error":
+                self._in_window[w] -= 1
             wk = self._workers[w]
             self._occupancy_sum += len(self._window)
             self._occupancy_max = max(self._occupancy_max, len(self._window))
@@ -461,8 +495,8 @@ class CoordinatedInputStream(CsxInputStream):
         out = super().stats()
         out["assignment"] = {
             "requested": self.requested_mode, "mode": self.mode, "reason": self.mode_reason,
-            "assigned_batches_per_worker": self.assigned_per_worker if self.mode == "dynamic"
-            else None,
+            "assigned_batches_per_worker": [self.numbers_per_worker(w) for w in range(
+                self.num_workers)] if self.mode == "dynamic" else None,
             "reorder_window_batches": self.window_batches if self.mode == "dynamic" else None,
         }
         if self.mode == "dynamic":
