@@ -88,6 +88,41 @@ def remap_worker_states(states: list, cs_config) -> list:
     return out
 
 
+HEAVY_STEP_FLOPS = 50e6
+"""A step with this many matrix-multiply FLOPs or more runs on all of the node's CPUs (about a
+millisecond of one core's work and up: the cores' time is then spent in the kernels)."""
+
+_aten = torch.ops.aten
+_MATMULS = {_aten.mm.default: (0, 1), _aten.addmm.default: (1, 2), _aten.bmm.default: (0, 1),
+            _aten.baddbmm.default: (1, 2)}  # the op and where its two operands are
+
+
+def matmul_flops(gm: torch.fx.GraphModule) -> int:
+    """The FLOPs of the matrix multiplies in one step of the captured graph (from the shapes
+    its nodes recorded at capture)."""
+    total = 0
+    for node in gm.graph.nodes:
+        pos = _MATMULS.get(node.target) if node.op == "call_function" else None
+        if pos is None:
+            continue
+        try:
+            a, b = (node.args[i].meta["val"].shape for i in pos)
+        except (AttributeError, KeyError, IndexError):
+            continue
+        batch = a[0] if len(a) == 3 else 1
+        total += 2 * batch * a[-2] * a[-1] * b[-1]
+    return int(total)
+
+
+def threads_for_step(flops: int, cpus: int) -> int:
+    """The driver's threads when the user gave none: all of the node's CPUs for a step heavy
+    in matrix multiplies (:data:`HEAVY_STEP_FLOPS`), else half of them, at least one. A light
+    step's ops are too short to share among threads, and the client and the input workers
+    need the other cores: an op's thread that waits for a core held by another process stalls
+    the whole step. Chosen from the graph, so it is the same in every run of the step."""
+    return max(1, cpus if flops >= HEAVY_STEP_FLOPS else cpus // 2)
+
+
 def rss_bytes() -> int:
     """Resident set size of this process (Linux), 0 where unknown."""
     try:
@@ -106,12 +141,14 @@ class WaferDriver:
         compile_dir: the compile cache (an absolute path, resolved by the client).
         compiler: ``"auto"`` (fx now, inductor tiered in), ``"fx"`` or ``"inductor"``.
         use_ray_workers: input workers are Ray actors (else built in this process).
-        num_threads: threads for the step's ops (``torch.set_num_threads``); None: leave as is.
+        num_threads: threads for the step's ops (``torch.set_num_threads``); None: chosen
+            from ``cpus`` when given (:func:`threads_for_step`), else left as is.
+        cpus: the CPUs of the driver's node, for choosing the thread count.
     """
 
     def __init__(self, device: str = "cpu", compile_dir: Optional[str] = None,
                  compiler: str = "auto", use_ray_workers: bool = False,
-                 num_threads: Optional[int] = None):
+                 num_threads: Optional[int] = None, cpus: Optional[int] = None):
         if use_ray_workers:  # an actor: captured graphs arrive pickled, and unpickling needs it
             importlib.import_module("torch._higher_order_ops.triton_kernel_wrap")
         self.device = torch.device(device)
@@ -120,9 +157,13 @@ class WaferDriver:
         self.compile_dir = Path(compile_dir) if compile_dir else None
         self.compiler = compiler
         self.use_ray_workers = use_ray_workers
+        self._cpus = cpus if num_threads is None else None  # choose per program
+        if num_threads is None and cpus is not None:
+            num_threads = max(1, cpus // 2)
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.num_threads = torch.get_num_threads()
+        self.threads_chosen: Optional[dict] = None
         self.store = StateStore(self.device)
         self._graph = None
         self._example = None
@@ -153,12 +194,15 @@ class WaferDriver:
     # -- program -------------------------------------------------------------------------------
     def load_program(self, graph, state_order: list, consts: list, batch_metas: list,
                      state_metas: Optional[list] = None, compile_only: bool = False,
-                     num_steps: Optional[int] = None) -> dict:
+                     num_steps: Optional[int] = None,
+                     matmul_flops_per_step: Optional[int] = None) -> dict:
         """Compile the captured step against the resident state (``graph`` None: no model).
 
         ``compile_only``: the weights were dropped; compile against zeros of their spec (with
         ``compiler="auto"`` or ``"inductor"`` the inductor artifact is compiled into the cache,
-        so the next run starts from it)."""
+        so the next run starts from it). ``matmul_flops_per_step``: :func:`matmul_flops` of
+        the graph, counted by the client (a pickled graph arrives without its nodes' shapes);
+        None: counted here."""
         self._state_order = list(state_order)
         if graph is None:
             self._program = None
@@ -177,12 +221,20 @@ class WaferDriver:
         if self.compile_dir is not None:
             entry = CacheEntry(self.compile_dir, cache_key(graph.code, input_spec(example),
                                                            str(self.device)))
+        if self._cpus is not None:
+            flops = matmul_flops(graph) if matmul_flops_per_step is None \
+                else matmul_flops_per_step
+            self.num_threads = threads_for_step(flops, self._cpus)
+            torch.set_num_threads(self.num_threads)
+            self.threads_chosen = {"matmul_flops_per_step": flops, "node_cpus": self._cpus,
+                                   "num_threads": self.num_threads}
         compiler = self.compiler
         if compile_only and compiler == "auto":
             compiler = "inductor"
         self._program = Program(graph, example, compiler, str(self.device), entry, num_steps,
                                 generator=self.rng)
-        return {**self._program.report, "num_threads": self.num_threads}
+        return {**self._program.report, "num_threads": self.num_threads,
+                "threads_chosen": self.threads_chosen}
 
     # -- randomness ------------------------------------------------------------------------------
     def set_rng_state(self, state: torch.Tensor) -> None:

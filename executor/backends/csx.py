@@ -83,8 +83,8 @@ class CSXBackend(Backend):
     ``compiler`` (``"auto"``: the fx graph at once, inductor compiled in the background and
     switched in when the run is long enough; ``"fx"`` or ``"inductor"`` force one), ``lookahead``
     (steps the wafer may run past the client's last finished step), ``num_threads`` (threads the
-    driver runs the step's ops on; default: half the node's CPUs on Ray, leaving the rest to the
-    client and the input workers; this process's setting in-process, where it is
+    driver runs the step's ops on; default on Ray: chosen from the step,
+    :func:`executor.driver.threads_for_step`; in-process: this process's setting, where it is
     process-wide).
 
     With the same thread count, the fx replay gives the CPU backend's numbers bit for bit.

@@ -26,6 +26,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
 from executor import phases
+from executor.driver import matmul_flops
 from executor.engine import warmup
 from executor.engine.capture import Captured, OutputLeaf, capture, first_difference
 from executor.engine.errors import CompileError
@@ -184,7 +185,8 @@ class CSXRun:
             self.report = self.driver.load_program(
                 cap.graph, [s.key for s in cap.state_slots], consts, cap.batch_metas,
                 [(tuple(s.value.shape), s.value.dtype) for s in cap.state_slots],
-                b.compile_only, self.executor.num_steps)
+                b.compile_only, self.executor.num_steps,
+                matmul_flops_per_step=matmul_flops(cap.graph))
         # what step closures read streams back every step: the closures' arguments, and the
         # step's small return values (a loss), which closures called in the loop are given
         streamed = {leaf.index for _, _, ls in cap.closures for leaf in ls

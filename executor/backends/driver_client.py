@@ -84,7 +84,8 @@ class DriverClient:
     def put_state(self, items: dict) -> int: ...
     def get_state(self, keys: list) -> dict: ...
     def load_program(self, graph, state_order, consts, batch_metas, state_metas=None,
-                     compile_only=False, num_steps=None) -> dict: ...
+                     compile_only=False, num_steps=None,
+                     matmul_flops_per_step=None) -> dict: ...
     def open_input(self, dataloader, cs_config, resume_states, policy): ...
     def start(self, num_steps: int, checkpoint_steps: list) -> None: ...
     def collect(self, since: int, until: int, indices: list, ack: int,
@@ -172,11 +173,10 @@ class LocalDriverClient(DriverClient):
 
 
 def default_num_threads() -> int:
-    """Threads for the driver: half the CPUs of the largest node of the Ray cluster (this
-    machine's when Ray is embedded), at least one. The other half is left to the client and
-    the input workers, which run beside the wafer on the same node when Ray is embedded: an
-    op's threads that must wait for a core held by another process spin, and every step then
-    takes as long as its slowest thread."""
+    """The CPUs the driver reserves when the user gave no thread count: half those of the
+    largest node of the Ray cluster (this machine's when Ray is embedded), at least one; the
+    rest is left to the client and the input workers. Its thread count is chosen per step
+    (:func:`executor.driver.threads_for_step`)."""
     import ray
 
     cpus = [n["Resources"].get("CPU", 0) for n in ray.nodes() if n.get("Alive")]
@@ -187,7 +187,8 @@ class RayDriverClient(DriverClient):
     """The driver as a Ray actor. Ray is started here (embedded, loopback) unless it runs.
 
     The actor reserves ``min(num_threads, node CPUs - INPUT_RESERVE_CPUS)`` CPUs and runs the
-    step's ops on ``num_threads`` threads (default: :func:`default_num_threads`). Creating the client
+    step's ops on ``num_threads`` threads (default: chosen from the step,
+    :func:`executor.driver.threads_for_step`). Creating the client
     starts Ray (``ray.init`` must run on the main thread) and asks for the actor without waiting
     for it: its process starts while the user builds the model; the first call waits."""
 
@@ -199,19 +200,19 @@ class RayDriverClient(DriverClient):
         t0 = time.perf_counter()
         self.started_ray = ensure_ray(address=backend.address)
         t1 = time.perf_counter()
-        threads = backend.num_threads or default_num_threads()
         node_cpus = max(float(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n.get("Alive"))
+        threads = backend.num_threads or default_num_threads()  # reserved; see WaferDriver
         options = dict(max_concurrency=16, name=f"cstream-wafer-{os.getpid()}-{id(backend):x}",
                        num_cpus=round(max(0.0, min(threads, node_cpus - INPUT_RESERVE_CPUS)), 2))
         if str(backend.exec_device).startswith("cuda"):
             options["num_gpus"] = 1
         self.actor = ray.remote(WaferDriver).options(**options).remote(
             device=backend.exec_device, compile_dir=str(backend.compile_dir),
-            compiler=backend.compiler, use_ray_workers=True, num_threads=threads)
+            compiler=backend.compiler, use_ray_workers=True, num_threads=backend.num_threads,
+            cpus=max(1, int(node_cpus)))
         self._ping = self.actor.ping.remote()
         self._t_asked = t1
-        self.startup = {"ray_start_s": t1 - t0, "num_threads": threads,
-                        "num_cpus": options["num_cpus"]}
+        self.startup = {"ray_start_s": t1 - t0, "num_cpus": options["num_cpus"]}
         atexit.register(self.close)
 
     def _actor(self):
