@@ -2,10 +2,11 @@
 
 ``compiler="fx"`` replays the captured graph op by op (nothing to compile). ``"inductor"``
 runs the inductor artifact: loaded from the compile cache if there, else compiled first (in a
-separate process) before the first step. ``"auto"`` (the default) starts on fx at once; if the
-cache holds the inductor artifact it is loaded in the background at once, and otherwise it is
-compiled in the background when the run is long enough to profit (the fx steps still to run
-would take at least ``TIER_UP_MIN_S``). Once the inductor version is ready it is run beside fx
+separate process) before the first step. ``"auto"`` (the default): if the cache holds the
+inductor artifact it is loaded before the first step; otherwise the wafer starts on fx at once
+and inductor is compiled in the background when the run is long enough to profit (the fx
+steps still to run would take at least ``TIER_UP_MIN_S``). Once the inductor version is ready
+it is run beside fx
 on one step, from the same state and batch; if its outputs and updated state agree with fx's
 (``torch.allclose``, rtol 1e-3, atol 1e-5: fused kernels round differently), the wafer switches
 to it from the next step. When and how long it took is in :attr:`Program.report`.
@@ -61,7 +62,7 @@ class Program:
         self._gm, self._example, self._entry = gm, example, entry
         self._generator = generator
         self._candidate: Optional[CompiledStep] = None
-        self._tier_thread: Optional[threading.Thread] = None
+        self._tier_up_begun = False  # decided once: compiling or loading inductor began
         self._tier_error: Optional[str] = None
         self._fx_times: list[float] = []
         if entry is not None:
@@ -73,8 +74,13 @@ class Program:
             # inductor compile keep the captured one
             self.active = compilers.fx_step(copy.deepcopy(gm), device, generator)
             if compiler == "auto" and entry is not None and entry.has_artifact():
+                # loaded now, before the first step: loading it beside running steps would
+                # slow them down for longer than the load itself takes
                 self.report["cache_hit"] = True
-                self._start_tier_up(compile_first=False)
+                self.report["tier_up"] = {"compiled_in_background": False}
+                self._tier_up_begun = True
+                self._candidate = compilers.load_inductor_artifact(entry, generator)
+                self.report["tier_up"]["ready_s"] = time.perf_counter() - t0
         self.report["active"] = self.active.compiler
         self.report["compile_s"] = time.perf_counter() - t0
 
@@ -119,11 +125,11 @@ class Program:
                 self.report["tier_up"]["error"] = self._tier_error
                 log.warning("tiered compilation: staying on fx: %s", self._tier_error)
 
-        self._tier_thread = threading.Thread(target=work, name="tier-up", daemon=True)
-        self._tier_thread.start()
+        self._tier_up_begun = True
+        threading.Thread(target=work, name="tier-up", daemon=True).start()
 
     def _maybe_start_tier_up(self, step: int, took_s: float) -> None:
-        if self.mode != "auto" or self._tier_thread is not None or self._entry is None \
+        if self.mode != "auto" or self._tier_up_begun or self._entry is None \
                 or self.num_steps is None:
             return
         self._fx_times.append(took_s)
@@ -172,7 +178,7 @@ class Program:
     def __call__(self, state: list, batch: list, step: int) -> list:
         if self._candidate is not None:
             return self._try_switch(state, batch, step)
-        if self.mode != "auto" or self._tier_thread is not None:
+        if self.mode != "auto" or self._tier_up_begun:
             return self.active(state, batch, self.consts)
         t0 = time.perf_counter()
         outputs = self.active(state, batch, self.consts)
