@@ -634,7 +634,7 @@ def markdown(results: dict) -> str:
         if parts:
             lines += ["Its parts, fx cold (the run summary's `startup`): " + ", ".join(
                 f"`{k.rsplit('.', 1)[1]}` {v:.2f} s" for k, v in parts.items()
-                if isinstance(v, (int, float))) + ".", ""]
+                if isinstance(v, (int, float)) and k.endswith("_s")) + ".", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
