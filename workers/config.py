@@ -60,7 +60,8 @@ class CSConfig:
     input_assignment: str = "dynamic"
     """Which input worker produces which global batch. ``"dynamic"``: each worker takes the
     next global batch number from its CS-X's coordinator as it becomes free (holding at most
-    ``FlowPolicy.assigned_batches_per_worker``), and the wafer side puts the batches back
+    ``FlowPolicy.assigned_batches_per_worker``, or about 5 ms of its work where its batches
+    are cheaper), and the wafer side puts the batches back
     into global order in a bounded
     reorder window, so a slow batch or a slow worker delays only itself while the other
     workers go on; the wafer still sees exactly the single-process sequence of global
