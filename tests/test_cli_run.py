@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -331,14 +332,21 @@ def _wait_for_line(proc, stream, pattern, timeout=240):
     raise AssertionError(f"no line matching {pattern!r} within {timeout} s: {seen}")
 
 
+def deliverable_ctrl_c():
+    """In the child, before it starts: Ctrl-C's default action. A test runner started in the
+    background of a non-interactive shell (``make test &``) runs with SIGINT ignored, its
+    children inherit that, and Python then installs no KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _popen(*args, cwd):
     env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="100", PYTHONUNBUFFERED="1")
     return subprocess.Popen([sys.executable, "-m", "cstream.cli", *map(str, args)], cwd=cwd,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=deliverable_ctrl_c)
 
 
 def test_ctrl_c_keeps_the_profile_prints_the_partial_summary_and_report_shows_it(tmp_path):
-    import signal
 
     cfg = user_experiment(tmp_path, "slow", "{batch_size: 4, fail_after: 100000}", steps=400,
                           wafer_s=0.05)
@@ -367,7 +375,6 @@ def test_ctrl_c_keeps_the_profile_prints_the_partial_summary_and_report_shows_it
 
 
 def test_an_interrupted_sweep_keeps_its_points_and_resume_runs_only_the_missing_ones(tmp_path):
-    import signal
 
     cfg = user_experiment(tmp_path, "sw", "{batch_size: 4, fail_after: 100000}", steps=60,
                           wafer_s=0.05)

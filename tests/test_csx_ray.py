@@ -227,7 +227,10 @@ def test_ctrl_c_ends_a_run_within_seconds_and_leaves_no_ray_process(tmp_path):
     """))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+                            # Ctrl-C's default action in the child, even when this test runs
+                            # with SIGINT ignored (a runner started in the background)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     line = ""
     deadline = time.time() + 120
     while "running" not in line and time.time() < deadline:
