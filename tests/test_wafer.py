@@ -81,10 +81,12 @@ def test_the_loop_waits_for_input_runs_steps_and_stops_at_the_look_ahead():
         assert _until_not(loop, Phase.WAITING_FOR_INPUT) is Phase.READY
         assert loop._step(block=False) is Phase.WAITING_FOR_CLIENT
         assert len(loop.outputs) <= 3  # a hard bound
-        loop.ack(5)
+        loop.ack(5)  # the client is ahead of the wafer: steps 4 and 5 are acknowledged already
+        assert loop.outputs == {}
         assert _until_not(loop, Phase.WAITING_FOR_INPUT) is Phase.READY
         assert _until_not(loop, Phase.WAITING_FOR_INPUT) is Phase.FINISHED
         assert loop.done == 5
+        assert loop.outputs == {}  # so they keep no outputs: nothing would ever drop them
     finally:
         feed.close()
 
