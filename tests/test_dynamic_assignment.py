@@ -222,6 +222,40 @@ def test_a_slow_batch_holds_back_only_its_own_worker(ray_session, tmp_path):
     assert [s for s in range(release + 1) if producer[s] == 0] == [4 * i for i in range(held)]
 
 
+def large_batches_fn():
+    """Global batches of one 128 KiB sample each (a reply carries a few, not many)."""
+    class Large(torch.utils.data.Dataset):
+        def __len__(self):
+            return 1000
+
+        def __getitem__(self, i):
+            return torch.full((32 * 1024,), float(i))
+
+    batches = BatchSampler(torch.utils.data.SequentialSampler(range(1000)), 1, drop_last=True)
+    return torch.utils.data.DataLoader(Large(), batch_sampler=ShardedSampler(batches))
+
+
+def test_the_workers_fill_the_whole_reorder_window_while_the_wafer_waits(ray_session):
+    # the workers run ahead as far as the window allows, whatever share of it each one holds:
+    # the lead a slow batch needs is the window, not a few batches a worker
+    import time as _time
+
+    from workers.flow import FlowPolicy
+
+    stream = CoordinatedInputStream(DataLoader(large_batches_fn), CSConfig(num_workers_per_csx=2),
+                                    0, name_prefix="fillwin", policy=FlowPolicy(),
+                                    reorder_window_batches=24)
+    try:
+        deadline = _time.monotonic() + 60
+        while stream.ready_count() < 24 and _time.monotonic() < deadline:
+            _time.sleep(0.05)
+        assert stream.ready_count() == 24  # numbers 0-23: the window's bound, and no more
+        got = [int(stream.next()[0][0, 0]) for _ in range(30)]
+    finally:
+        stream.close()
+    assert got == list(range(30))
+
+
 def test_a_killed_worker_is_replaced_without_losing_or_repeating_a_batch(ray_session):
     cfg = CSConfig(num_workers_per_csx=4, max_worker_restarts=2)
     streams = open_streams(cfg, "dynkill")

@@ -42,7 +42,7 @@ import ray
 from workers.context import DataLoaderCheckpoint
 from workers.input_worker import unpack_batch
 from workers.resume import start_position
-from workers.stream import CsxInputStream, _Worker
+from workers.stream import _MIN_BATCHES_FOR_LOW_WATER, CsxInputStream, _Worker
 
 __all__ = ["ASSIGNMENT_MODES", "CoordinatedInputStream", "cost_summary", "global_position"]
 
@@ -147,10 +147,10 @@ class CoordinatedInputStream(CsxInputStream):
         self._dynamic_start = None
         self._costs = [[] for _ in range(W)]
         self._cost_mean_s: list = [None] * W  # each worker's moving mean batch cost
-        self._in_window = [0] * W  # each worker's batches in the window
         self._cost_seen = [0] * W
         self._cost_rng = [random.Random(w) for w in range(W)]
         self._straggler_wait = [0.0] * W
+        self._idle_s = [0.0] * W  # each worker's time waiting for its next number
         self._occupancy_sum = 0
         self._occupancy_max = 0
         self._deliveries = 0
@@ -234,27 +234,30 @@ class CoordinatedInputStream(CsxInputStream):
     def numbers_per_worker(self, w: int) -> int:
         """Numbers worker ``w`` may hold now: ``assigned_per_worker``, or, where its batches
         are so cheap that it makes more than that in ``_HELD_WORK_S``, as many as it makes in
-        that time (by its own mean batch cost; at most the policy's ``small_reply_batches``).
+        that time (by its own mean batch cost; at most the policy's ``small_reply_batches``
+        and its share of the reorder window).
         A slow batch then holds back at most that much of its worker's usual work, and cheap
         batches go many to a call."""
         k = self.assigned_per_worker
-        cap = getattr(self.policy, "small_reply_batches", k)
+        cap = min(getattr(self.policy, "small_reply_batches", k),
+                  self.window_batches // self.num_workers)  # the workers share the window
         mean = self._cost_mean_s[w]
         if mean is None or cap <= k:
             return k
         return max(k, min(cap, int(_HELD_WORK_S / max(mean, 1e-9))))
 
-    def _waiting_elsewhere(self, wk: _Worker) -> int:
-        """``wk``'s batches in the window while it flows (the next step is there); none while
-        it waits for a straggler, so that replies, and with them new numbers, keep coming."""
-        if self.mode != "dynamic" or self._step not in self._window:
-            return 0
-        return self._in_window[wk.info.local_worker_id]
+    def _reply_min_batches(self, wk: _Worker) -> int:
+        """Dynamic assignment of small batches: a fetch waits for half the numbers the worker
+        holds (at most half a reply), so one reply carries several and the worker goes on
+        with the other half while it travels and new numbers come. Large batches: 1."""
+        if self.mode != "dynamic" or self.batches_per_fetch < _MIN_BATCHES_FOR_LOW_WATER:
+            return 1
+        w = wk.info.local_worker_id
+        held = len(self._outstanding[w]) - sum(1 for it in wk.ready if it["kind"] != "error")
+        return max(1, min(held, self.batches_per_fetch) // 2)
 
     def _window_full(self) -> bool:
-        window = max(self.window_batches,
-                     sum(self.numbers_per_worker(w) for w in range(self.num_workers)))
-        if self._next_number >= self._step + window:
+        if self._next_number >= self._step + self.window_batches:
             return True
         limit = self.in_flight_bytes_per_worker
         return limit is not None and self._window and \
@@ -298,9 +301,9 @@ class CoordinatedInputStream(CsxInputStream):
                     "exc_type": "RuntimeError", "traceback": "", "during": "in transport",
                     "exc_message": f"expected global batch {expected}, received {number}"})
             self._window[number] = (w, item)
-            self._in_window[w] += 1
             self._window_bytes += item["nbytes"]
             self._record_cost(w, item.get("produce_s"))
+            self._idle_s[w] += item.get("idle_s", 0.0)
 
     def _record_cost(self, w: int, cost) -> None:
         if cost is None:
@@ -414,8 +417,6 @@ class CoordinatedInputStream(CsxInputStream):
                 straggling = self._wait_for(step)
                 self._straggler_wait[self._window[step][0]] += straggling
             w, item = self._window.pop(step)
-            if item["kind"] != "error":
-                self._in_window[w] -= 1
             wk = self._workers[w]
             self._occupancy_sum += len(self._window)
             self._occupancy_max = max(self._occupancy_max, len(self._window))
@@ -510,4 +511,6 @@ class CoordinatedInputStream(CsxInputStream):
             w = entry["local_worker_id"]
             entry["batch_cost"] = cost_summary(self._costs[w])
             entry["straggler_wait_s"] = self._straggler_wait[w]
+            if self.mode == "dynamic":
+                entry["waiting_for_numbers_s"] = self._idle_s[w]
         return out

@@ -40,9 +40,9 @@ class FlowPolicy:
     assigned_batches_per_worker: int = 3
     """Dynamic assignment: global batch numbers an input worker holds at most (the one it
     produces and the ones queued behind it). Few, so that a worker stuck on a slow batch holds
-    few others back; three, because the stream takes in replies (and hands out numbers) when
-    the wafer's feeder asks for a batch -- once a step while the input buffer is full -- so a
-    worker's next number can take a step to come, and two queued cover that."""
+    few others back; three, so that two are queued while a finished batch travels to the
+    coordinator and the number that replaces it travels back. Cheap batches are held more at a
+    time (``CoordinatedInputStream.numbers_per_worker``)."""
     reorder_window_batches_per_worker: Optional[int] = None
     """Dynamic assignment: numbers are issued at most ``num_workers_per_csx`` x this beyond the
     last step the CS-X's stream delivered (the reorder window's bound, in batches; the byte

@@ -178,6 +178,10 @@ def batch_nbytes(batch: Any) -> int:
     return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
 
 
+_REPLY_WAIT_S = 0.05
+"""The longest a ``fetch`` with ``min_count > 1`` waits for those batches beyond the first."""
+
+
 def _packed(item: dict) -> dict:
     """A produced item made ready to send: its batch as numpy-backed :class:`PackedTensor`s,
     its byte count, and (for a batch whose sample keys are asked for and whose sampler gave
@@ -338,6 +342,7 @@ class InputWorkerImpl:
                 t0, t0_unix, t0_cpu = time.perf_counter(), time.time(), time.thread_time()
                 idle0 = assignment.idle_s if assignment is not None else 0.0
                 batch = next(source)
+                idle = 0.0
                 if assignment is not None:  # waiting for a number is no part of the cost
                     idle = assignment.idle_s - idle0
                     t0 += idle
@@ -369,6 +374,7 @@ class InputWorkerImpl:
                 }
                 if assignment is not None:
                     item["step"] = assignment.pop_taken()
+                    item["idle_s"] = idle  # waited for this batch's number
                 if index < self.keys_until:
                     item["keys"] = sample_keys(batch, source.epoch,
                                                source.last_sample_ids())
@@ -382,14 +388,18 @@ class InputWorkerImpl:
                 return
 
     # -- remote methods -----------------------------------------------------------------------
-    def fetch(self, index: int, count: int = 1, max_bytes: int | None = None) -> dict:
+    def fetch(self, index: int, count: int = 1, max_bytes: int | None = None,
+              min_count: int = 1) -> dict:
         """Batch ``index`` of this worker (waits for it), or an error reply.
 
         With ``count > 1``: a ``"chunk"`` reply holding batch ``index`` (waited for) and those
         after it that are already produced, at most ``count`` items and (beyond the first)
         at most ``max_bytes`` in all (an error item ends the chunk). One reply for several
-        batches pays Ray's per-call and per-object costs once, and never delays a batch that
-        is ready.
+        batches pays Ray's per-call and per-object costs once. ``min_count``: the reply also
+        waits for the batches up to ``index + min_count - 1`` (cheap batches whose numbers
+        the worker holds, under dynamic assignment: a reply then carries several of them),
+        for at most ``_REPLY_WAIT_S`` and while the buffer has room; 1: it never delays a
+        batch that is ready.
         """
         first = self._take(index)
         if count == 1:
@@ -398,6 +408,16 @@ class InputWorkerImpl:
         nbytes = first.get("nbytes", 0)
         with self._cond:
             i = index + 1
+            last = index + min(count, min_count) - 1
+            deadline = time.perf_counter() + _REPLY_WAIT_S
+            while first["kind"] != "error" and not self._stop and self._error is None and \
+                    any(j not in self._buffer for j in range(i, last + 1)) and \
+                    len(self._buffer) < self.capacity and \
+                    (max_bytes is None or self._buffer_bytes < max_bytes):
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
             while first["kind"] != "error" and len(items) < count:
                 nxt = self._buffer.get(i)
                 if nxt is not None and max_bytes is not None and \

@@ -335,10 +335,10 @@ class CsxInputStream:
         """More keyword arguments for a worker's actor (a subclass's)."""
         return {}
 
-    def _waiting_elsewhere(self, wk: _Worker) -> int:
-        """Batches of ``wk`` received and not yet delivered, beyond ``wk.ready`` (a
-        subclass's reorder window)."""
-        return 0
+    def _reply_min_batches(self, wk: _Worker) -> int:
+        """The batches a fetch from ``wk`` waits for before it replies (a subclass's: the
+        worker must be producing them)."""
+        return 1
 
     def _top_up(self, wk: _Worker) -> None:
         m = self.batches_per_fetch
@@ -352,12 +352,12 @@ class CsxInputStream:
             # the next reply brings a full one (asking at once would bring what the worker
             # made since the last reply, one batch or two)
             low_water = m // 4 if m >= _MIN_BATCHES_FOR_LOW_WATER else m
-            if not wk.pending and len(wk.ready) + self._waiting_elsewhere(wk) <= low_water:
+            if not wk.pending and len(wk.ready) <= low_water:
                 max_bytes = None if budget is None else max(0, budget - wk.ready_bytes)
                 if max_bytes == 0 and wk.ready:
                     return  # asked again once next() has taken batches
-                wk.pending.append((wk.next_request,
-                                   wk.actor.fetch.remote(wk.next_request, m, max_bytes)))
+                wk.pending.append((wk.next_request, wk.actor.fetch.remote(
+                    wk.next_request, m, max_bytes, self._reply_min_batches(wk))))
             return
         if budget is not None and wk.ready and wk.ready_bytes >= budget:
             return
