@@ -256,6 +256,31 @@ def test_the_workers_fill_the_whole_reorder_window_while_the_wafer_waits(ray_ses
     assert got == list(range(30))
 
 
+def test_input_faster_than_the_wafer_goes_several_batches_to_a_reply(ray_session):
+    # the usual case in training: the window is full nearly always, and it is refilled in
+    # chunks, not one number (one assign call, one reply) per step
+    import time as _time
+
+    from workers.flow import FlowPolicy
+
+    stream = CoordinatedInputStream(DataLoader(large_batches_fn), CSConfig(num_workers_per_csx=2),
+                                    0, name_prefix="refill", policy=FlowPolicy(),
+                                    reorder_window_batches=64)
+    try:
+        got = []
+        for _ in range(300):
+            got.append(int(stream.next()[0][0, 0]))
+            _time.sleep(0.002)  # a wafer step
+        stats = stream.stats()
+    finally:
+        stream.close()
+    assert got == list(range(300))
+    batches = sum(w["batches"] for w in stats["workers"])
+    replies = sum(w["replies"] for w in stats["workers"])
+    assert replies <= 0.75 * batches, (replies, batches)
+    assert min(w["batches"] for w in stats["workers"]) >= 0.25 * batches  # both take part
+
+
 def test_a_killed_worker_is_replaced_without_losing_or_repeating_a_batch(ray_session):
     cfg = CSConfig(num_workers_per_csx=4, max_worker_restarts=2)
     streams = open_streams(cfg, "dynkill")

@@ -42,7 +42,7 @@ import ray
 from workers.context import DataLoaderCheckpoint
 from workers.input_worker import unpack_batch
 from workers.resume import start_position
-from workers.stream import _MIN_BATCHES_FOR_LOW_WATER, CsxInputStream, _Worker
+from workers.stream import CsxInputStream, _Worker
 
 __all__ = ["ASSIGNMENT_MODES", "CoordinatedInputStream", "cost_summary", "global_position"]
 
@@ -53,6 +53,7 @@ _PUMP_WAIT_S = 0.02  # the pump's longest wait for replies before it looks for n
 _HELD_WORK_S = 0.005
 """Dynamic assignment: cheap batches are assigned to a worker this much work at a time (by
 the mean batch cost seen), so that one ``assign`` call and one reply serve many batches."""
+_REFILL_FRACTION = 8  # a full reorder window is refilled once this fraction of it is free
 _COST_SAMPLES_FOR_SIZING = 8  # batch costs seen before the assignment size follows them
 
 
@@ -247,12 +248,13 @@ class CoordinatedInputStream(CsxInputStream):
         return max(k, min(cap, int(_HELD_WORK_S / max(mean, 1e-9))))
 
     def _reply_min_batches(self, wk: _Worker) -> int:
-        """Dynamic assignment of small batches: a fetch waits for half the numbers the worker
-        holds (at most half a reply), so one reply carries several and the worker goes on
-        with the other half while it travels and new numbers come. Large batches: 1."""
-        if self.mode != "dynamic" or self.batches_per_fetch < _MIN_BATCHES_FOR_LOW_WATER:
-            return 1
+        """Dynamic assignment of cheap batches (more numbers held than
+        ``assigned_per_worker``): a fetch waits for half the numbers the worker holds (at most
+        half a reply), so one reply carries several and the worker goes on with the other
+        half while it travels and new numbers come. Costly batches: 1, never delayed."""
         w = wk.info.local_worker_id
+        if self.mode != "dynamic" or self.numbers_per_worker(w) <= self.assigned_per_worker:
+            return 1
         held = len(self._outstanding[w]) - sum(1 for it in wk.ready if it["kind"] != "error")
         return max(1, min(held, self.batches_per_fetch) // 2)
 
@@ -264,7 +266,13 @@ class CoordinatedInputStream(CsxInputStream):
             self._window_bytes >= limit * self.num_workers
 
     def _issue(self) -> None:
-        """Give the next numbers to the workers with room, fewest held first."""
+        """Give the next numbers to the workers with room, fewest held first. A full window
+        is refilled once an eighth of it is free, not a number at a time: with input faster
+        than the wafer it is full nearly always, and one number a step would cost one
+        ``assign`` call and one reply a step."""
+        if self._step + self.window_batches - self._next_number < \
+                max(1, self.window_batches // _REFILL_FRACTION):
+            return
         new: dict[int, list[int]] = {}
         k = [self.numbers_per_worker(w) for w in range(self.num_workers)]
         while not self._window_full():
