@@ -53,13 +53,24 @@ def _init(ray, address, num_cpus, common) -> None:
     if address:
         ray.init(address=address, **common)
     else:
-        # workers import the user's modules (input_fn, models) the way this process does
+        # workers import the user's modules (input_fn, models) the way this process does. The
+        # path goes in the environment the raylet inherits, not in a runtime_env: workers
+        # with the default runtime_env are started ahead (Ray's prestarted workers) and the
+        # driver and input-worker actors take them, instead of each starting a process of
+        # its own once asked for
         paths = [os.getcwd()] + [p for p in sys.path if p and os.path.isdir(p)]
-        ray.init(
-            address="local",  # start our own; never join a cluster found on this machine
-            runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}},
-            num_cpus=num_cpus,  # None: Ray sizes it to the machine
-            _node_ip_address="127.0.0.1",
-            object_store_memory=object_store_bytes_for(machine_memory_bytes()),
-            **common,
-        )
+        before = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        try:
+            ray.init(
+                address="local",  # start our own; never join a cluster found on this machine
+                num_cpus=num_cpus,  # None: Ray sizes it to the machine
+                _node_ip_address="127.0.0.1",
+                object_store_memory=object_store_bytes_for(machine_memory_bytes()),
+                **common,
+            )
+        finally:
+            if before is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = before
