@@ -144,6 +144,7 @@ class CoordinatedInputStream(CsxInputStream):
         self._window: dict[int, tuple[int, dict]] = {}  # number -> (worker, reply item)
         self._window_bytes = 0
         self._next_number = 0
+        self._refilling = False  # the window was filled to its bound: refilled in chunks
         self._delivered_after: dict | None = None
         self._dynamic_start = None
         self._costs = [[] for _ in range(W)]
@@ -249,14 +250,14 @@ class CoordinatedInputStream(CsxInputStream):
 
     def _reply_min_batches(self, wk: _Worker) -> int:
         """Dynamic assignment of cheap batches (more numbers held than
-        ``assigned_per_worker``): a fetch waits for half the numbers the worker holds (at most
-        half a reply), so one reply carries several and the worker goes on with the other
-        half while it travels and new numbers come. Costly batches: 1, never delayed."""
+        ``assigned_per_worker``): a fetch waits for every number the worker holds (at most a
+        reply's worth, and at most ``input_worker._REPLY_WAIT_S``), so one reply carries
+        them all. Costly batches: 1, never delayed."""
         w = wk.info.local_worker_id
         if self.mode != "dynamic" or self.numbers_per_worker(w) <= self.assigned_per_worker:
             return 1
         held = len(self._outstanding[w]) - sum(1 for it in wk.ready if it["kind"] != "error")
-        return max(1, min(held, self.batches_per_fetch) // 2)
+        return max(1, min(held, self.batches_per_fetch))
 
     def _window_full(self) -> bool:
         if self._next_number >= self._step + self.window_batches:
@@ -267,14 +268,17 @@ class CoordinatedInputStream(CsxInputStream):
 
     def _issue(self) -> None:
         """Give the next numbers to the workers with room, fewest held first. A full window
-        is refilled once an eighth of it is free, not a number at a time: with input faster
-        than the wafer it is full nearly always, and one number a step would cost one
-        ``assign`` call and one reply a step."""
-        if self._step + self.window_batches - self._next_number < \
-                max(1, self.window_batches // _REFILL_FRACTION):
-            return
-        new: dict[int, list[int]] = {}
+        is refilled once an eighth of it is free, and at least as many numbers as the workers
+        may hold together (a full reply each where batches are cheap; at most half the
+        window), not a number at a time: with input faster than the wafer it is full nearly
+        always, and one number a step would cost one ``assign`` call and one reply a step."""
         k = [self.numbers_per_worker(w) for w in range(self.num_workers)]
+        refill = max(1, self.window_batches // _REFILL_FRACTION,
+                     min(sum(k), self.window_batches // 2))
+        if self._refilling and self._step + self.window_batches - self._next_number < refill:
+            return
+        self._refilling = False
+        new: dict[int, list[int]] = {}
         while not self._window_full():
             free = [w for w in range(self.num_workers) if len(self._outstanding[w]) < k[w]]
             if not free:
@@ -283,6 +287,7 @@ class CoordinatedInputStream(CsxInputStream):
             self._outstanding[w].append(self._next_number)
             new.setdefault(w, []).append(self._next_number)
             self._next_number += 1
+        self._refilling = self._next_number >= self._step + self.window_batches
         for w, numbers in new.items():
             wk = self._workers[w]
             wk.actor.assign.remote(self._sends[w], numbers)
