@@ -1,8 +1,11 @@
-"""Data sets with a known per-batch cost, shared by the benchmarks (importable by workers)."""
+"""Data sets with a known per-batch cost, shared by the benchmarks (importable by workers), and
+the benchmarks' way of writing their results."""
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import torch
 
@@ -100,3 +103,12 @@ def ready_batches_input_fn(num_batches: int):
     dataset = ReadyBatches(num_batches)
     sampler = cstorch.utils.data.DistributedSampler(dataset, shuffle=False)
     return torch.utils.data.DataLoader(dataset, batch_size=None, sampler=sampler)
+
+
+def save_results(results: dict, out, plot) -> None:
+    """Write ``results`` to ``out`` (JSON) and ``plot(results, path)`` next to it (PNG)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1, default=float))
+    plot(results, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import cstream as cstorch  # noqa: E402
-from bench_data import BATCH, SlowBatches  # noqa: E402
+from bench_data import BATCH, SlowBatches, save_results  # noqa: E402
 
 
 def slow_input_fn(kind: str, num_batches: int, nbytes: int = 0):
@@ -218,11 +218,7 @@ def main(argv=None):
           f"GB/s (batches_per_fetch={default}); "
           f"{results['transport_4MiB_GBps_one_batch_per_fetch']:.2f} GB/s with 1")
     backend.shutdown()
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1, default=float))
-    plot(results, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    save_results(results, args.out, plot)
 
 
 def plot(results, path):

@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import cstream as cstorch  # noqa: E402
+from bench_data import save_results  # noqa: E402
 
 WORKERS = 4
 BATCH = 1  # samples per global batch
@@ -214,10 +215,7 @@ def main(argv=None):
     print(f"one 2x slow worker: static {100 * sw['static']['fraction_of_worker_rates']:.1f}% of "
           f"the sum of the workers' rates (cap 4 x slowest = {100 * 4 * 0.5 / 3.5:.1f}%), "
           f"dynamic {100 * sw['dynamic']['fraction_of_worker_rates']:.1f}%")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1, default=float))
-    plot(results, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    save_results(results, out, plot)
 
 
 def plot(results, path):

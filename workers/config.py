@@ -65,14 +65,14 @@ class CSConfig:
     reorder window, so the other workers go on while one is busy with a slow batch, and a slow
     worker produces fewer batches; the wafer still sees exactly the single-process sequence of
     global batches. ``"static"``: worker ``s % num_workers_per_csx`` produces step ``s``
-    (round-robin), so a slow worker caps the stream at ``num_workers_per_csx`` x its rate. Only loaders that draw their batches
-    from :class:`cstream.utils.data.ShardedSampler` can be assigned dynamically; iterable
-    datasets and other samplers keep the round-robin, and the run's profile says which mode
-    ran and why. The default is ``"dynamic"``, from ``benchmarks/stragglers.py`` (4 workers,
+    (round-robin), so a slow worker caps the stream at ``num_workers_per_csx`` x its rate.
+    Only loaders that draw their batches from :class:`cstream.utils.data.ShardedSampler` can
+    be assigned dynamically; iterable datasets and other samplers keep the round-robin, and
+    the run's profile says which mode ran and why. The default is ``"dynamic"``, from ``benchmarks/stragglers.py`` (4 workers,
     lognormal read costs with p99 = 10x the median, medians of 3 rounds on a 2-core machine):
-    with one worker persistently 2x slower, dynamic delivered 98% of the sum of the workers'
+    with one worker persistently 2x slower, dynamic delivered 97% of the sum of the workers'
     rates and static 63% (capped by the slowest worker); with the heavy tail alone and the
-    wafer held to 85% of the workers' capacity, the wafer's utilisation was 97% dynamic and 94%
+    wafer held to 85% of the workers' capacity, the wafer's utilisation was 97% dynamic and 95%
     static (static's default look-ahead absorbs most of that tail). Both keep the order.
     Choose ``"static"`` for uniform costs on a machine short of CPU."""
     duplicate_check_batches: int = 2
