@@ -58,22 +58,23 @@ class CSConfig:
     run's profile), ``"error"`` (the run stops with ``UnshardedInputError`` before its first
     step) or ``"ignore"`` (no check)."""
     input_assignment: str = "dynamic"
-    """Which input worker produces which global batch. ``"dynamic"``: each worker takes the
-    next global batch number from its CS-X's coordinator as it becomes free (holding at most
-    ``FlowPolicy.assigned_batches_per_worker``, or about 5 ms of its work where its batches
-    are cheaper), and the wafer side puts the batches back into global order in a bounded
-    reorder window, so the other workers go on while one is busy with a slow batch, and a slow
-    worker produces fewer batches; the wafer still sees exactly the single-process sequence of
-    global batches. ``"static"``: worker ``s % num_workers_per_csx`` produces step ``s``
-    (round-robin), so a slow worker caps the stream at ``num_workers_per_csx`` x its rate.
-    Only loaders that draw their batches from :class:`cstream.utils.data.ShardedSampler` can
-    be assigned dynamically; iterable datasets and other samplers keep the round-robin, and
-    the run's profile says which mode ran and why. The default is ``"dynamic"``, from ``benchmarks/stragglers.py`` (4 workers,
-    lognormal read costs with p99 = 10x the median, medians of 3 rounds on a 2-core machine):
-    with one worker persistently 2x slower, dynamic delivered 97% of the sum of the workers'
-    rates and static 63% (capped by the slowest worker); with the heavy tail alone and the
-    wafer held to 85% of the workers' capacity, the wafer's utilisation was 97% dynamic and 95%
-    static (static's default look-ahead absorbs most of that tail). Both keep the order.
+    """Which input worker produces which global batch. ``"dynamic"``: each worker takes the next
+    global batch number from its CS-X's coordinator as it becomes free (holding at most
+    ``FlowPolicy.assigned_batches_per_worker``, or about 5 ms of its work where its batches are
+    cheaper), and the wafer side puts the batches back into global order in a bounded reorder
+    window, so the other workers go on while one is busy with a slow batch, and a slow worker
+    produces fewer batches; the wafer still sees exactly the single-process sequence of global
+    batches. ``"static"``: worker ``s % num_workers_per_csx`` produces step ``s`` (round-robin),
+    so a slow worker caps the stream at ``num_workers_per_csx`` x its rate. Only loaders that
+    draw their batches from :class:`cstream.utils.data.ShardedSampler` can be assigned
+    dynamically; iterable datasets and other samplers keep the round-robin, and the run's
+    profile says which mode ran and why. The default is ``"dynamic"``, from
+    ``benchmarks/stragglers.py`` (4 workers, lognormal read costs with p99 = 10x the median,
+    medians of 3 rounds on a 2-core machine): with one worker persistently 2x slower, dynamic
+    delivered 97% of the sum of the workers' rates and static 63% (capped by the slowest
+    worker); with the heavy tail alone and the wafer held to 85% of the workers' capacity, the
+    wafer's utilisation was 97% dynamic and 95% static (static's default look-ahead absorbs most
+    of that tail). Both keep the order.
     Choose ``"static"`` for uniform costs on a machine short of CPU."""
     duplicate_check_batches: int = 2
     """How many of each worker's first batches are compared across all workers of all CS-Xs
