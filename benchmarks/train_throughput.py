@@ -263,6 +263,12 @@ def child_train(spec: dict) -> dict:
     if executor is not None:
         fig = engine_figures(executor, backend, lo, hi)
         out["engine"] = fig
+        if not closure:
+            # nothing waits for the wafer inside the loop: the client runs up to the look-ahead
+            # ahead of it, and its iterations say how fast steps were queued, not run. The
+            # steps' rate is the wafer's, over the same steps
+            out["client_steps_per_s"] = out["steps_per_s"]
+            out["steps_per_s"] = fig.get("wafer_steps_per_s")
         switch = fig.get("tiered_switch_step")
         if switch is not None:
             lo2, hi2 = steady_window(len(times), start=switch - 1)
@@ -705,10 +711,11 @@ def update_readme(text: str, readme: Path = ROOT / "README.md") -> None:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="interleaved rounds (medians); default 3, with --quick 1")
     p.add_argument("--quick", action="store_true",
-                   help="a smoke run: 1 round, short runs, without a closure only eager and "
-                   "the CSX default, no inductor start-up measurement")
+                   help="short runs, without a closure only eager and the CSX default, no "
+                   "inductor start-up measurement; 1 round unless --rounds says otherwise")
     p.add_argument("--models", default=",".join(MODEL_LABELS),
                    help="comma-separated subset of " + ", ".join(MODEL_LABELS))
     p.add_argument("--sections", default="training,consumption,startup",
@@ -736,8 +743,8 @@ def main(argv=None):
             print("rewrote the generated block of README.md")
         return
     LOAD_GATE["max_load"] = args.wait_for_load
-    if args.quick:
-        args.rounds = 1
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 3
     if args.rounds < 1:
         p.error(f"--rounds must be at least 1, got {args.rounds}.")
     args.models = [m for m in args.models.split(",") if m]
