@@ -272,7 +272,9 @@ def child_train(spec: dict) -> dict:
         switch = fig.get("tiered_switch_step")
         if switch is not None:
             lo2, hi2 = steady_window(len(times), start=switch - 1)
-            out["steps_per_s_after_switch"] = rate(times, lo2, hi2) if hi2 - lo2 >= 20 else None
+            # the steps' own end times without a closure (see above)
+            ends = times if closure else [r["wafer_t"] for r in executor.step_records]
+            out["steps_per_s_after_switch"] = rate(ends, lo2, hi2) if hi2 - lo2 >= 20 else None
         backend.shutdown()
     return out
 
