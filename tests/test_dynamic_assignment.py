@@ -388,6 +388,8 @@ def test_the_wafer_sees_the_single_process_sequence_and_the_report_says_dynamic(
     assert re.search(r"^input assignment +dynamic \(the loader draws its global batches from a "
                      r"ShardedSampler\)$", text, re.M)
     assert "batch cost" in text and "p99" in text
+    assert all(w["waiting_for_numbers_s"] >= 0 for w in a["workers"])
+    assert text.count("waited for numbers") == 4
 
 
 def stream_report(mode, waits, worker_waits, window=None):
