@@ -159,7 +159,7 @@ class WaferDriver:
         self.use_ray_workers = use_ray_workers
         self._cpus = cpus if num_threads is None else None  # choose per program
         if num_threads is None and cpus is not None:
-            num_threads = max(1, cpus // 2)
+            num_threads = threads_for_step(0, cpus)  # until a program says how heavy it is
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         self.num_threads = torch.get_num_threads()

@@ -137,7 +137,6 @@ class CoordinatedInputStream(CsxInputStream):
         self.mode = "static"
         self.mode_reason = ""
         self.assigned_per_worker = assigned_batches_per_worker
-        self._window_option = reorder_window_batches
         self.window_batches = W * assigned_batches_per_worker  # set once the stream is built
         self._outstanding = [deque() for _ in range(W)]  # numbers assigned, not yet received
         self._sends = [0] * W  # assign() calls made to each worker's current actor
@@ -167,7 +166,7 @@ class CoordinatedInputStream(CsxInputStream):
         super().__init__(dataloader, cs_config, wse_id, resume_states=resume_states, **options)
         # None: what the workers hold together under round-robin; never less than every
         # worker's share, so the window never starves a worker outright
-        window = self._window_option or W * self.max_batches_ahead
+        window = reorder_window_batches or W * self.max_batches_ahead
         self.window_batches = max(window, W * assigned_batches_per_worker)
         try:
             self._decide_mode()
@@ -366,8 +365,8 @@ class CoordinatedInputStream(CsxInputStream):
                             by_ref[wk.pending[0][1]] = wk
                     self._cond.notify_all()
                     if not by_ref:
-                        # no worker holds a number (the window is full): next() wakes this
-                        # thread when it moves the window on
+                        # no worker holds a number (the window is full, or waits to be
+                        # refilled): next() wakes this thread when it moves the window on
                         self._cond.wait(_PUMP_WAIT_S)
                         continue
                 done, _ = ray.wait(list(by_ref), num_returns=1,

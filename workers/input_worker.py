@@ -342,7 +342,6 @@ class InputWorkerImpl:
                 t0, t0_unix, t0_cpu = time.perf_counter(), time.time(), time.thread_time()
                 idle0 = assignment.idle_s if assignment is not None else 0.0
                 batch = next(source)
-                idle = 0.0
                 if assignment is not None:  # waiting for a number is no part of the cost
                     idle = assignment.idle_s - idle0
                     t0 += idle

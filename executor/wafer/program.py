@@ -6,10 +6,10 @@ separate process) before the first step. ``"auto"`` (the default): if the cache 
 inductor artifact it is loaded before the first step; otherwise the wafer starts on fx at once
 and inductor is compiled in the background when the run is long enough to profit (the fx
 steps still to run would take at least ``TIER_UP_MIN_S``). Once the inductor version is ready
-it is run beside fx
-on one step, from the same state and batch; if its outputs and updated state agree with fx's
-(``torch.allclose``, rtol 1e-3, atol 1e-5: fused kernels round differently), the wafer switches
-to it from the next step. When and how long it took is in :attr:`Program.report`.
+it is run beside fx on one step, from the same state and batch; if its outputs and updated
+state agree with fx's (``torch.allclose``, rtol 1e-3, atol 1e-5: fused kernels round
+differently), the wafer switches to it from the next step. When and how long it took is in
+:attr:`Program.report`.
 """
 
 from __future__ import annotations
@@ -107,16 +107,16 @@ class Program:
         return f"the inductor compile failed (exit code {rc}); its log {logf} ends:\n{tail}"
 
     # -- tiered compilation ---------------------------------------------------------------------
-    def _start_tier_up(self, compile_first: bool) -> None:
-        self.report["tier_up"] = {"compiled_in_background": compile_first}
+    def _start_tier_up(self) -> None:
+        """Compile inductor in the background, then load it for the switch."""
+        self.report["tier_up"] = {"compiled_in_background": True}
 
         def work():
             t0 = time.perf_counter()
             try:
-                if compile_first:
-                    proc = compilers.start_inductor_compile(self._gm, self._example, self._entry)
-                    if proc.wait() != 0 or not self._entry.has_artifact():
-                        raise RuntimeError(self._compile_failure(proc.returncode))
+                proc = compilers.start_inductor_compile(self._gm, self._example, self._entry)
+                if proc.wait() != 0 or not self._entry.has_artifact():
+                    raise RuntimeError(self._compile_failure(proc.returncode))
                 candidate = compilers.load_inductor_artifact(self._entry, self._generator)
                 self.report["tier_up"]["ready_s"] = time.perf_counter() - t0
                 self._candidate = candidate
@@ -141,7 +141,7 @@ class Program:
             self.report["tier_up_started_at_step"] = step + 1
             log.info("tiered compilation: compiling inductor in the background (fx steps left: "
                      "~%.0f s)", left_s)
-            self._start_tier_up(compile_first=True)
+            self._start_tier_up()
         else:
             self._fx_times = []
             self.mode = "fx"  # too short to profit: decided once
