@@ -40,7 +40,6 @@ from typing import Any
 import ray
 
 from workers.context import DataLoaderCheckpoint
-from workers.input_worker import unpack_batch
 from workers.resume import start_position
 from workers.stream import CsxInputStream, _Worker
 
@@ -441,8 +440,7 @@ class CoordinatedInputStream(CsxInputStream):
                 self._cond.notify_all()
         if item["kind"] == "error":
             self._raise_failure(wk, item)
-        batch = unpack_batch(item["payload"], copy=not self.zero_copy)
-        return w, item, batch
+        return w, item, item.pop("batch")
 
     def sample_keys(self):
         if self.mode == "static":

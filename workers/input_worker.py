@@ -139,7 +139,79 @@ def pack_batch(batch: Any) -> tuple[Any, int]:
 
 def unpack_batch(payload: Any, copy: bool = True) -> Any:
     """Inverse of :func:`pack_batch` (see :func:`unpack_tensor` for ``copy``)."""
+    if isinstance(payload, PackedTensor):
+        return unpack_tensor(payload, copy)
     return tree_map_only(PackedTensor, lambda p: unpack_tensor(p, copy), payload)
+
+
+def pack_columns(batches: list) -> Any | None:
+    """Several batches of one structure as one payload: each tensor leaf holds that leaf of
+    every batch, stacked along a new first dimension; each other leaf is the value all the
+    batches share. None if the batches differ in structure, in a leaf's shape or dtype, or
+    in a plain value, or hold a tensor that is not dense (they then travel one by one).
+
+    One array per leaf and reply, not one per batch: the consumer deserializes and rebuilds
+    a reply's tensors once (:func:`unpack_columns`) and takes each batch as views."""
+    single = isinstance(batches[0], torch.Tensor)
+    if single:
+        columns, spec = [list(batches)], None
+    else:
+        leaves, spec = tree_flatten(batches[0])
+        columns = [[x] for x in leaves]
+        for b in batches[1:]:
+            other, other_spec = tree_flatten(b)
+            if other_spec != spec:
+                return None
+            for col, x in zip(columns, other):
+                col.append(x)
+    packed = []
+    for col in columns:
+        first = col[0]
+        if isinstance(first, torch.Tensor):
+            if first.layout != torch.strided or any(
+                    not isinstance(t, torch.Tensor) or t.layout != torch.strided
+                    or t.shape != first.shape or t.dtype != first.dtype
+                    or t.device != first.device for t in col):
+                return None
+            packed.append(pack_tensor(torch.stack([t.detach() for t in col])))
+        elif any(isinstance(x, torch.Tensor) or type(x) is not type(first) or x != first
+                 for x in col):
+            return None
+        else:
+            packed.append(first)
+    return packed[0] if single else tree_unflatten(packed, spec)
+
+
+def unpack_columns(payload: Any, n: int, copy: bool = True) -> list:
+    """The ``n`` batches of a :func:`pack_columns` payload, each tensor a view of its
+    column (see :func:`unpack_tensor` for ``copy``: one copy per column, not per batch)."""
+    if isinstance(payload, PackedTensor):
+        return list(unpack_tensor(payload, copy).unbind(0))
+    leaves, spec = tree_flatten(payload)
+    columns = [unpack_tensor(x, copy).unbind(0) if isinstance(x, PackedTensor) else (x,) * n
+               for x in leaves]
+    if type(payload) in (tuple, list) and spec.num_leaves == len(payload):  # flat: no pytree
+        kind = type(payload)
+        return [kind(col[i] for col in columns) for i in range(n)]
+    return [tree_unflatten([col[i] for col in columns], spec) for i in range(n)]
+
+
+def unpack_reply(reply: dict, copy: bool = True) -> list:
+    """The items of a ``fetch`` reply, each batch item with its tensors rebuilt as
+    ``item["batch"]`` (see :func:`unpack_tensor` for ``copy``)."""
+    if reply["kind"] != "chunk":
+        items = [reply]
+    else:
+        items = reply["items"]
+        columns = reply.get("columns")
+        if columns is not None:
+            for item, batch in zip(items, unpack_columns(columns, len(items), copy)):
+                item["batch"] = batch
+            return items
+    for item in items:
+        if "payload" in item:
+            item["batch"] = unpack_batch(item.pop("payload"), copy)
+    return items
 
 
 def _leading_dim(batch: Any) -> int:
@@ -201,6 +273,41 @@ def _packed(item: dict) -> dict:
     if keys is not None and keys.get("ids") is None:
         item["keys"] = dict(keys, digest=content_digest(payload))
     return item
+
+
+class Reply:
+    """A ``fetch`` reply in transit, pickled whole. Ray would write a plain dict as
+    msgpack, repeating per item every value the items share (a position's saved RNG state
+    is kilobytes); pickle's memo sends a shared value once. Arrays still travel out of
+    band."""
+
+    __slots__ = ("body",)
+
+    def __init__(self, body: dict):
+        self.body = body
+
+    def __reduce__(self):
+        return (Reply, (self.body,))
+
+
+def _chunk_reply(index: int, items: list) -> dict:
+    """The reply for several produced items: their batches as columns
+    (:func:`pack_columns`) where they are all batches of one structure, none asked for a
+    content digest, else one payload each."""
+    if len(items) > 1 and all(it["kind"] == "batch" and "batch" in it and (
+            it.get("keys") is None or it["keys"].get("ids") is not None) for it in items):
+        try:
+            columns = pack_columns([it["batch"] for it in items])
+        except Exception:  # noqa: BLE001 (a tensor torch cannot stack: sent one by one)
+            columns = None
+        if columns is not None:
+            meta = []
+            for it in items:
+                it = dict(it)
+                del it["batch"]
+                meta.append(it)
+            return {"kind": "chunk", "index": index, "items": meta, "columns": columns}
+    return {"kind": "chunk", "index": index, "items": [_packed(it) for it in items]}
 
 
 class InputWorkerImpl:
@@ -388,7 +495,12 @@ class InputWorkerImpl:
 
     # -- remote methods -----------------------------------------------------------------------
     def fetch(self, index: int, count: int = 1, max_bytes: int | None = None,
-              min_count: int = 1) -> dict:
+              min_count: int = 1) -> Reply:
+        """See :meth:`fetch_body`; the reply wrapped for transport."""
+        return Reply(self.fetch_body(index, count, max_bytes, min_count))
+
+    def fetch_body(self, index: int, count: int = 1, max_bytes: int | None = None,
+                   min_count: int = 1) -> dict:
         """Batch ``index`` of this worker (waits for it), or an error reply.
 
         With ``count > 1``: a ``"chunk"`` reply holding batch ``index`` (waited for) and those
@@ -431,7 +543,7 @@ class InputWorkerImpl:
                 nbytes += item["nbytes"]
                 i += 1
             self._cond.notify_all()
-        return {"kind": "chunk", "index": index, "items": [_packed(it) for it in items]}
+        return _chunk_reply(index, items)
 
     def _take(self, index: int) -> dict:
         with self._cond:

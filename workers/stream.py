@@ -29,7 +29,7 @@ from workers.dataloader import DataLoader, EmptyDataLoaderError
 from workers.duplicates import WorkerKeys
 from workers.errors import InputWorkerError, StragglerWarning, WorkerCrashLoopError
 from workers.flow import FlowPolicy, input_bytes_in_flight_per_worker
-from workers.input_worker import InputWorker, unpack_batch
+from workers.input_worker import InputWorker, unpack_reply
 from workers.local_stream import BatchInfo, sample_key_batches
 from workers.resume import ExhaustedIteratorError, ResumeError, check_position, start_position
 
@@ -383,9 +383,7 @@ class CsxInputStream:
         wk.ready_bytes -= reply["nbytes"]
         if not wk.pending:
             self._top_up(wk)
-        # this stream is each batch object's only reader: no defensive copy
-        batch = unpack_batch(reply["payload"], copy=not self.zero_copy)
-        return reply, batch
+        return reply, reply.pop("batch")
 
     def _receive_reply(self, wk: _Worker) -> bool:
         """Wait for ``wk``'s oldest outstanding reply and queue its batches in ``wk.ready``;
@@ -400,7 +398,7 @@ class CsxInputStream:
             self._check_open()
             index, ref = wk.pending[0]
             try:
-                reply = ray.get(ref, timeout=self._poll_s)
+                reply = ray.get(ref, timeout=self._poll_s).body
             except ray.exceptions.GetTimeoutError:
                 waited = time.perf_counter() - wait_start
                 if waited >= next_report:
@@ -429,7 +427,8 @@ class CsxInputStream:
             break
         wk.pending.popleft()
         wk.replies += 1
-        items = reply["items"] if reply["kind"] == "chunk" else [reply]
+        # this stream is each batch object's only reader: with zero_copy, no defensive copy
+        items = unpack_reply(reply, copy=not self.zero_copy)
         received_unix = time.time()
         if self.policy is not None and self.capacity > self.batches_per_fetch \
                 and items[0]["kind"] != "error":
