@@ -362,3 +362,19 @@ def test_optimizers_skip_parameters_without_gradients_and_handle_mixed_dtypes_li
             assert x.dtype == y.dtype
             torch.testing.assert_close(x, y, atol=1e-6, rtol=0)
         assert torch.equal(ours[2], torch.ones(3))
+
+
+def test_random_ops_are_found_in_a_captured_graph():
+    """An inductor step lends the wafer's generator to torch's default one around each step
+    only where the graph draws random numbers."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from executor.engine import compiler as compilers
+
+    x = torch.randn(4, 8)
+    plain = make_fx(lambda t: torch.relu(t @ t.T).sum())(x)
+    dropout = make_fx(lambda t: torch.nn.functional.dropout(t, 0.5, training=True).sum())(x)
+    noise = make_fx(lambda t: (t + torch.randn_like(t)).sum())(x)
+    assert not compilers.has_random_ops(plain)
+    assert compilers.has_random_ops(dropout)
+    assert compilers.has_random_ops(noise)

@@ -59,6 +59,17 @@ def _generator_overload(op):
     return None
 
 
+def _is_random(node: torch.fx.Node) -> bool:
+    op = node.target
+    return node.op == "call_function" and isinstance(op, torch._ops.OpOverload) and (
+        torch.Tag.nondeterministic_seeded in op.tags)
+
+
+def has_random_ops(gm: torch.fx.GraphModule) -> bool:
+    """Whether some op of ``gm`` draws random numbers."""
+    return any(_is_random(node) for node in gm.graph.nodes)
+
+
 def seed_random_ops(gm: torch.fx.GraphModule, generator: torch.Generator) -> bool:
     """Make every random op of ``gm`` draw from ``generator`` (a private stream, untouched
     by anything else in the process). False if some random op takes no generator."""
@@ -66,11 +77,9 @@ def seed_random_ops(gm: torch.fx.GraphModule, generator: torch.Generator) -> boo
     node_rng = None
     all_seeded = True
     for node in list(gm.graph.nodes):
-        op = node.target
-        if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload) or (
-                torch.Tag.nondeterministic_seeded not in op.tags):
+        if not _is_random(node):
             continue
-        alt = _generator_overload(op)
+        alt = _generator_overload(node.target)
         if alt is None:
             all_seeded = False
             continue
@@ -314,16 +323,17 @@ def compile_inductor_artifact(gm: torch.fx.GraphModule, example: tuple, entry: C
     _write_atomic(entry.changed_file, json.dumps(changed))
 
 
-def load_inductor_artifact(entry: CacheEntry,
-                           generator: Optional[torch.Generator] = None) -> CompiledStep:
+def load_inductor_artifact(entry: CacheEntry, generator: Optional[torch.Generator] = None,
+                           random: bool = True) -> CompiledStep:
     """The compiled step saved in ``entry`` (no compile; inductor's kernel cache is reused).
-    Its random ops draw from ``generator``'s state, lent to the default generator."""
+    ``random``: the graph has random ops; they draw from ``generator``'s state, lent to the
+    default generator for each step. False: there is nothing to lend."""
     from torch._inductor.standalone_compile import CompiledArtifact
 
     _inductor_env(entry)
     fn = CompiledArtifact.load(path=str(entry.artifact), format="binary")
     changed = json.loads(entry.changed_file.read_text())
-    return CompiledStep(fn, changed, "inductor", generator, seeded=False)
+    return CompiledStep(fn, changed, "inductor", generator, seeded=not random)
 
 
 def start_inductor_compile(gm: torch.fx.GraphModule, example: tuple,

@@ -61,6 +61,7 @@ class Program:
         self.report: dict = {"compiler": compiler, "cache_hit": False, "key": entry and entry.key}
         self._gm, self._example, self._entry = gm, example, entry
         self._generator = generator
+        self._random = compilers.has_random_ops(gm)  # inductor's steps then lend the RNG
         self._candidate: Optional[CompiledStep] = None
         self._tier_up_begun = False  # decided once: compiling or loading inductor began
         self._tier_error: Optional[str] = None
@@ -79,7 +80,7 @@ class Program:
                 self.report["cache_hit"] = True
                 self.report["tier_up"] = {"compiled_in_background": False}
                 self._tier_up_begun = True
-                self._candidate = compilers.load_inductor_artifact(entry, generator)
+                self._candidate = compilers.load_inductor_artifact(entry, generator, self._random)
                 self.report["tier_up"]["ready_s"] = time.perf_counter() - t0
         self.report["active"] = self.active.compiler
         self.report["compile_s"] = time.perf_counter() - t0
@@ -99,7 +100,7 @@ class Program:
                 raise RuntimeError(self._compile_failure(proc.returncode))
             log.info("compiled step %s with inductor in %.2f s", entry.key,
                      time.perf_counter() - t0)
-        return compilers.load_inductor_artifact(entry, self._generator)
+        return compilers.load_inductor_artifact(entry, self._generator, self._random)
 
     def _compile_failure(self, rc) -> str:
         logf = self._entry.dir / "compile.log"
@@ -117,7 +118,8 @@ class Program:
                 proc = compilers.start_inductor_compile(self._gm, self._example, self._entry)
                 if proc.wait() != 0 or not self._entry.has_artifact():
                     raise RuntimeError(self._compile_failure(proc.returncode))
-                candidate = compilers.load_inductor_artifact(self._entry, self._generator)
+                candidate = compilers.load_inductor_artifact(self._entry, self._generator,
+                                                             self._random)
                 self.report["tier_up"]["ready_s"] = time.perf_counter() - t0
                 self._candidate = candidate
             except Exception as e:  # the run goes on with fx; the profile says why
