@@ -195,14 +195,18 @@ class WaferDriver:
     def load_program(self, graph, state_order: list, consts: list, batch_metas: list,
                      state_metas: Optional[list] = None, compile_only: bool = False,
                      num_steps: Optional[int] = None,
-                     matmul_flops_per_step: Optional[int] = None) -> dict:
+                     matmul_flops_per_step: Optional[int] = None,
+                     graph_code: Optional[str] = None) -> dict:
         """Compile the captured step against the resident state (``graph`` None: no model).
 
         ``compile_only``: the weights were dropped; compile against zeros of their spec (with
         ``compiler="auto"`` or ``"inductor"`` the inductor artifact is compiled into the cache,
         so the next run starts from it). ``matmul_flops_per_step``: :func:`matmul_flops` of
         the graph, counted by the client (a pickled graph arrives without its nodes' shapes);
-        None: counted here."""
+        None: counted here. ``graph_code``: the graph's code as captured, the compile cache's
+        key (a pickled graph arrives with its code generated anew, other text for the same
+        graph: keyed on it, a Ray driver and an in-process one would not share artifacts);
+        None: ``graph.code``."""
         self._state_order = list(state_order)
         if graph is None:
             self._program = None
@@ -219,8 +223,8 @@ class WaferDriver:
         example = (state, batch, [c.to(self.device) for c in consts])
         entry = None
         if self.compile_dir is not None:
-            entry = CacheEntry(self.compile_dir, cache_key(graph.code, input_spec(example),
-                                                           str(self.device)))
+            entry = CacheEntry(self.compile_dir, cache_key(graph_code or graph.code,
+                                                           input_spec(example), str(self.device)))
         if self._cpus is not None:
             flops = matmul_flops(graph) if matmul_flops_per_step is None \
                 else matmul_flops_per_step

@@ -281,3 +281,16 @@ def test_a_short_run_stays_on_fx_and_says_why(tmp_path):
     c = ex.summary["compile"]
     assert c["active"] == "fx"
     assert "under 30 s" in c["tier_up"]["skipped"]
+
+
+def test_a_ray_driver_reuses_the_artifact_an_in_process_run_compiled(warm_cache, ray_session):
+    """The cache key is the captured graph's own code: the Ray driver receives the graph
+    pickled, its code generated anew, yet finds what an in-process run compiled."""
+    entries = sorted(p.name for p in warm_cache.iterdir())
+    ray_losses, ex = _train("CSX", compiler="inductor", compile_dir=warm_cache)
+    cstorch.current_backend().shutdown()
+    assert ex.summary["compile"]["cache_hit"] is True
+    assert ex.summary["compile"]["active"] == "inductor"
+    assert sorted(p.name for p in warm_cache.iterdir()) == entries  # no entry of its own
+    fx, _ = _train("CSX", in_process=True, compiler="fx")
+    assert ray_losses == pytest.approx(fx, rel=1e-4)

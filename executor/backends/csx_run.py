@@ -186,7 +186,7 @@ class CSXRun:
                 cap.graph, [s.key for s in cap.state_slots], consts, cap.batch_metas,
                 [(tuple(s.value.shape), s.value.dtype) for s in cap.state_slots],
                 b.compile_only, self.executor.num_steps,
-                matmul_flops_per_step=matmul_flops(cap.graph))
+                matmul_flops_per_step=matmul_flops(cap.graph), graph_code=cap.graph.code)
         # what step closures read streams back every step: the closures' arguments, and the
         # step's small return values (a loss), which closures called in the loop are given
         streamed = {leaf.index for _, _, ls in cap.closures for leaf in ls
