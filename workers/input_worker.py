@@ -11,7 +11,9 @@ epoch, and the restartable loader's ``state_dict()`` when it has one), so the co
 knows the exact resume point of what it consumed, even after the actor died.
 
 Tensors travel as numpy arrays (Ray moves those out of band, ~10x faster than pickled torch
-tensors); :func:`unpack_batch` rebuilds torch tensors on memory the consumer owns.
+tensors). The batches of one reply that share a structure travel as one array per leaf
+(:func:`pack_columns`), and a reply is pickled whole (:class:`Reply`); :func:`unpack_reply`
+rebuilds a reply's torch tensors once, each batch a view of them.
 """
 
 from __future__ import annotations
