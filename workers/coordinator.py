@@ -143,6 +143,7 @@ class CoordinatedInputStream(CsxInputStream):
         self._window_bytes = 0
         self._next_number = 0
         self._refilling = False  # the window was filled to its bound: refilled in chunks
+        self._refill_free = 1  # numbers free in a refilling window when the pump refills it
         self._delivered_after: dict | None = None
         self._dynamic_start = None
         self._costs = [[] for _ in range(W)]
@@ -273,6 +274,7 @@ class CoordinatedInputStream(CsxInputStream):
         k = [self.numbers_per_worker(w) for w in range(self.num_workers)]
         refill = max(1, self.window_batches // _REFILL_FRACTION,
                      min(sum(k), self.window_batches // 2))
+        self._refill_free = refill
         if self._refilling and self._step + self.window_batches - self._next_number < refill:
             return
         self._refilling = False
@@ -435,9 +437,13 @@ class CoordinatedInputStream(CsxInputStream):
             if item["kind"] != "error":
                 self._window_bytes -= item["nbytes"]
                 self._delivered_after = item["after"]
-                # the window moved on: the pump hands the freed number to a worker with room,
-                # off this (the wafer feeder's) thread
-                self._cond.notify_all()
+                # the window moved on: the pump hands the freed numbers to workers with room,
+                # off this (the wafer feeder's) thread; a refilling window, once a refill's
+                # worth is free (woken every step, the pump would take the GIL from the
+                # wafer every step for nothing)
+                if not self._refilling or step + 1 + self.window_batches - self._next_number \
+                        >= self._refill_free:
+                    self._cond.notify_all()
         if item["kind"] == "error":
             self._raise_failure(wk, item)
         return w, item, item.pop("batch")
