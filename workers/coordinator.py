@@ -265,6 +265,12 @@ class CoordinatedInputStream(CsxInputStream):
         return limit is not None and self._window and \
             self._window_bytes >= limit * self.num_workers
 
+    def _refill_due(self, step: int) -> bool:
+        """Whether the window, once ``step`` is the next to deliver, takes new numbers: it is
+        not refilling, or a refill's worth of it is free."""
+        return not self._refilling or \
+            step + self.window_batches - self._next_number >= self._refill_free
+
     def _issue(self) -> None:
         """Give the next numbers to the workers with room, fewest held first. A full window
         is refilled once an eighth of it is free, and at least as many numbers as the workers
@@ -275,7 +281,7 @@ class CoordinatedInputStream(CsxInputStream):
         refill = max(1, self.window_batches // _REFILL_FRACTION,
                      min(sum(k), self.window_batches // 2))
         self._refill_free = refill
-        if self._refilling and self._step + self.window_batches - self._next_number < refill:
+        if not self._refill_due(self._step):
             return
         self._refilling = False
         new: dict[int, list[int]] = {}
@@ -441,8 +447,7 @@ class CoordinatedInputStream(CsxInputStream):
                 # off this (the wafer feeder's) thread; a refilling window, once a refill's
                 # worth is free (woken every step, the pump would take the GIL from the
                 # wafer every step for nothing)
-                if not self._refilling or step + 1 + self.window_batches - self._next_number \
-                        >= self._refill_free:
+                if self._refill_due(step + 1):
                     self._cond.notify_all()
         if item["kind"] == "error":
             self._raise_failure(wk, item)

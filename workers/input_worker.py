@@ -498,12 +498,8 @@ class InputWorkerImpl:
     # -- remote methods -----------------------------------------------------------------------
     def fetch(self, index: int, count: int = 1, max_bytes: int | None = None,
               min_count: int = 1) -> Reply:
-        """See :meth:`fetch_body`; the reply wrapped for transport."""
-        return Reply(self.fetch_body(index, count, max_bytes, min_count))
-
-    def fetch_body(self, index: int, count: int = 1, max_bytes: int | None = None,
-                   min_count: int = 1) -> dict:
-        """Batch ``index`` of this worker (waits for it), or an error reply.
+        """Batch ``index`` of this worker (waits for it), or an error reply, wrapped for
+        transport (:class:`Reply`).
 
         With ``count > 1``: a ``"chunk"`` reply holding batch ``index`` (waited for) and those
         after it that are already produced, at most ``count`` items and (beyond the first)
@@ -516,7 +512,7 @@ class InputWorkerImpl:
         """
         first = self._take(index)
         if count == 1:
-            return _packed(first)
+            return Reply(_packed(first))
         items = [first]
         nbytes = first.get("nbytes", 0)
         with self._cond:
@@ -545,7 +541,7 @@ class InputWorkerImpl:
                 nbytes += item["nbytes"]
                 i += 1
             self._cond.notify_all()
-        return _chunk_reply(index, items)
+        return Reply(_chunk_reply(index, items))
 
     def _take(self, index: int) -> dict:
         with self._cond:
