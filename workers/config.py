@@ -71,9 +71,9 @@ class CSConfig:
     profile says which mode ran and why. The default is ``"dynamic"``, from
     ``benchmarks/stragglers.py`` (4 workers, lognormal read costs with p99 = 10x the median,
     medians of 3 rounds on a 2-core machine): with one worker persistently 2x slower, dynamic
-    delivered 97% of the sum of the workers' rates and static 63% (capped by the slowest
+    delivered 98% of the sum of the workers' rates and static 63% (capped by the slowest
     worker); with the heavy tail alone and the wafer held to 85% of the workers' capacity, the
-    wafer's utilisation was 97% dynamic and 95% static (static's default look-ahead absorbs most
+    wafer's utilisation was 98% dynamic and 95% static (static's default look-ahead absorbs most
     of that tail). Both keep the order.
     Choose ``"static"`` for uniform costs on a machine short of CPU."""
     duplicate_check_batches: int = 2
