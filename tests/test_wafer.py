@@ -123,10 +123,13 @@ def _data(n=24, batch=4):
 
 
 def _train(kind, steps=12, on_closure=None, workers=1, **options):
-    """Seed 000's loop (a step closure every step); AdamW; returns losses and the executor."""
+    """Seed 000's loop (a step closure every step); AdamW; returns losses and the executor.
+    The first weight is large enough for the fused Adam kernel, the other parameters are not
+    (``cstream.optim.optimizers.FUSED_MIN_NUMEL_CPU``): the step has both kinds of update."""
     torch.manual_seed(0)
     backend = cstorch.backend(kind, **options)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4096), torch.nn.Tanh(),
+                                torch.nn.Linear(4096, 3))
     compiled = cstorch.compile(model, backend)
     opt = cstorch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 import cstream
 from cstream.optim.optimizer import Optimizer, group_tensors
+from executor.engine.decompositions import adam_multi_tensor_
 
 
 def _check(name, value, low=0.0, high=None, owner=""):
@@ -126,47 +129,44 @@ class Adam(Optimizer):
         return loss
 
     def _update(self, group, params):
-        """One multi-tensor update of ``params`` (same dtype and device, all with gradients).
+        """One update of ``params`` (same dtype and device, all with gradients).
 
-        The same arithmetic as torch's single-tensor Adam, issued as one ``torch._foreach_*``
-        op per stage and with the bias corrections of all parameters computed in one vector:
-        a traced step has a few dozen ops for the whole model instead of ~18 per parameter.
+        Parameters the fused kernel suits (:func:`_fused_suits`) are updated by one
+        ``torch._fused_adam_`` (``_fused_adamw_``) call: a traced step replays it as a single
+        op, and inductor rewrites it into multi-tensor stages it fuses
+        (:mod:`executor.engine.decompositions`). The others go through those stages here, one
+        ``torch._foreach_*`` op each.
         """
-        lr, (beta1, beta2), eps, wd = (group["lr"], group["betas"], group["eps"],
-                                       group["weight_decay"])
-        states = [self.state[p] for p in params]
-        steps = [st["step"] for st in states]
-        exp_avgs = [st["exp_avg"] for st in states]
-        exp_avg_sqs = [st["exp_avg_sq"] for st in states]
-        grads = [p.grad for p in params]
-        if group["maximize"]:
-            grads = torch._foreach_neg(grads)
-        torch._foreach_add_(steps, 1)
-        if wd != 0:
-            if self.decoupled:
-                torch._foreach_mul_(params, 1 - lr * wd)
-            else:
-                grads = torch._foreach_add(grads, params, alpha=wd)
-        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
-        torch._foreach_mul_(exp_avg_sqs, beta2)
-        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
-        # bias corrections in float64, as torch computes them in Python floats
-        step_d = torch.stack(steps).to(torch.float64)
-        bias_correction1 = 1 - torch.pow(beta1, step_d)
-        bias_correction2 = 1 - torch.pow(beta2, step_d)
-        dtype = params[0].dtype
-        neg_step_size = (-(lr.to(torch.float64) / bias_correction1)).to(dtype).unbind()
-        bias_correction2_sqrt = bias_correction2.sqrt().to(dtype).unbind()
-        if group["amsgrad"]:
-            max_sqs = [st["max_exp_avg_sq"] for st in states]
-            torch._foreach_maximum_(max_sqs, exp_avg_sqs)
-            denom = torch._foreach_sqrt(max_sqs)
-        else:
-            denom = torch._foreach_sqrt(exp_avg_sqs)
-        torch._foreach_div_(denom, bias_correction2_sqrt)
-        torch._foreach_add_(denom, eps)
-        # p - (exp_avg / denom) * step_size, rounded as torch rounds it
-        torch._foreach_addcmul_(params, torch._foreach_div(exp_avgs, denom), neg_step_size)
+        (beta1, beta2) = group["betas"]
+        hyper = dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                     weight_decay=group["weight_decay"], amsgrad=group["amsgrad"],
+                     maximize=group["maximize"])
+        torch._foreach_add_([self.state[p]["step"] for p in params], 1)
+        fused = [p for p in params if _fused_suits(p)]
+        staged = [p for p in params if not _fused_suits(p)]
+        for part, update in ((fused, torch._fused_adamw_ if self.decoupled else torch._fused_adam_),
+                             (staged, functools.partial(adam_multi_tensor_,
+                                                        decoupled=self.decoupled))):
+            if not part:
+                continue
+            states = [self.state[p] for p in part]
+            update(part, [p.grad for p in part], [st["exp_avg"] for st in states],
+                   [st["exp_avg_sq"] for st in states],
+                   [st["max_exp_avg_sq"] for st in states] if group["amsgrad"] else [],
+                   [st["step"] for st in states], **hyper)
+
+
+FUSED_MIN_NUMEL_CPU = 32768
+"""A CPU parameter with fewer elements is updated by multi-tensor stages, not the fused kernel:
+the fused kernel starts a parallel region for every tensor however small, and each one stalls
+the step when a thread waits for a core another process holds; a stage over small tensors runs
+on the calling thread. torch's own grain size for splitting an op among threads."""
+
+
+def _fused_suits(p: torch.Tensor) -> bool:
+    if p.device.type == "cuda":
+        return True
+    return p.device.type == "cpu" and p.numel() >= FUSED_MIN_NUMEL_CPU
 
 
 def _buckets(params) -> list[list]:

@@ -34,6 +34,8 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_unflatten
 
+from executor.engine.decompositions import Decomposed
+
 log = logging.getLogger("cstream.compile")
 COMPILERS = ("auto", "fx", "inductor")
 CSTREAM_VERSION = "0.1.0"
@@ -141,7 +143,7 @@ def functionalize(gm: torch.fx.GraphModule, example: tuple):
 
     def wrapper(*flat):
         st = [s.clone() for s in flat[:ns]]
-        new_state, outs = gm(st, list(flat[ns:ns + nb]), list(flat[ns + nb:]))
+        new_state, outs = Decomposed(gm).run(st, list(flat[ns:ns + nb]), list(flat[ns + nb:]))
         return (*new_state, *outs)
 
     pure = make_fx(torch.func.functionalize(wrapper, remove="mutations"))(*state, *batch, *consts)
