@@ -55,7 +55,7 @@ class GradScaler:
             raise RuntimeError("unscale_() was already called on this optimizer since the last "
                                "update().")
         inv = 1.0 / self._scale
-        found = torch.zeros((), dtype=torch.float32)
+        found = torch.zeros_like(self._found_inf)  # an op of the step, not a constant of it
         params = [p for group in optimizer.param_groups for p in group["params"]]
         for grads in _grads_by_device_and_dtype(params):
             # torch.amp's own kernel: flags a non-finite gradient, multiplies by 1/scale

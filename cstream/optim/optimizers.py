@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 import cstream
 from cstream.optim.optimizer import Optimizer, group_tensors
-from executor.engine.decompositions import adam_multi_tensor_
+from executor.engine.decompositions import fused_adam_stages_, fused_adamw_stages_
 
 
 def _check(name, value, low=0.0, high=None, owner=""):
@@ -144,9 +142,9 @@ class Adam(Optimizer):
         torch._foreach_add_([self.state[p]["step"] for p in params], 1)
         fused = [p for p in params if _fused_suits(p)]
         staged = [p for p in params if not _fused_suits(p)]
-        for part, update in ((fused, torch._fused_adamw_ if self.decoupled else torch._fused_adam_),
-                             (staged, functools.partial(adam_multi_tensor_,
-                                                        decoupled=self.decoupled))):
+        kernels = ((torch._fused_adamw_, fused_adamw_stages_) if self.decoupled
+                   else (torch._fused_adam_, fused_adam_stages_))
+        for part, update in zip((fused, staged), kernels):
             if not part:
                 continue
             states = [self.state[p] for p in part]

@@ -34,7 +34,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_unflatten
 
-from executor.engine.decompositions import Decomposed
+from executor.engine.decompositions import decomposed
 
 log = logging.getLogger("cstream.compile")
 COMPILERS = ("auto", "fx", "inductor")
@@ -140,10 +140,11 @@ def functionalize(gm: torch.fx.GraphModule, example: tuple):
     """A pure, flat graph ``(*state, *batch, *consts) -> (*changed_state, *outputs)``."""
     state, batch, consts = example
     ns, nb = len(state), len(batch)
+    gm = decomposed(gm)
 
     def wrapper(*flat):
         st = [s.clone() for s in flat[:ns]]
-        new_state, outs = Decomposed(gm).run(st, list(flat[ns:ns + nb]), list(flat[ns + nb:]))
+        new_state, outs = gm(st, list(flat[ns:ns + nb]), list(flat[ns + nb:]))
         return (*new_state, *outs)
 
     pure = make_fx(torch.func.functionalize(wrapper, remove="mutations"))(*state, *batch, *consts)

@@ -9,13 +9,13 @@ stages, each its own parallel region per large tensor. Small parameters go throu
 
 Inductor cannot take the fused op: its ``tensor_lr`` overloads have no meta kernel, and as an
 opaque fallback the functional op would copy every state tensor each step. The inductor graph is
-therefore traced through :class:`Decomposed`, which runs each fused op as the same stages;
-inductor fuses them into its own loops.
+therefore traced through :func:`decomposed`'s copy of it, which runs each fused op as the same
+stages; inductor fuses them into its own loops.
 """
 
 from __future__ import annotations
 
-import functools
+import copy
 
 import torch
 
@@ -60,16 +60,32 @@ def adam_multi_tensor_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, st
     torch._foreach_addcmul_(params, torch._foreach_div(exp_avgs, denom), neg_step_size)
 
 
+def fused_adam_stages_(*args, **kwargs) -> None:
+    """``aten._fused_adam_`` as :func:`adam_multi_tensor_` stages."""
+    adam_multi_tensor_(*args, decoupled=False, **kwargs)
+
+
+def fused_adamw_stages_(*args, **kwargs) -> None:
+    """``aten._fused_adamw_`` as :func:`adam_multi_tensor_` stages."""
+    adam_multi_tensor_(*args, decoupled=True, **kwargs)
+
+
 #: fused in-place op -> the same update from multi-tensor stages
 IN_PLACE = {
-    aten._fused_adam_.tensor_lr: functools.partial(adam_multi_tensor_, decoupled=False),
-    aten._fused_adamw_.tensor_lr: functools.partial(adam_multi_tensor_, decoupled=True),
+    aten._fused_adam_.tensor_lr: fused_adam_stages_,
+    aten._fused_adamw_.tensor_lr: fused_adamw_stages_,
 }
 
 
-class Decomposed(torch.fx.Interpreter):
-    """Runs a captured graph with each fused optimizer op replaced by its multi-tensor stages
-    (:data:`IN_PLACE`): traced through this, the graph has nothing inductor cannot lower."""
-
-    def call_function(self, target, args, kwargs):
-        return super().call_function(IN_PLACE.get(target, target), args, kwargs)
+def decomposed(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm``, or where it has fused optimizer ops a copy of it that runs each as its
+    multi-tensor stages (:data:`IN_PLACE`): traced through it, the graph has nothing inductor
+    cannot lower. ``gm`` itself is left as it is."""
+    if not any(n.op == "call_function" and n.target in IN_PLACE for n in gm.graph.nodes):
+        return gm
+    gm = copy.deepcopy(gm)
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in IN_PLACE:
+            node.target = IN_PLACE[node.target]
+    gm.recompile()
+    return gm
