@@ -449,13 +449,18 @@ class CustomScheduler(cstorch.optim.lr_scheduler.LRScheduler):
                            self.peak * (self.warmup / (step + 1)) ** 0.5)
 
 
-def _train_loop(kind, make_opt, make_sched=None, scaler=None, steps=12, **options):
+def _train_loop(kind, make_opt, make_sched=None, make_scaler=None, steps=12, hidden=8,
+                **options):
+    """Seed 000's full step (``optimizer_step`` with clipping, optionally a loss scaler and a
+    scheduler) on a 5-``hidden``-2 MLP; returns losses, final weights and the executor."""
     torch.manual_seed(0)
     backend = cstorch.backend(kind, **options)
-    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    model = torch.nn.Sequential(torch.nn.Linear(5, hidden), torch.nn.Tanh(),
+                                torch.nn.Linear(hidden, 2))
     compiled = cstorch.compile(model, backend)
     opt = make_opt(model.parameters())
     sched = make_sched(opt) if make_sched else None
+    scaler = make_scaler() if make_scaler else None
     losses = []
 
     @cstorch.trace
@@ -477,11 +482,11 @@ def _train_loop(kind, make_opt, make_sched=None, scaler=None, steps=12, **option
         record(step(batch))
     weights = [p.to("cpu").clone() for p in model.parameters()]
     backend.shutdown()
-    return losses, weights
+    return losses, weights, executor
 
 
 def test_the_seeds_custom_optimizer_and_scheduler_work_with_configure_and_train_on_cpu():
-    losses, _ = _train_loop("CPU", lambda p: CustomOptimizer(p), lambda o: CustomScheduler(o))
+    losses = _train_loop("CPU", lambda p: CustomOptimizer(p), lambda o: CustomScheduler(o))[0]
     assert len(losses) == 12 and losses[-1] < losses[0]
     cstorch.optim.OPTIMIZERS["CustomOptimizer"] = CustomOptimizer
     try:
@@ -610,3 +615,23 @@ def test_adam_updates_large_parameters_with_the_fused_kernel_and_matches_torch(n
     theirs = run(lambda p: getattr(torch.optim, name)(p, foreach=False, **kwargs), make(), data)
     for a, b in zip(ours, theirs):
         assert torch.allclose(a, b, atol=1e-6, rtol=0), (a - b).abs().max()
+
+
+def test_inductor_compiles_the_full_step_with_the_fused_adam_update_and_gives_fx_losses(tmp_path):
+    """Seed 000's full step with AdamW on a weight large enough for the fused kernel, a dynamic
+    loss scaler and clipping: inductor gets the fused update as multi-tensor stages
+    (``executor.engine.decompositions``) beside the scaler's in-place ops."""
+    from cstream.optim.optimizers import FUSED_MIN_NUMEL_CPU
+
+    def run(compiler):
+        return _train_loop("CSX", lambda p: cstorch.optim.AdamW(p, lr=1e-2), steps=6,
+                           make_scaler=lambda: cstorch.amp.GradScaler("dynamic",
+                                                                      init_scale=2.0 ** 10),
+                           hidden=-(-FUSED_MIN_NUMEL_CPU // 5), in_process=True,
+                           compiler=compiler, compile_dir=tmp_path / "cc")
+
+    fx = run("fx")[0]
+    ind, _, ex = run("inductor")
+    assert ex.summary["compile"]["active"] == "inductor"
+    assert len(ind) == 6
+    assert ind == pytest.approx(fx, rel=1e-4)

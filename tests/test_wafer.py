@@ -279,45 +279,6 @@ def test_tiered_compilation_switches_to_inductor_after_it_agreed_with_fx(warm_ca
     assert profile["summary"]["compile"]["tier_up"]["switched_at_step"] == tier["switched_at_step"]
 
 
-def test_inductor_compiles_a_full_step_with_the_fused_adam_update_and_gives_fx_losses(tmp_path):
-    """Seed 000's full step: AdamW with a parameter large enough for the fused kernel, dynamic
-    loss scaling and clipping. Inductor gets the fused update as multi-tensor stages
-    (``executor.engine.decompositions``) beside the scaler's in-place ops."""
-    def run(compiler):
-        torch.manual_seed(0)
-        backend = cstorch.backend("CSX", in_process=True, compiler=compiler,
-                                  compile_dir=tmp_path / "cc")
-        model = torch.nn.Sequential(torch.nn.Linear(8, 4096), torch.nn.Tanh(),
-                                    torch.nn.Linear(4096, 3))
-        compiled = cstorch.compile(model, backend)
-        opt = cstorch.optim.AdamW(model.parameters(), lr=1e-2)
-        scaler = cstorch.amp.GradScaler("dynamic", init_scale=2.0 ** 10)
-        losses = []
-
-        @cstorch.trace
-        def step(batch):
-            x, y = batch
-            loss = torch.nn.functional.cross_entropy(compiled(x), y)
-            cstorch.amp.optimizer_step(loss, opt, scaler, max_gradient_norm=1.0)
-            return loss
-
-        @cstorch.step_closure
-        def post(loss):
-            losses.append(loss.item())
-
-        ex = cstorch.utils.data.DataExecutor(cstorch.utils.data.DataLoader(_data), num_steps=6)
-        for batch in ex:
-            post(step(batch))
-        backend.shutdown()
-        return losses, ex
-
-    fx, _ = run("fx")
-    ind, ex = run("inductor")
-    assert ex.summary["compile"]["active"] == "inductor"
-    assert len(ind) == 6
-    assert ind == pytest.approx(fx, rel=1e-4)
-
-
 def test_a_short_run_stays_on_fx_and_says_why(tmp_path):
     _, ex = _train("CSX", in_process=True, compiler="auto", steps=30)
     c = ex.summary["compile"]
