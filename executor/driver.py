@@ -300,8 +300,9 @@ class WaferDriver:
             self._program.num_steps = num_steps
         self._loop = WaferLoop(self.store, self._feed, self._program, self._state_order, plan,
                                self.policy, self.device, rng=self.rng)
-        self._thread = threading.Thread(target=self._loop.run, name="wafer", daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._loop.run, name="wafer", daemon=True)
+        thread.start()
+        self._thread = thread  # only a started thread is joined, even after a Ctrl-C in start()
 
     def _alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()

@@ -157,6 +157,35 @@ def _train(kind, steps=12, on_closure=None, workers=1, **options):
     return losses, ex
 
 
+@pytest.mark.parametrize("thread", ["feeder-csx0", "wafer"])
+@pytest.mark.parametrize("with_model", [True, False])
+def test_a_ctrl_c_while_a_runs_thread_starts_reaches_the_user_as_keyboard_interrupt(
+        thread, with_model, monkeypatch):
+    """A Ctrl-C can land inside ``Thread.start()``; the run's clean-up then must not join a
+    thread that never started (``RuntimeError: cannot join thread before it is started``)."""
+    start = threading.Thread.start
+
+    def interrupted_start(self):
+        if self.name == thread:
+            raise KeyboardInterrupt
+        start(self)
+
+    def run():
+        if with_model:
+            return _train("CSX", in_process=True, compiler="fx", steps=3)[0]
+        cstorch.backend("CSX", in_process=True)  # a loop without a model: the wafer starts
+        ex = cstorch.utils.data.DataExecutor(  # after the first step's body
+            cstorch.utils.data.DataLoader(_data), num_steps=3)
+        return [i for i, _ in enumerate(ex)]
+
+    monkeypatch.setattr(threading.Thread, "start", interrupted_start)
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    monkeypatch.undo()
+    cstorch.current_backend().shutdown()
+    assert len(run()) == 3  # the next run in the process works
+
+
 @pytest.fixture
 def threads():
     before = torch.get_num_threads()

@@ -227,9 +227,10 @@ class CoordinatedInputStream(CsxInputStream):
                 wk.received_after = wk.consumed_after = self._dynamic_start
         with self._cond:
             self._issue()
-        self._pump_thread = threading.Thread(target=self._pump, daemon=True,
-                                             name=f"coordinator-csx{self.wse_id}")
-        self._pump_thread.start()
+        pump = threading.Thread(target=self._pump, daemon=True,
+                                name=f"coordinator-csx{self.wse_id}")
+        pump.start()
+        self._pump_thread = pump  # close() joins only a started thread, even after a Ctrl-C
 
     # -- the coordinator --------------------------------------------------------------------
     def numbers_per_worker(self, w: int) -> int:

@@ -36,8 +36,9 @@ def _trace_once() -> None:
 def start() -> None:
     global _thread
     if _thread is None:
-        _thread = threading.Thread(target=_trace_once, name="cstream-trace-warmup", daemon=True)
-        _thread.start()
+        thread = threading.Thread(target=_trace_once, name="cstream-trace-warmup", daemon=True)
+        thread.start()
+        _thread = thread  # wait() joins only a started thread, even after a Ctrl-C in start()
 
 
 def wait() -> None:

@@ -108,13 +108,13 @@ class InputFeed:
         self._buffers = [queue.Queue(maxsize=self.policy.input_buffer_batches)
                          for _ in self.streams]
         self._parts = [None] * len(self.streams)
-        self._threads = [
-            threading.Thread(target=self._feed, args=(c, s, self._buffers[c], num_steps,
-                                                      checkpoint_steps),
-                             name=f"feeder-csx{c}", daemon=True)
-            for c, s in enumerate(self.streams)]
-        for t in self._threads:
+        self._threads = []
+        for c, s in enumerate(self.streams):
+            t = threading.Thread(target=self._feed, args=(c, s, self._buffers[c], num_steps,
+                                                          checkpoint_steps),
+                                 name=f"feeder-csx{c}", daemon=True)
             t.start()
+            self._threads.append(t)  # close() joins only started threads, even after a Ctrl-C
 
     def _put(self, buf: queue.Queue, item) -> bool:
         while not self._stop.is_set():
