@@ -471,6 +471,9 @@ def run_training(args, tmp: Path, results: dict) -> None:
                     e["wafer_compute_ms_median"] = median_of(figs, "wafer_compute_ms_median")
                     e["wafer_steps_per_s"] = median_of(figs, "wafer_steps_per_s")
                     e["tiered_switch_step"] = median_of(figs, "tiered_switch_step")
+                    # which version the tiering trial kept (fx vs inductor by median step time)
+                    e["trial_kept"] = sorted({f["summary.compile.active"] for f in figs if
+                                              "summary.compile.tier_up.trial.fx_median_s" in f})
                     threads = sorted({str(f.get("backend_num_threads")) for f in figs})
                     e["num_threads"] = threads
                 entry[v] = e
@@ -614,6 +617,8 @@ def markdown(results: dict) -> str:
                     cell += f" ({e['ratio_vs_eager']:.2f}×)"
                 if e.get("steps_per_s_after_switch"):
                     cell += f"; {_num(e['steps_per_s_after_switch'])} after the inductor switch"
+                elif e.get("trial_kept") == ["fx"]:
+                    cell += "; the tiering trial kept fx"
                 cells.append(cell)
             lines.append(f"| {MODEL_LABELS[model]} | " + " | ".join(cells) + " |")
         lines.append("")
@@ -681,6 +686,8 @@ def print_tables(results: dict) -> None:
                     extras.append(f"switch at step {e['tiered_switch_step']:.0f}")
                 if e.get("steps_per_s_after_switch") is not None:
                     extras.append(f"{e['steps_per_s_after_switch']:,.1f} steps/s after it")
+                if e.get("trial_kept"):
+                    extras.append(f"tiering trial kept {', '.join(e['trial_kept'])}")
                 extras.append(f"num_threads {', '.join(e['num_threads'])}")
                 print(f"{'':34s}{v}: " + "; ".join(extras))
     consumption = results.get("consumption")

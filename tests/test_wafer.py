@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 
 import cstream as cstorch
 from executor.engine import compiler as compilers
+from executor.wafer import program
 from executor.wafer.feed import InputFeed
 from executor.wafer.loop import Phase, RunPlan, WaferLoop
 from executor.wafer.state import StateStore
@@ -291,21 +293,57 @@ def test_a_second_process_running_the_same_script_reuses_the_artifact(warm_cache
     assert not list(warm_cache.glob("*/job.*.pkl"))  # no compile job was started
 
 
-def test_tiered_compilation_switches_to_inductor_after_it_agreed_with_fx(warm_cache):
-    fx, _ = _train("CSX", in_process=True, compiler="fx", steps=20)
+def test_tiered_compilation_checks_inductor_against_fx_then_keeps_the_faster_by_trial(
+        warm_cache):
+    fx, _ = _train("CSX", in_process=True, compiler="fx", steps=30)
     cstorch.current_backend().shutdown()
     auto, ex = _train("CSX", in_process=True, compiler="auto", compile_dir=warm_cache,
-                      steps=20, lookahead=2)
-    tier = ex.summary["compile"]["tier_up"]
-    assert ex.summary["compile"]["cache_hit"] is True
+                      steps=30, lookahead=2)
+    c = ex.summary["compile"]
+    tier = c["tier_up"]
+    assert c["cache_hit"] is True
+    # the cached artifact was loaded before step 1 and checked against fx on it
     assert tier["agreed"] is True and tier["checked_at_step"] == 1
-    # the cached artifact was loaded before step 1, checked against fx on it: switched after
-    assert tier["switched_at_step"] == 2
-    assert ex.summary["compile"]["active"] == "inductor"
-    assert auto[:tier["switched_at_step"] - 1] == fx[:tier["switched_at_step"] - 1]
+    assert auto[0] == fx[0]  # step 1 ran on fx
+    # then the versions alternate for 2 x TIER_TRIAL_STEPS steps; the faster median stays
+    trial = tier["trial"]
+    assert trial["steps"] == [2, 1 + 2 * program.TIER_TRIAL_STEPS]
+    assert trial["fx_median_s"] > 0 and trial["inductor_median_s"] > 0
+    if trial["inductor_median_s"] < trial["fx_median_s"]:
+        assert c["active"] == "inductor" and tier["switched_at_step"] == trial["steps"][1] + 1
+        assert "kept_fx" not in tier
+    else:
+        assert c["active"] == "fx" and "switched_at_step" not in tier
+        assert tier["kept_fx"].startswith("fx's median step (")
     assert auto == pytest.approx(fx, rel=1e-4)
     profile = json.loads((ex.run_dir / "profile.json").read_text())
-    assert profile["summary"]["compile"]["tier_up"]["switched_at_step"] == tier["switched_at_step"]
+    assert profile["summary"]["compile"]["tier_up"]["trial"] == trial
+
+
+class _Slowed:
+    """A compiled step that takes 50 ms longer: the trial must not keep it."""
+
+    def __init__(self, step):
+        self.step, self.compiler = step, step.compiler
+
+    def __call__(self, *args):
+        time.sleep(0.05)
+        return self.step(*args)
+
+
+@pytest.mark.parametrize("slowed", ["fx", "inductor"])
+def test_the_tiering_trial_keeps_the_version_with_the_faster_steps(
+        slowed, warm_cache, monkeypatch):
+    factory = "fx_step" if slowed == "fx" else "load_inductor_artifact"
+    made = getattr(compilers, factory)
+    monkeypatch.setattr(compilers, factory, lambda *a, **k: _Slowed(made(*a, **k)))
+    _, ex = _train("CSX", in_process=True, compiler="auto", compile_dir=warm_cache, steps=24)
+    c = ex.summary["compile"]
+    trial = c["tier_up"]["trial"]
+    kept = "inductor" if slowed == "fx" else "fx"
+    assert c["active"] == kept
+    assert trial[f"{slowed}_median_s"] >= 0.05 and trial[f"{kept}_median_s"] > 0
+    assert ("switched_at_step" in c["tier_up"]) == (kept == "inductor")
 
 
 def test_a_short_run_stays_on_fx_and_says_why(tmp_path):

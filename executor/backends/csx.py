@@ -80,8 +80,9 @@ class CSXBackend(Backend):
     driver in this process, no Ray), ``address`` (an existing Ray cluster; :func:`cstream.backend`
     fills it from ``RAY_ADDRESS``), ``device`` (``"cpu"``, or ``"cuda"`` where present: where the
     driver executes),
-    ``compiler`` (``"auto"``: the fx graph at once, inductor compiled in the background and
-    switched in when the run is long enough; ``"fx"`` or ``"inductor"`` force one), ``lookahead``
+    ``compiler`` (``"auto"``: the fx graph at once, inductor compiled in the background when
+    the run is long enough, then kept if its steps are faster; ``"fx"`` or ``"inductor"``
+    force one), ``lookahead``
     (steps the wafer may run past the client's last finished step), ``num_threads`` (threads the
     driver runs the step's ops on; default on Ray: chosen from the step,
     :func:`executor.driver.threads_for_step`; in-process: this process's setting, where it is

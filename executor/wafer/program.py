@@ -8,8 +8,11 @@ and inductor is compiled in the background when the run is long enough to profit
 steps still to run would take at least ``TIER_UP_MIN_S``). Once the inductor version is ready
 it is run beside fx on one step, from the same state and batch; if its outputs and updated
 state agree with fx's (``torch.allclose``, rtol 1e-3, atol 1e-5: fused kernels round
-differently), the wafer switches to it from the next step. When and how long it took is in
-:attr:`Program.report`.
+differently), the next ``2 * TIER_TRIAL_STEPS`` steps alternate between the two versions and
+the wafer keeps the one whose median step time was lower: inductor is not faster for every
+step (a step made of a few large matmuls gains nothing from fusion, and inductor's own matmul
+calls may be slower than eager's). When and how long it took, the check and both medians are
+in :attr:`Program.report`.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ TIER_UP_MIN_S = 30.0
 """Compile inductor in the background only when the fx steps left would take this long."""
 TIER_UP_PROBE_STEPS = 20
 """Steps timed on fx before deciding whether a background compile pays."""
+TIER_TRIAL_STEPS = 10
+"""Steps each version runs in the trial after the check (alternating): the faster stays."""
 
 
 def _agree(a: list, b: list) -> tuple[bool, float]:
@@ -46,6 +51,10 @@ def _agree(a: list, b: list) -> tuple[bool, float]:
         elif not torch.equal(x, y):
             return False, float("inf")
     return True, worst
+
+
+def _median(xs: list) -> float:
+    return sorted(xs)[len(xs) // 2]
 
 
 class Program:
@@ -66,6 +75,7 @@ class Program:
         self._tier_up_begun = False  # decided once: compiling or loading inductor began
         self._tier_error: Optional[str] = None
         self._fx_times: list[float] = []
+        self._trial: Optional[dict] = None  # {"fx": [s, ...], "inductor": [...]} while timing
         if entry is not None:
             entry.write_manifest(gm, compilers.input_spec(example), device)
         if compiler == "inductor":
@@ -137,7 +147,7 @@ class Program:
         self._fx_times.append(took_s)
         if len(self._fx_times) < TIER_UP_PROBE_STEPS:
             return
-        per_step = sorted(self._fx_times)[len(self._fx_times) // 2]
+        per_step = _median(self._fx_times)
         left_s = per_step * (self.num_steps - step - 1)
         if left_s >= TIER_UP_MIN_S:
             self.report["tier_up_started_at_step"] = step + 1
@@ -166,10 +176,9 @@ class Program:
         tier = self.report.setdefault("tier_up", {})
         tier.update(checked_at_step=step + 1, max_abs_diff=diff, agreed=ok)
         if ok:
-            self.active = candidate
-            self.report["active"] = "inductor"
-            tier["switched_at_step"] = step + 2
-            log.info("tiered compilation: inductor agrees with fx at step %d; switched",
+            self._trial = {"fx": [], "inductor": [], "first_step": step + 2,
+                           "versions": {"fx": self.active, "inductor": candidate}}
+            log.info("tiered compilation: inductor agrees with fx at step %d; timing both",
                      step + 1)
         else:
             self.mode = "fx"
@@ -177,7 +186,37 @@ class Program:
                         "(max abs diff %g); staying on fx", step + 1, diff)
         return outputs
 
+    def _trial_step(self, state: list, batch: list, step: int) -> list:
+        """One step of the trial: fx and inductor alternate; after ``TIER_TRIAL_STEPS`` each,
+        the one with the lower median step time runs from the next step on."""
+        trial = self._trial
+        name = "fx" if (step + 1 - trial["first_step"]) % 2 == 0 else "inductor"
+        t0 = time.perf_counter()
+        outputs = trial["versions"][name](state, batch, self.consts)
+        trial[name].append(time.perf_counter() - t0)
+        if len(trial["inductor"]) < TIER_TRIAL_STEPS:
+            return outputs
+        self._trial = None
+        fx_s, ind_s = _median(trial["fx"]), _median(trial["inductor"])
+        tier = self.report["tier_up"]
+        tier["trial"] = {"steps": [trial["first_step"], step + 1], "fx_median_s": fx_s,
+                         "inductor_median_s": ind_s}
+        if ind_s < fx_s:
+            self.active = trial["versions"]["inductor"]
+            self.report["active"] = "inductor"
+            tier["switched_at_step"] = step + 2
+            log.info("tiered compilation: switched to inductor at step %d (median step %.2f ms "
+                     "against fx's %.2f ms)", step + 2, ind_s * 1e3, fx_s * 1e3)
+        else:
+            self.mode = "fx"
+            tier["kept_fx"] = (f"fx's median step ({fx_s * 1e3:.3g} ms) was no slower than "
+                               f"inductor's ({ind_s * 1e3:.3g} ms) in the trial")
+            log.info("tiered compilation: staying on fx: %s", tier["kept_fx"])
+        return outputs
+
     def __call__(self, state: list, batch: list, step: int) -> list:
+        if self._trial is not None:
+            return self._trial_step(state, batch, step)
         if self._candidate is not None:
             return self._try_switch(state, batch, step)
         if self.mode != "auto" or self._tier_up_begun:
