@@ -48,6 +48,14 @@ def _ray_get(ref):
     raise mine
 
 
+def _unpacked(values: list) -> list:
+    """The tensors of :meth:`WaferDriver.collect_packed`'s or ``fetch_packed``'s reply, each on
+    memory of its own (a closure may keep or change it)."""
+    from workers.input_worker import PackedTensor, unpack_tensor
+
+    return [unpack_tensor(v) if isinstance(v, PackedTensor) else v for v in values]
+
+
 class Future:
     """The result of an asynchronous call."""
 
@@ -256,11 +264,14 @@ class RayDriverClient(DriverClient):
         return self._get(self._actor().start.remote(num_steps, checkpoint_steps), "start")
 
     def collect(self, since, until, indices, ack, more=0):
-        return self._get(self._actor().collect.remote(since, until, indices, ack, more),
-                         "collect")
+        got = self._get(self._actor().collect_packed.remote(since, until, indices, ack, more),
+                        "collect")
+        got.values = _unpacked(got.values)
+        return got
 
     def fetch(self, step, indices):
-        return self._get(self._actor().fetch.remote(step, indices), "fetch")
+        values, stats = self._get(self._actor().fetch_packed.remote(step, indices), "fetch")
+        return _unpacked(values), stats
 
     def wait_done(self, step):
         return self._get(self._actor().wait_done.remote(step), "wait_done")
