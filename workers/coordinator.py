@@ -30,6 +30,7 @@ Loaders that cannot take part (iterable datasets, other samplers:
 
 from __future__ import annotations
 
+import collections
 import copy
 import random
 import threading
@@ -54,6 +55,7 @@ _HELD_WORK_S = 0.005
 the mean batch cost seen), so that one ``assign`` call and one reply serve many batches."""
 _REFILL_FRACTION = 8  # a full reorder window is refilled once this fraction of it is free
 _COST_SAMPLES_FOR_SIZING = 8  # batch costs seen before the assignment size follows them
+_RECENT_COSTS = 64  # the assignment size follows the median of this many recent batch costs
 
 
 def global_position(states: list) -> dict | None:
@@ -147,7 +149,9 @@ class CoordinatedInputStream(CsxInputStream):
         self._delivered_after: dict | None = None
         self._dynamic_start = None
         self._costs = [[] for _ in range(W)]
-        self._cost_mean_s: list = [None] * W  # each worker's moving mean batch cost
+        # each worker's recent batch costs: their median sizes its assignment (a mean would
+        # follow the moments a loaded machine preempted the worker, not its batches' work)
+        self._recent_costs = [collections.deque(maxlen=_RECENT_COSTS) for _ in range(W)]
         self._cost_seen = [0] * W
         self._cost_rng = [random.Random(w) for w in range(W)]
         self._straggler_wait = [0.0] * W
@@ -236,17 +240,18 @@ class CoordinatedInputStream(CsxInputStream):
     def numbers_per_worker(self, w: int) -> int:
         """Numbers worker ``w`` may hold now: ``assigned_per_worker``, or, where its batches
         are so cheap that it makes more than that in ``_HELD_WORK_S``, as many as it makes in
-        that time (by its own mean batch cost; at most the policy's ``small_reply_batches``
+        that time (by its own median batch cost; at most the policy's ``small_reply_batches``
         and its share of the reorder window).
         A slow batch then holds back at most that much of its worker's usual work, and cheap
         batches go many to a call."""
         k = self.assigned_per_worker
         cap = min(getattr(self.policy, "small_reply_batches", k),
                   self.window_batches // self.num_workers)  # the workers share the window
-        mean = self._cost_mean_s[w]
-        if mean is None or cap <= k:
+        recent = self._recent_costs[w]
+        if len(recent) < _COST_SAMPLES_FOR_SIZING or cap <= k:
             return k
-        return max(k, min(cap, int(_HELD_WORK_S / max(mean, 1e-9))))
+        typical = sorted(recent)[len(recent) // 2]
+        return max(k, min(cap, int(_HELD_WORK_S / max(typical, 1e-9))))
 
     def _reply_min_batches(self, wk: _Worker) -> int:
         """Dynamic assignment of cheap batches (more numbers held than
@@ -329,9 +334,7 @@ class CoordinatedInputStream(CsxInputStream):
         if cost is None:
             return
         self._cost_seen[w] += 1
-        if self._cost_seen[w] >= _COST_SAMPLES_FOR_SIZING:
-            m = self._cost_mean_s[w]
-            self._cost_mean_s[w] = cost if m is None else 0.9 * m + 0.1 * cost
+        self._recent_costs[w].append(cost)
         costs = self._costs[w]
         if len(costs) < _COST_SAMPLES:
             costs.append(cost)
