@@ -12,7 +12,9 @@ has ``add_parser(subparsers)`` which sets ``func(args) -> int`` on its parser.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
+import signal
 import sys
 
 SUBCOMMANDS = {
@@ -41,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 <pid>`: every thread's stack on stderr
+        try:
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
+        except (AttributeError, OSError, ValueError):  # stderr is not a file (main() in tests)
+            pass
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

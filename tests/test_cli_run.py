@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -339,6 +340,20 @@ def deliverable_ctrl_c():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _communicate(proc, timeout):
+    """``proc.communicate``; if the process is still running after ``timeout`` s, the test fails
+    with every thread's stack (the CLI dumps them on SIGUSR1) instead of a bare timeout."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(3)
+        proc.kill()
+        stdout, stderr = proc.communicate()
+        raise AssertionError(f"still running {timeout} s after Ctrl-C; its threads:\n{stderr}\n"
+                             f"stdout:\n{stdout}") from None
+
+
 def _popen(*args, cwd):
     env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="100", PYTHONUNBUFFERED="1")
     return subprocess.Popen([sys.executable, "-m", "cstream.cli", *map(str, args)], cwd=cwd,
@@ -354,7 +369,7 @@ def test_ctrl_c_keeps_the_profile_prints_the_partial_summary_and_report_shows_it
     try:
         _wait_for_line(proc, proc.stderr, r"^step 41/400")
         proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=120)
+        stdout, stderr = _communicate(proc, 120)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -383,7 +398,7 @@ def test_an_interrupted_sweep_keeps_its_points_and_resume_runs_only_the_missing_
     try:
         _wait_for_line(proc, proc.stdout, r"^\[2/2\] num_csx=1 num_workers_per_csx=2 \.\.\.")
         proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=120)
+        stdout, stderr = _communicate(proc, 120)
     finally:
         if proc.poll() is None:
             proc.kill()
