@@ -254,12 +254,29 @@ class WaferDriver:
         return self.rng.get_state()
 
     # -- a run ---------------------------------------------------------------------------------
-    def open_input(self, dataloader, cs_config, resume_states=None, policy=None):
+    def open_input(self, dataloader, cs_config, resume_states=None, policy=None,
+                   workers_ahead=None):
         """Create one input stream per CS-X (the workers start streaming) and return the
-        first batch's spec."""
+        first batch's spec. ``workers_ahead``: on Ray, the input workers the client started
+        while this driver started (:func:`workers.stream.start_workers_ahead`); the streams
+        take them, and those left over are killed."""
+        try:
+            return self._open_input(dataloader, cs_config, resume_states, policy,
+                                    workers_ahead)
+        finally:
+            if workers_ahead is not None:
+                from workers.stream import kill_workers
+
+                kill_workers(workers_ahead)
+
+    def _open_input(self, dataloader, cs_config, resume_states, policy, workers_ahead):
         self._close_run()
+        ahead = {}
         if self.use_ray_workers:
             from workers.coordinator import CoordinatedInputStream as Stream
+
+            if workers_ahead is not None:
+                ahead = {c: {"workers_ahead": row} for c, row in enumerate(workers_ahead)}
         else:
             from workers.local_stream import LocalInputStream as Stream
         self.cs_config = cs_config
@@ -275,7 +292,7 @@ class WaferDriver:
                 streams.append(Stream(dataloader, cs_config, c, resume_states=states,
                                       in_flight_per_worker=self.policy
                                       .requests_in_flight_per_worker, zero_copy=True,
-                                      policy=self.policy))
+                                      policy=self.policy, **ahead.get(c, {})))
             self._feed = InputFeed(streams, self.policy)
             report = check_streams(streams, dataloader.input_fn_name,
                                    cs_config.duplicate_samples)

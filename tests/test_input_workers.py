@@ -24,7 +24,7 @@ from workers.errors import (
     UnshardedInputWarning,
     WorkerCrashLoopError,
 )
-from workers.stream import CsxInputStream
+from workers.stream import CsxInputStream, kill_workers, start_workers_ahead
 
 Pair = collections.namedtuple("Pair", ["features", "label"])
 
@@ -251,6 +251,28 @@ def test_input_fn_sees_its_csx_and_worker_for_every_layout(ray_session):
     finally:
         for _, _, s in streams:
             s.close()
+
+
+def test_a_stream_takes_the_workers_started_ahead_and_replaces_one_that_died(ray_session):
+    ray = ray_session
+    cfg = CSConfig(num_csx=2, num_workers_per_csx=2)
+    ahead = start_workers_ahead(cfg, name_prefix="ahead")
+    pids = [[ray.get(a.pid.remote()) for a in row] for row in ahead]
+    dead = ahead[0][1]
+    ray.kill(dead, no_restart=True)
+    with CsxInputStream(DataLoader(identity_fn, 2), cfg, 0, name_prefix="ahead",
+                        workers_ahead=ahead[0]) as s:
+        assert ahead[0] == [None, None]  # taken: set up, or killed and replaced
+        got = [s.next()[0].tolist() for _ in range(4)]
+        used = [ray.get(wk.actor.pid.remote()) for wk in s._workers]
+    # local id, workers per CS-X, CS-Xs, CS-X, global id, total workers, worker_step
+    assert got == [[k % 2, 2, 2, 0, k % 2, 4, k // 2] for k in range(4)]
+    assert used[0] == pids[0][0]  # the worker started ahead
+    assert used[1] != pids[0][1]  # a new worker in place of the dead one
+    assert ahead[1] != [None, None]  # CS-X 1's row was not given to this stream
+    kill_workers(ahead)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(ahead[1][0].pid.remote(), timeout=60)
 
 
 @pytest.mark.parametrize("workers", [1, 2, 4])

@@ -187,8 +187,8 @@ class CoordinatedInputStream(CsxInputStream):
                 "dynamic_start": None if start is None else
                 start.get("user_state_dict") or start_position()}
 
-    def _spawn(self, wk: _Worker):
-        actor = super()._spawn(wk)
+    def _spawn(self, wk: _Worker, ahead=None):
+        actor = super()._spawn(wk, ahead)
         w = wk.info.local_worker_id
         self._sends[w] = 0
         # the numbers the dead process did not deliver (those of replies received and not yet

@@ -618,7 +618,21 @@ _CONTROL = "control"
 class InputWorker(InputWorkerImpl):
     """The Ray actor of one input worker (see :class:`InputWorkerImpl`). ``dump_stack``,
     ``stats`` and ``pid`` run in their own concurrency group, so they answer while ``fetch``
-    calls wait for the producer."""
+    calls wait for the producer.
+
+    Created with no arguments, the actor is a worker started ahead
+    (:func:`workers.stream.start_workers_ahead`): its process starts and imports what the
+    worker needs while the rest of the run starts; :meth:`setup`, with the arguments of
+    :class:`InputWorkerImpl`, makes it an input worker, and must return before any other call.
+    """
+
+    def __init__(self, *args, **kwargs):
+        if args or kwargs:
+            InputWorkerImpl.__init__(self, *args, **kwargs)
+
+    @ray.method(concurrency_group=_CONTROL)
+    def setup(self, *args, **kwargs) -> None:
+        InputWorkerImpl.__init__(self, *args, **kwargs)
 
     @ray.method(concurrency_group=_CONTROL)
     def dump_stack(self) -> str:

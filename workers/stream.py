@@ -33,7 +33,7 @@ from workers.input_worker import InputWorker, unpack_reply
 from workers.local_stream import BatchInfo, sample_key_batches
 from workers.resume import ExhaustedIteratorError, ResumeError, check_position, start_position
 
-__all__ = ["BatchInfo", "CsxInputStream"]
+__all__ = ["BatchInfo", "CsxInputStream", "start_workers_ahead"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,51 @@ _NAME_RELEASE_S = 5.0  # a name freed by close() or ray.kill is released within 
 _DUMP_STACK_TIMEOUT_S = 5.0
 _STOP_JOIN_S = 1.0  # how long close() lets producers finish the batch they are making
 _MAX_STRAGGLER_RECORDS = 100
+
+
+DEFAULT_NAME_PREFIX = "cstream"
+
+
+def _worker_name(name_prefix: str, wse_id: int, w: int) -> str:
+    return f"{name_prefix}-csx{wse_id}-w{w}"
+
+
+def _actor_options(name: str) -> dict:
+    return dict(name=name, num_cpus=_NUM_CPUS, scheduling_strategy="SPREAD", max_concurrency=2)
+
+
+def start_workers_ahead(cs_config: CSConfig, name_prefix: str = DEFAULT_NAME_PREFIX) -> list:
+    """Start every CS-X's input-worker processes now, ahead of the streams that use them.
+
+    A worker's process imports torch and the worker's code for a second or more; started
+    here, that overlaps whatever runs before the streams are built (on the CSX backend: the
+    wafer driver's own start). Returns ``[wse_id][local_worker_id]`` -> an
+    :class:`~workers.input_worker.InputWorker` created with no arguments, or None where the
+    actor's name is still taken (by a stream that is closing; that worker is started by its
+    stream). Pass CS-X ``c``'s list as ``workers_ahead`` to its :class:`CsxInputStream`, which
+    sets the workers up and takes them (their entries become None); kill what is left with
+    :func:`kill_workers`.
+    """
+    ahead = []
+    for c in range(cs_config.num_csx):
+        row = []
+        for w in range(cs_config.num_workers_per_csx):
+            try:
+                row.append(InputWorker.options(
+                    **_actor_options(_worker_name(name_prefix, c, w))).remote())
+            except ValueError:  # the name is taken
+                row.append(None)
+        ahead.append(row)
+    return ahead
+
+
+def kill_workers(ahead: list) -> None:
+    """Kill the workers of :func:`start_workers_ahead` that no stream took."""
+    for row in ahead or []:
+        for actor in row:
+            if actor is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
 
 
 _MIN_BATCHES_FOR_LOW_WATER = 16
@@ -133,6 +178,10 @@ class CsxInputStream:
             batches_per_fetch)`` produced batches, so it is never more than
             :attr:`max_batches_ahead` batches ahead of :meth:`next`.
         name_prefix: actors are named ``f"{name_prefix}-csx{wse_id}-w{w}"``.
+        workers_ahead: this CS-X's row of :func:`start_workers_ahead` (entries may be None):
+            those workers are set up and used instead of starting new ones; each one taken
+            becomes None in the list. One whose set-up fails is killed and a new worker
+            started in its place, so that a failure shows as it does without.
         policy: the run's :class:`~workers.flow.FlowPolicy`: with a byte bound in force,
             replies of small batches carry up to ``policy.batches_per_reply(nbytes)`` of them.
 
@@ -156,8 +205,9 @@ class CsxInputStream:
     """
 
     def __init__(self, dataloader, cs_config, wse_id, *, resume_states=None,
-                 in_flight_per_worker=2, batches_per_fetch=None, name_prefix="cstream",
-                 zero_copy=False, policy: FlowPolicy | None = None):
+                 in_flight_per_worker=2, batches_per_fetch=None,
+                 name_prefix=DEFAULT_NAME_PREFIX, zero_copy=False,
+                 policy: FlowPolicy | None = None, workers_ahead: list | None = None):
         self.zero_copy = bool(zero_copy)  # True: the caller is each batch's only reader
         if not isinstance(dataloader, DataLoader):
             raise TypeError(
@@ -231,7 +281,7 @@ class CsxInputStream:
         self._poll_s = min(0.25, cs_config.straggler_timeout_s / 4)
         self._workers = [
             _Worker(info=WorkerInfo(w, W, cs_config.num_csx, wse_id),
-                    name=f"{name_prefix}-csx{wse_id}-w{w}")
+                    name=_worker_name(name_prefix, wse_id, w))
             for w in range(W)
         ]
         for wk in self._workers:
@@ -245,9 +295,14 @@ class CsxInputStream:
         self._dataloader_ref = ray.put(dataloader)
         self._t_start = time.perf_counter()
         self._t_first: float | None = None
+        ahead = workers_ahead if workers_ahead is not None else []
         try:
             for wk in self._workers:
-                wk.actor = self._spawn(wk)
+                w = wk.info.local_worker_id
+                actor = ahead[w] if w < len(ahead) else None
+                if actor is not None:
+                    ahead[w] = None  # taken: set up, or killed if that fails
+                wk.actor = self._spawn(wk, ahead=actor)
             for wk in self._workers:
                 self._top_up(wk)
         except BaseException:
@@ -306,18 +361,26 @@ class CsxInputStream:
             wk.received = wk.consumed = wk.next_request = int(st.worker_step)
         self._step = total
 
-    def _spawn(self, wk: _Worker):
-        start = _start_of(wk.received_after)
+    def _spawn(self, wk: _Worker, ahead=None):
+        """Start ``wk``'s actor, or set up ``ahead`` (a worker of :func:`start_workers_ahead`)
+        as it."""
+        args = (self._dataloader_ref, wk.info, _start_of(wk.received_after), self.capacity)
+        kwargs = dict(capacity_bytes=self.in_flight_bytes_per_worker, keys_until=wk.keys_until,
+                      owns_global_rng=True, **self._spawn_options(wk))
+        if ahead is not None:
+            try:
+                ray.get(ahead.setup.remote(*args, **kwargs))
+                return ahead
+            except BaseException as e:
+                with contextlib.suppress(Exception):
+                    ray.kill(ahead, no_restart=True)
+                if not isinstance(e, ray.exceptions.RayError):
+                    raise
+                # a new actor's constructor meets the same failure and reports it as usual
         deadline = time.perf_counter() + _NAME_RELEASE_S
         while True:
             try:
-                return InputWorker.options(
-                    name=wk.name, num_cpus=_NUM_CPUS, scheduling_strategy="SPREAD",
-                    max_concurrency=2,
-                ).remote(self._dataloader_ref, wk.info, start, self.capacity,
-                         capacity_bytes=self.in_flight_bytes_per_worker,
-                         keys_until=wk.keys_until, owns_global_rng=True,
-                         **self._spawn_options(wk))
+                return InputWorker.options(**_actor_options(wk.name)).remote(*args, **kwargs)
             except ValueError as e:
                 if "already" not in str(e) and "taken" not in str(e):
                     raise

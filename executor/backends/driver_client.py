@@ -257,8 +257,16 @@ class RayDriverClient(DriverClient):
         return self._get(self._actor().load_program.remote(*args, **kwargs), "load_program")
 
     def open_input(self, dataloader, cs_config, resume_states, policy):
-        return self._get(self._actor().open_input.remote(dataloader, cs_config, resume_states,
-                                                         policy), "open_input")
+        from workers.stream import kill_workers, start_workers_ahead
+
+        # the input workers' processes start beside the driver's, not after it
+        ahead = start_workers_ahead(cs_config)
+        try:
+            return self._get(self._actor().open_input.remote(
+                dataloader, cs_config, resume_states, policy, workers_ahead=ahead), "open_input")
+        except BaseException:
+            kill_workers(ahead)  # the driver took none, or closed the streams that did
+            raise
 
     def start(self, num_steps, checkpoint_steps):
         return self._get(self._actor().start.remote(num_steps, checkpoint_steps), "start")
