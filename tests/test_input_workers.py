@@ -271,8 +271,11 @@ def test_a_stream_takes_the_workers_started_ahead_and_replaces_one_that_died(ray
     assert used[1] != pids[0][1]  # a new worker in place of the dead one
     assert ahead[1] != [None, None]  # CS-X 1's row was not given to this stream
     kill_workers(ahead)
+    deadline = time.time() + 60  # ray.kill acts asynchronously: a call may still get through
     with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(ahead[1][0].pid.remote(), timeout=60)
+        while time.time() < deadline:
+            ray.get(ahead[1][0].pid.remote(), timeout=60)
+            time.sleep(0.1)
 
 
 @pytest.mark.parametrize("workers", [1, 2, 4])

@@ -302,10 +302,11 @@ class CoordinatedInputStream(CsxInputStream):
         self._refilling = self._next_number >= self._step + self.window_batches
         for w, numbers in new.items():
             wk = self._workers[w]
-            wk.actor.assign.remote(self._sends[w], numbers)
+            # a worker with no request out gets one carrying its numbers: one call, not two
+            sent = (self._sends[w], numbers)
+            if wk.pending or not self._top_up(wk, assign=sent):
+                wk.actor.assign.remote(*sent)
             self._sends[w] += 1
-            if not wk.pending:
-                self._top_up(wk)
 
     def _drain(self, wk: _Worker) -> None:
         """Move ``wk``'s received replies into the reorder window."""

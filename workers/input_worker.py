@@ -497,7 +497,7 @@ class InputWorkerImpl:
 
     # -- remote methods -----------------------------------------------------------------------
     def fetch(self, index: int, count: int = 1, max_bytes: int | None = None,
-              min_count: int = 1) -> Reply:
+              min_count: int = 1, assign: tuple | None = None) -> Reply:
         """Batch ``index`` of this worker (waits for it), or an error reply, wrapped for
         transport (:class:`Reply`).
 
@@ -508,8 +508,11 @@ class InputWorkerImpl:
         waits for the batches up to ``index + min_count - 1`` (cheap batches whose numbers
         the worker holds, under dynamic assignment: a reply then carries several of them),
         for at most ``_REPLY_WAIT_S`` and while the buffer has room; 1: it never delays a
-        batch that is ready.
+        batch that is ready. ``assign``: ``(send, numbers)`` of an :meth:`assign` made by the
+        same call (dynamic assignment: one call where two would go out together).
         """
+        if assign is not None:
+            self.assign(*assign)
         first = self._take(index)
         if count == 1:
             return Reply(_packed(first))

@@ -403,7 +403,11 @@ class CsxInputStream:
         worker must be producing them)."""
         return 1
 
-    def _top_up(self, wk: _Worker) -> None:
+    def _top_up(self, wk: _Worker, assign: tuple | None = None) -> bool:
+        """Ask ``wk`` for more batches where its requests and the budget allow. ``assign``:
+        numbers for the worker (:meth:`InputWorker.assign` arguments) that the first request
+        made carries; returns whether one did."""
+        extra = {} if assign is None else {"assign": assign}
         m = self.batches_per_fetch
         budget = self.in_flight_bytes_per_worker
         if m > 1:
@@ -418,15 +422,20 @@ class CsxInputStream:
             if not wk.pending and len(wk.ready) <= low_water:
                 max_bytes = None if budget is None else max(0, budget - wk.ready_bytes)
                 if max_bytes == 0 and wk.ready:
-                    return  # asked again once next() has taken batches
+                    return False  # asked again once next() has taken batches
                 wk.pending.append((wk.next_request, wk.actor.fetch.remote(
-                    wk.next_request, m, max_bytes, self._reply_min_batches(wk))))
-            return
+                    wk.next_request, m, max_bytes, self._reply_min_batches(wk), **extra)))
+                return bool(extra)
+            return False
         if budget is not None and wk.ready and wk.ready_bytes >= budget:
-            return
+            return False
+        carried = False
         while len(wk.pending) < self.in_flight_per_worker:
-            wk.pending.append((wk.next_request, wk.actor.fetch.remote(wk.next_request)))
+            wk.pending.append((wk.next_request, wk.actor.fetch.remote(
+                wk.next_request, **({} if carried else extra))))
             wk.next_request += 1
+            carried = bool(extra)
+        return carried
 
     # -- receiving ------------------------------------------------------------------------
     def _check_open(self) -> None:
