@@ -33,7 +33,7 @@ from workers.input_worker import InputWorker, unpack_reply
 from workers.local_stream import BatchInfo, sample_key_batches
 from workers.resume import ExhaustedIteratorError, ResumeError, check_position, start_position
 
-__all__ = ["BatchInfo", "CsxInputStream", "start_workers_ahead"]
+__all__ = ["BatchInfo", "CsxInputStream", "kill_workers", "start_workers_ahead"]
 
 logger = logging.getLogger(__name__)
 
