@@ -271,13 +271,10 @@ class WaferDriver:
 
     def _open_input(self, dataloader, cs_config, resume_states, policy, workers_ahead):
         self._close_run()
-        ahead = {}
         if self.use_ray_workers:
             from workers.coordinator import CoordinatedInputStream as Stream
-
-            if workers_ahead is not None:
-                ahead = {c: {"workers_ahead": row} for c, row in enumerate(workers_ahead)}
         else:
+            workers_ahead = None  # in-process streams start no workers
             from workers.local_stream import LocalInputStream as Stream
         self.cs_config = cs_config
         self.policy = policy or FlowPolicy.from_config(cs_config)
@@ -292,7 +289,9 @@ class WaferDriver:
                 streams.append(Stream(dataloader, cs_config, c, resume_states=states,
                                       in_flight_per_worker=self.policy
                                       .requests_in_flight_per_worker, zero_copy=True,
-                                      policy=self.policy, **ahead.get(c, {})))
+                                      policy=self.policy,
+                                      **({} if workers_ahead is None else
+                                         {"workers_ahead": workers_ahead[c]})))
             self._feed = InputFeed(streams, self.policy)
             report = check_streams(streams, dataloader.input_fn_name,
                                    cs_config.duplicate_samples)

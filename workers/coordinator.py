@@ -52,7 +52,7 @@ _COST_SAMPLES = 4096  # batch costs kept per worker (a uniform sample of all of 
 _PUMP_WAIT_S = 0.02  # the pump's longest wait for replies before it looks for new work
 _HELD_WORK_S = 0.005
 """Dynamic assignment: cheap batches are assigned to a worker this much work at a time (by
-the mean batch cost seen), so that one ``assign`` call and one reply serve many batches."""
+the median of its recent batch costs), so that one call and one reply serve many batches."""
 _REFILL_FRACTION = 8  # a full reorder window is refilled once this fraction of it is free
 _COST_SAMPLES_FOR_SIZING = 8  # batch costs seen before the assignment size follows them
 _RECENT_COSTS = 64  # the assignment size follows the median of this many recent batch costs

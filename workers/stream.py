@@ -51,6 +51,11 @@ def _worker_name(name_prefix: str, wse_id: int, w: int) -> str:
     return f"{name_prefix}-csx{wse_id}-w{w}"
 
 
+def _name_taken(e: ValueError) -> bool:
+    """Whether Ray refused to create a named actor because the name is in use."""
+    return "already" in str(e) or "taken" in str(e)
+
+
 def _actor_options(name: str) -> dict:
     return dict(name=name, num_cpus=_NUM_CPUS, scheduling_strategy="SPREAD", max_concurrency=2)
 
@@ -74,7 +79,9 @@ def start_workers_ahead(cs_config: CSConfig, name_prefix: str = DEFAULT_NAME_PRE
             try:
                 row.append(InputWorker.options(
                     **_actor_options(_worker_name(name_prefix, c, w))).remote())
-            except ValueError:  # the name is taken
+            except ValueError as e:
+                if not _name_taken(e):
+                    raise
                 row.append(None)
         ahead.append(row)
     return ahead
@@ -382,7 +389,7 @@ class CsxInputStream:
             try:
                 return InputWorker.options(**_actor_options(wk.name)).remote(*args, **kwargs)
             except ValueError as e:
-                if "already" not in str(e) and "taken" not in str(e):
+                if not _name_taken(e):
                     raise
                 if time.perf_counter() >= deadline:
                     raise ValueError(
