@@ -328,33 +328,64 @@ def launch(spec: dict, timeout_s: float, env: dict | None = None, retries: int =
     A child that fails is run again up to ``retries`` times (on a loaded machine Ray's start-up
     can time out); the errors of the failed attempts are kept under ``failed_attempts``."""
     failed = []
-    waited = wait_for_load()
+    waited, idle = wait_for_load()
     for _ in range(retries + 1):
         res = _launch_once(spec, timeout_s, env)
         if "error" not in res:
             break
         failed.append(res["error"])
+        waited_again, idle = wait_for_load()
+        waited += waited_again
     if failed:
         res["failed_attempts"] = failed
     if waited:
         res["waited_for_load_s"] = waited
+    if idle is not None:
+        res["cpu_idle_before_launch"] = idle
     return res
 
 
 #: --wait-for-load: the 1-minute load average a child waits for, and for at most how long
 LOAD_GATE = {"max_load": None, "max_wait_s": 120.0}
+#: with --wait-for-load, a child also waits until the machine's CPU was at least this idle
+#: over the last IDLE_WINDOW_S: the 1-minute average lags by a minute, and a child launched
+#: while the previous one's Ray processes still exit measures their teardown too
+MIN_CPU_IDLE = 0.9
+IDLE_WINDOW_S = 1.0
 
 
-def wait_for_load() -> float:
-    """Wait (at most ``max_wait_s``) until the 1-minute load average is at most ``max_load``;
-    the seconds waited."""
+def _cpu_times() -> tuple[float, float]:
+    """(idle, total) jiffies of the whole machine (Linux /proc/stat); (0, 0) elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [float(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    return fields[3] + (fields[4] if len(fields) > 4 else 0.0), sum(fields[:8])
+
+
+def cpu_idle_fraction(window_s: float = IDLE_WINDOW_S) -> float | None:
+    """The share of the machine's CPU time that was idle over the next ``window_s`` seconds;
+    None where /proc/stat is not there."""
+    idle0, total0 = _cpu_times()
+    time.sleep(window_s)
+    idle1, total1 = _cpu_times()
+    return None if total1 <= total0 else (idle1 - idle0) / (total1 - total0)
+
+
+def wait_for_load() -> tuple[float, float | None]:
+    """Wait (at most ``max_wait_s``) until the 1-minute load average is at most ``max_load``
+    and the CPU was at least :data:`MIN_CPU_IDLE` idle over the last second; the seconds
+    waited and that last idle share (None when not gated or not measurable)."""
     if LOAD_GATE["max_load"] is None:
-        return 0.0
+        return 0.0, None
     t0 = time.perf_counter()
-    while (os.getloadavg()[0] > LOAD_GATE["max_load"]
-           and time.perf_counter() - t0 < LOAD_GATE["max_wait_s"]):
-        time.sleep(5)
-    return time.perf_counter() - t0
+    while True:
+        idle = cpu_idle_fraction()
+        quiet = (os.getloadavg()[0] <= LOAD_GATE["max_load"]
+                 and (idle is None or idle >= MIN_CPU_IDLE))
+        if quiet or time.perf_counter() - t0 >= LOAD_GATE["max_wait_s"]:
+            return time.perf_counter() - t0, idle
 
 
 def _launch_once(spec: dict, timeout_s: float, env: dict | None) -> dict:
@@ -549,30 +580,35 @@ def _num(x, fmt: str = ",.0f") -> str:
     return "–" if x is None else format(x, fmt)
 
 
-def child_loads(results: dict) -> list:
-    """The 1-minute load average at every child's launch."""
-    loads = []
+def child_values(results: dict, key: str = "loadavg_1m") -> list:
+    """One figure recorded at every child's launch: by default the 1-minute load average."""
+    values = []
     for section in ("training", "consumption", "time_to_first_step"):
         stack = [results.get(section, {})]
         while stack:
             item = stack.pop()
             if isinstance(item, dict):
-                if "loadavg_1m" in item:
-                    loads.append(item["loadavg_1m"])
+                if item.get(key) is not None:
+                    values.append(item[key])
                 stack.extend(item.values())
             elif isinstance(item, list):
                 stack.extend(item)
-    return loads
+    return values
 
 
 def load_range(results: dict) -> str:
-    loads = child_loads(results)
-    return f"{min(loads):.1f}–{max(loads):.1f}" if loads else "–"
+    loads = child_values(results)
+    text = f"{min(loads):.1f}–{max(loads):.1f}" if loads else "–"
+    idle = child_values(results, "cpu_idle_before_launch")
+    if idle:
+        text += (f"; CPU idle over the second before each launch {min(idle):.0%}–"
+                 f"{max(idle):.0%}")
+    return text
 
 
 def busy_warning(results: dict):
     """A warning when some child started on a machine busier than its cores."""
-    loads = child_loads(results)
+    loads = child_values(results)
     cores = results["machine"]["nproc"] or 1
     if not loads or max(loads) <= cores:
         return None
@@ -732,7 +768,8 @@ def main(argv=None):
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per child process")
     p.add_argument("--wait-for-load", type=float, default=None, metavar="LOAD",
                    help="before each child, wait (up to 2 minutes) until the 1-minute load "
-                   "average is at most LOAD: on a shared machine, e.g. 1.5 on 2 cores")
+                   "average is at most LOAD and the CPU was at least 90%% idle over the last "
+                   "second: on a shared machine, e.g. 1.5 on 2 cores")
     p.add_argument("--readme", action="store_true",
                    help="rewrite README.md's generated performance block from this run")
     p.add_argument("--out", default=str(HERE / "results" / "train_throughput.json"))
