@@ -290,8 +290,8 @@ class WaferDriver:
                                       in_flight_per_worker=self.policy
                                       .requests_in_flight_per_worker, zero_copy=True,
                                       policy=self.policy,
-                                      **({} if workers_ahead is None else
-                                         {"workers_ahead": workers_ahead[c]})))
+                                      workers_ahead=None if workers_ahead is None
+                                      else workers_ahead[c]))
             self._feed = InputFeed(streams, self.policy)
             report = check_streams(streams, dataloader.input_fn_name,
                                    cs_config.duplicate_samples)
