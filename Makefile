@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 
-.PHONY: setup demo test test-all lint bench clean
+.PHONY: setup demo test test-all lint bench clean reference
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,14 @@ lint: setup
 bench: setup
 	$(PY) benchmarks/step_replay.py
 	$(PY) benchmarks/input_scaling.py
+
+# The real cerebras-pytorch package in a venv of its own (it pins torch 2.4.0, a CUDA build of
+# about 5.7 GB) rewrites tests/reference/fixtures/. Never part of `make test`.
+REF_VENV ?= $(HOME)/.cache/cstream/reference-venv
+reference:
+	test -x $(REF_VENV)/bin/python || python3.11 -m venv $(REF_VENV)
+	$(REF_VENV)/bin/pip install -q cerebras-pytorch==2.10.0
+	$(REF_VENV)/bin/python tests/reference/generate.py
 
 clean:
 	rm -rf $(VENV) demo_run .pytest_cache
