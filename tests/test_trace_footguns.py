@@ -216,3 +216,59 @@ def test_a_tensor_from_outside_the_step_that_is_not_state_is_refused():
     with pytest.raises(cstorch.TracingError, match="neither a state tensor"):
         for batch in executor:
             step(batch)
+
+
+# what each value-dependent idiom is called in the error, and the fix it names
+VALUE_SHAPED = {
+    "mask": (lambda y: y[y > 0].sum(), "aten.nonzero",
+             "boolean mask indexing `x[mask]`", "`torch.where(mask, x, 0)` instead of `x[mask]`"),
+    "nonzero": (lambda y: y.nonzero().sum(), "aten.nonzero", "`nonzero()`",
+                "`torch.where(mask, x, 0)` instead of `x[mask]`"),
+    "unique": (lambda y: torch.unique(y).sum(), "aten._unique2", "(`unique()`)",
+               "`torch.nn.functional.one_hot(x, n).amax(0)`, with n the number of values"),
+    "masked_select": (lambda y: torch.masked_select(y, y > 0).sum(), "aten.masked_select",
+                      "(`masked_select`)",
+                      "`torch.where(mask, x, 0)` instead of `x.masked_select(mask)`"),
+}
+
+
+def _value_shaped_error(kind, **backend_options):
+    op = VALUE_SHAPED[kind][0]
+    backend = cstorch.backend("CSX", **backend_options)
+    model = cstorch.compile(torch.nn.Linear(4, 2), backend)
+    executor = cstorch.utils.data.DataExecutor(
+        cstorch.utils.data.DataLoader(lambda: [torch.ones(3, 4)] * 2), num_steps=2)
+
+    @cstorch.trace
+    def step(x):
+        return op(model(x))
+
+    try:
+        with pytest.raises(cstorch.TracingError) as info:
+            for batch in executor:
+                step(batch)
+    finally:
+        backend.shutdown()
+    return info
+
+
+@pytest.mark.parametrize("kind", sorted(VALUE_SHAPED))
+def test_an_op_whose_output_shape_depends_on_values_is_a_short_error_with_the_fix(kind):
+    # eager: runs, with a shape that changes with the values; traced: refused at trace time
+    op, op_name, idiom, fix = VALUE_SHAPED[kind]
+    info = _value_shaped_error(kind, in_process=True)
+    msg = str(info.value)
+    # the user's line: where the op is written
+    assert msg.startswith(f"{op_name} at {__file__}:{op.__code__.co_firstlineno} (`\"{kind}\": ")
+    assert "is an operation whose output shape depends on tensor values" in msg
+    assert idiom in msg and f"Fix: {fix}" in msg
+    # torch's own exception is not chained onto it, and the traceback ends in cstream's capture
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+    assert len(info.traceback) <= 6
+
+
+def test_on_ray_boolean_indexing_in_the_step_is_the_same_error(ray_session):
+    info = _value_shaped_error("mask")
+    assert str(info.value).startswith("aten.nonzero at ")
+    assert "output shape depends on tensor values (boolean mask indexing `x[mask]`" in \
+        str(info.value)

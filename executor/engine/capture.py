@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import (DataDependentOutputException,
+                                           DynamicOutputShapeException, FakeTensorMode)
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from executor.engine.errors import TracingError
-from executor.engine.guards import ReadGuard, user_frame_of
+from executor.engine.guards import ReadGuard, user_frame_of, value_dependent_error
 from executor.engine.handles import Slot, StateHandle, Store
 
 
@@ -156,6 +157,8 @@ def capture(store: Store, fn: Callable, args, kwargs, take_closures: Callable[[]
             gm = make_fx(traced, tracing_mode="real")(f_state, f_batch, f_const)
     except TracingError:
         raise
+    except (DynamicOutputShapeException, DataDependentOutputException) as e:
+        raise value_dependent_error(e) from None
     except TypeError as e:
         m = re.search(r"argument '(\w+)' must be Number, not StateHandle", str(e))
         if m is None:
@@ -178,12 +181,6 @@ def capture(store: Store, fn: Callable, args, kwargs, take_closures: Callable[[]
                 "register it as a module buffer before cstream.compile."
             ) from e
         raise
-    except torch._subclasses.fake_tensor.DataDependentOutputException as e:
-        raise TracingError(
-            f"the traced step uses an operation whose output shape depends on tensor values "
-            f"({e}); shapes must be static in a traced step. Use fixed-size ops (torch.where, "
-            "masks multiplied in) instead of boolean indexing or nonzero()."
-        ) from e
     finally:
         for h in list(param_handles):
             h.grad = None

@@ -152,6 +152,56 @@ def read_error(what: str, fix: str = "") -> TracingError:
     )
 
 
+# ops whose output shape (or Python result) depends on tensor values: what users write that
+# reaches each, and a fixed-size way around (README, "Models")
+_VALUE_SHAPED = {
+    "nonzero": ("boolean mask indexing `x[mask]`, `nonzero()`, `argwhere()` or one-argument "
+                "`torch.where(cond)`",
+                "`torch.where(mask, x, 0)` instead of `x[mask]` (the shape stays, the elements "
+                "left out become 0); `(x * mask).sum() / mask.sum()` for a masked mean"),
+    "masked_select": ("`masked_select`",
+                      "`torch.where(mask, x, 0)` instead of `x.masked_select(mask)` (the shape "
+                      "stays, the elements left out become 0); `(x * mask).sum()` for a masked "
+                      "sum"),
+    "_unique2": ("`unique()`",
+                 "`torch.nn.functional.one_hot(x, n).amax(0)`, with n the number of values x "
+                 "can take (1 where a value occurs), instead of `unique()`"),
+    "unique_dim": ("`unique(dim=...)`",
+                   "`torch.nn.functional.one_hot(x, n).amax(0)`, with n the number of values x "
+                   "can take, instead of `unique()`"),
+    "unique_consecutive": ("`unique_consecutive()`",
+                           "`x[1:] != x[:-1]` marks where a new run starts, at a fixed size"),
+    "repeat_interleave": ("`repeat_interleave` with tensor repeats",
+                          "pass `output_size=` (a Python int) so the length is known"),
+    "bincount": ("`bincount()`",
+                 "`torch.zeros(n).index_add_(0, x, torch.ones(len(x)))`: counts of a fixed "
+                 "length n"),
+    "equal": ("`torch.equal()`, which returns a Python bool",
+              "`(a == b).all()`, a tensor, with torch.where"),
+}
+
+
+def value_dependent_error(exc: RuntimeError) -> TracingError:
+    """The error for torch's ``DynamicOutputShapeException`` / ``DataDependentOutputException``
+    raised while a step is captured: the op, the user's line, what they wrote and the way
+    around."""
+    op = getattr(exc, "func", None)
+    name = getattr(getattr(op, "_overloadpacket", None), "__name__", str(op))
+    fn, line, src = user_frame_of(exc.__traceback__)
+    where = f"{fn}:{line}" + (f" (`{src}`)" if src else "")
+    idiom, fix = _VALUE_SHAPED.get(name, ("", "fixed-size ops: torch.where, masks multiplied in"))
+    shaped = type(exc).__name__ == "DynamicOutputShapeException"
+    return TracingError(
+        f"aten.{name} at {where} is an operation whose output "
+        + ("shape " if shaped else "") + "depends on tensor values"
+        + (f" ({idiom})" if idiom else "") + ", which a traced step cannot hold: the step is "
+        "traced once into a static graph, "
+        + ("whose shapes are fixed before any value exists. " if shaped else
+           "before any value exists, so a result computed from values would be baked in. ")
+        + f"Fix: {fix}."
+    )
+
+
 _DEVICE_OF = _T.device.__get__
 _MOVES = (_T.to, _T.cuda)
 
