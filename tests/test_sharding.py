@@ -490,11 +490,37 @@ def xs(batches):
     return [b["x"].tolist() for b in batches]
 
 
-def test_parquet_dataset_splits_the_rows_equally_over_two_workers(parquet_files):
+def parquet_input_fn(paths, batch_size, drop_last=False):
+    return ParquetDataset(paths, columns=["x"], batch_size=batch_size, drop_last=drop_last)
+
+
+def parquet_sources(paths, C, W, **kwargs):
+    """``{(wse_id, local_worker_id): (info, Source)}``: each worker's loader as the input side
+    streams it (epoch after epoch)."""
+    from workers.dataloader import DataLoader
+    from workers.resume import Source
+
+    loader = DataLoader(parquet_input_fn, paths, **kwargs)
+    return {(i.wse_id, i.local_worker_id): (i, Source(loader, loader.build(i))) for i in infos(C, W)}
+
+
+def single_process(paths, steps, **kwargs):
+    """What one process reading the files streams: global batch after global batch."""
+    return _take(parquet_sources(paths, 1, 1, **kwargs)[(0, 0)], steps)
+
+
+def _take(worker, count):
+    """The next ``count`` batches of a worker of :func:`parquet_sources`, streamed as it."""
+    info, source = worker
+    with worker_context(info):
+        return [next(source)["x"].tolist() for _ in range(count)]
+
+
+def test_parquet_dataset_deals_global_batches_round_robin_over_two_workers(parquet_files):
     shards = per_worker(lambda: xs(ParquetDataset(parquet_files, columns=["x"], batch_size=4)), C=1, W=2)
     assert shards == {
-        (0, 0): [[0, 1, 2, 3], [4, 5, 6, 7]],  # row groups 0, 1 and 2 of 3 rows of 2
-        (0, 1): [[8, 9, 10, 11], [12, 13, 14, 15]],  # row 2 of row group 2, then 3, 4, 5
+        (0, 0): [[0, 1, 2, 3], [8, 9, 10, 11]],  # global batches 0 and 2
+        (0, 1): [[4, 5, 6, 7], [12, 13, 14, 15]],  # global batches 1 and 3
     }
 
 
@@ -505,39 +531,101 @@ def test_parquet_dataset_client_reads_all_rows_in_order_with_their_dtypes(parque
     assert [b["y"].dtype for b in batches] == [torch.float32] * 4
     assert batches[0]["flag"].tolist() == [True, False, True, False, True]
     assert batches[1]["y"].tolist() == [2.5, 3.0, 3.5, 4.0, 4.5]
-    assert len(ds) == 4
+    assert len(ds) == ds.num_global_batches == 4
 
 
-def test_parquet_dataset_drop_last_drops_each_workers_short_batch(parquet_files):
+def test_parquet_dataset_drop_last_drops_only_the_last_short_global_batch(parquet_files):
+    # 16 rows in batches of 3: five full global batches and [15], which drop_last leaves out
     shards = per_worker(lambda: xs(ParquetDataset(parquet_files, columns=["x"], batch_size=3,
                                                   drop_last=True)), C=1, W=2)
-    assert shards == {(0, 0): [[0, 1, 2], [3, 4, 5]], (0, 1): [[8, 9, 10], [11, 12, 13]]}
+    assert shards == {(0, 0): [[0, 1, 2], [6, 7, 8], [12, 13, 14]],
+                      (0, 1): [[3, 4, 5], [9, 10, 11]]}
+    shards = per_worker(lambda: xs(ParquetDataset(parquet_files, columns=["x"], batch_size=3)),
+                        C=1, W=2)
+    assert shards[(0, 1)] == [[3, 4, 5], [9, 10, 11], [15]]
 
 
-@pytest.mark.parametrize("C,W", [(1, 1), (1, 2), (4, 1), (2, 2), (2, 4)])
-def test_parquet_dataset_every_row_once_and_len_matches(parquet_files, C, W):
-    for info in infos(C, W):
-        with worker_context(info):
-            ds = ParquetDataset(parquet_files, columns=["x"], batch_size=2)
-            assert len(ds) == len(list(ds))
-    shards = per_worker(lambda: xs(ParquetDataset(parquet_files, columns=["x"], batch_size=2)), C, W)
-    assert sorted(i for v in shards.values() for b in v for i in b) == list(range(16))
+@pytest.mark.parametrize("C,W,batch_size,drop_last", [
+    (1, 2, 3, False), (1, 3, 3, True), (2, 2, 3, True), (2, 2, 4, False), (3, 1, 4, True),
+    (1, 8, 3, False),  # 6 global batches an epoch for 8 workers: some get none in an epoch
+    (2, 4, 2, False),
+])
+def test_parquet_dataset_workers_stream_the_single_process_sequence_across_epochs(
+        parquet_files, C, W, batch_size, drop_last):
+    kwargs = {"batch_size": batch_size, "drop_last": drop_last}
+    n = -(-16 // batch_size) if not drop_last else 16 // batch_size
+    steps = 3 * n  # three epochs
+    expected = single_process(parquet_files, steps, **kwargs)
+    for e in range(3):  # one process: every row once per epoch
+        rows = sorted(i for b in expected[e * n:(e + 1) * n] for i in b)
+        assert rows == list(range(16 if not drop_last else n * batch_size))
+    shards = {k: _take(worker, len(range(k[1], steps, W)))
+              for k, worker in parquet_sources(parquet_files, C, W, **kwargs).items()}
+    assert reassemble(shards, C, W) == expected
 
 
-def test_parquet_dataset_refuses_rows_that_do_not_split_equally_unless_drop_last(parquet_files):
+@pytest.mark.parametrize("C,W", [(1, 3), (2, 2)])
+def test_parquet_dataset_under_dynamic_assignment_any_worker_makes_any_global_batch(
+        parquet_files, C, W):
+    from workers.context import BatchAssignment, batch_assignment
+    from workers.dataloader import DataLoader
+    from workers.resume import Source
+
+    steps = 12  # three epochs of 4 global batches
+    expected = single_process(parquet_files, steps, batch_size=4)
+    rng = __import__("random").Random(5)
+    got = {}
+    for c in range(C):
+        owner = [rng.randrange(W) for _ in range(steps)]
+        for w in range(W):
+            mine = [s for s in range(steps) if owner[s] == w]
+            info = WorkerInfo(local_worker_id=w, num_workers_per_csx=W, num_csx=C, wse_id=c)
+            assignment = BatchAssignment()
+            assignment.extend(0, mine)
+            loader = DataLoader(parquet_input_fn, parquet_files, batch_size=4)
+            with worker_context(info), batch_assignment(assignment):
+                source = Source(loader, loader.build(info))
+                for s in mine:
+                    got.setdefault(s, []).extend(next(source)["x"].tolist())
+                    assert assignment.pop_taken() == s
+    assert [got[s] for s in range(steps)] == expected
+
+
+def test_parquet_dataset_reads_only_the_row_groups_its_batches_touch(parquet_files,
+                                                                      monkeypatch):
+    reads = []
+    real = pq.ParquetFile.read_row_group
+
+    def counting(self, i, *args, **kwargs):
+        reads.append((self.metadata.num_rows, i))
+        return real(self, i, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", counting)
+    with worker_context(WorkerInfo(local_worker_id=1, num_workers_per_csx=3)):
+        assert xs(ParquetDataset(parquet_files, columns=["x"], batch_size=2)) == [
+            [2, 3], [8, 9], [14, 15]]
+    # rows 2-3 span row groups 0 and 1 of a.parquet (10 rows); 8-9: its groups 2 and 3;
+    # 14-15: b.parquet's (6 rows) group 1; each read once
+    assert reads == [(10, 0), (10, 1), (10, 2), (10, 3), (6, 1)]
+
+
+def test_parquet_dataset_refuses_a_global_batch_that_cannot_be_sliced_over_the_csxs(
+        parquet_files):
     with pytest.raises(ValueError) as e:
-        per_worker(lambda: xs(ParquetDataset(parquet_files, columns=["x"], batch_size=2)), C=3, W=1)
+        per_worker(lambda: xs(ParquetDataset(parquet_files, columns=["x"], batch_size=3)), C=2, W=1)
     assert str(e.value) == (
-        "ParquetDataset: the 16 rows of 2 file(s) cannot be split equally over 3 input workers "
-        "(num_csx * num_workers_per_csx): 3 x 5 rows leaves 1 over, and a worker with more rows "
-        "than the others would stream some rows twice or leave others out within one epoch's "
-        "worth of steps. Use drop_last=True (each epoch leaves out the last 1 rows), a number of "
-        "workers that divides 16, or write a multiple of 3 rows."
+        "ParquetDataset: the last global batch of an epoch has 1 row(s) (16 rows = 5 x "
+        "batch_size 3 + 1), fewer than num_csx=2, so some CS-X would get no row of it. Use "
+        "drop_last=True (it leaves those 1 row(s) out, as one process reading the files with "
+        "drop_last=True does), or a batch_size that leaves at least 2 rows in the last batch."
     )
+    with pytest.raises(ValueError, match=r"^ParquetDataset: batch_size=2 is smaller than "
+                                         r"num_csx=3; every global batch is sliced"):
+        per_worker(lambda: xs(ParquetDataset(parquet_files, columns=["x"], batch_size=2)), C=3, W=1)
     shards = per_worker(lambda: xs(ParquetDataset(parquet_files, columns=["x"], batch_size=5,
                                                   drop_last=True)), C=3, W=1)
-    assert shards == {(0, 0): [[0, 1, 2, 3, 4]], (1, 0): [[5, 6, 7, 8, 9]],
-                      (2, 0): [[10, 11, 12, 13, 14]]}
+    assert shards == {(0, 0): [[0, 1], [5, 6], [10, 11]], (1, 0): [[2, 3], [7, 8], [12, 13]],
+                      (2, 0): [[4], [9], [14]]}
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
@@ -545,7 +633,7 @@ def test_parquet_dataset_resumes_mid_row_group_from_its_state(parquet_files, k):
     info = WorkerInfo(local_worker_id=0, num_workers_per_csx=2)
     with worker_context(info):
         full = xs(ParquetDataset(parquet_files, columns=["x"], batch_size=2))
-        assert full == [[0, 1], [2, 3], [4, 5], [6, 7]]
+        assert full == [[0, 1], [4, 5], [8, 9], [12, 13]]
         ds = ParquetDataset(parquet_files, columns=["x"], batch_size=2)
         it = iter(ds)
         head = xs(next(it) for _ in range(k))
@@ -554,45 +642,63 @@ def test_parquet_dataset_resumes_mid_row_group_from_its_state(parquet_files, k):
         resumed.load_state_dict(state)
         assert head + xs(resumed) == full
         assert xs(resumed) == full  # the next epoch starts over
-    assert state == {
-        1: {"epoch": 0, "row_group": 0, "offset": 2},
-        2: {"epoch": 0, "row_group": 1, "offset": 1},
-        3: {"epoch": 0, "row_group": 2, "offset": 0},
-    }[k]
+    # global-batch units: after global batches 0, 2, 4
+    assert state == {"epoch": 0, "next_global_batch": 2 * k - 1, "batch_size": 2, "num_rows": 16}
 
 
-def test_parquet_dataset_state_from_another_worker_is_a_clear_error(parquet_files):
+def test_parquet_dataset_state_resumes_with_another_worker_count(parquet_files):
+    with worker_context(WorkerInfo(local_worker_id=1, num_workers_per_csx=2)):
+        ds = ParquetDataset(parquet_files, columns=["x"], batch_size=2)
+        it = iter(ds)
+        next(it), next(it)  # global batches 1 and 3
+        state = ds.state_dict()
+    assert state["next_global_batch"] == 4
+    shards = {}
+    for info in infos(1, 3):  # 3 workers take up at global batch 4
+        with worker_context(info):
+            ds = ParquetDataset(parquet_files, columns=["x"], batch_size=2)
+            ds.load_state_dict(state)
+            shards[info.local_worker_id] = xs(ds)
+    assert shards == {0: [[12, 13]], 1: [[8, 9], [14, 15]], 2: [[10, 11]]}  # 4 % 3 = 1 first
+
+
+def test_parquet_dataset_state_of_other_batches_is_a_clear_error(parquet_files):
     ds = ParquetDataset(parquet_files, columns=["x"], batch_size=2)
-    ds.load_state_dict({"epoch": 0, "row_group": 3, "offset": 0})
-    with worker_context(WorkerInfo(local_worker_id=0, num_workers_per_csx=2)), \
-            pytest.raises(ValueError) as e:
-        list(ds)
+    with pytest.raises(ValueError) as e:
+        ds.load_state_dict({"epoch": 0, "next_global_batch": 3, "batch_size": 4, "num_rows": 16})
     assert str(e.value) == (
-        "ParquetDataset: the state being resumed points at row 0 of row group 3 (row 9 of all "
-        "files), which is not in this worker's rows [0, 8). Resume each worker with its own "
-        "state_dict() and the same number of workers."
-    )
-    with pytest.raises(ValueError, match=r"row_group=7 but the files hold 6 row groups"):
-        ds.load_state_dict({"epoch": 0, "row_group": 7, "offset": 0})
+        "ParquetDataset.load_state_dict: the state was saved reading 16 rows in global batches "
+        "of 4, and this dataset has 16 rows in batches of 2; its position counts the saved "
+        "run's global batches, which hold other rows here. Resume with the same files and "
+        "batch_size.")
+    with pytest.raises(ValueError, match=r"next_global_batch=9, but an epoch has 8 global "):
+        ds.load_state_dict({"epoch": 0, "next_global_batch": 9, "batch_size": 2, "num_rows": 16})
+    with pytest.raises(ValueError, match=r"expects what ParquetDataset.state_dict\(\) returned"):
+        ds.load_state_dict({"epoch": 0, "row_group": 3, "offset": 0})  # an older layout
 
 
-def test_parquet_dataset_in_torch_dataloader_workers_splits_further(parquet_files):
-    def input_fn():
-        ds = ParquetDataset(parquet_files, columns=["x"], batch_size=3)
-        return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+def test_parquet_dataset_in_torch_dataloader_workers_keeps_the_input_workers_order(
+        parquet_files):
+    def input_fn(num_workers):
+        ds = ParquetDataset(parquet_files, columns=["x"], batch_size=2)
+        if num_workers == 0:
+            return torch.utils.data.DataLoader(ds, batch_size=None)
+        return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=num_workers,
                                            multiprocessing_context="fork")
 
-    got = []
+    got = {}
 
-    def input_worker():  # the input worker's producer thread builds and iterates the loader
+    def input_worker(num_workers):  # the input worker's producer thread builds and iterates
         with worker_context(WorkerInfo(local_worker_id=1, num_workers_per_csx=2)):
-            got.extend(xs(input_fn()))
+            got[num_workers] = xs(input_fn(num_workers))
 
-    thread = threading.Thread(target=input_worker)
-    thread.start()
-    thread.join()
-    # cstream worker 1 of 2 owns rows 8..15; its two processes take 8..11 and 12..15
-    assert sorted(got) == [[8, 9, 10], [11], [12, 13, 14], [15]]
+    for num_workers in (0, 2):
+        thread = threading.Thread(target=input_worker, args=(num_workers,))
+        thread.start()
+        thread.join()
+    # cstream worker 1 of 2 owns global batches 1, 3, 5, 7; its two processes make 1, 5 and
+    # 3, 7, and torch's DataLoader reads them back in order
+    assert got[2] == got[0] == [[2, 3], [6, 7], [10, 11], [14, 15]]
 
 
 def test_parquet_dataset_pickled_for_a_spawned_torch_worker_keeps_the_input_worker(
@@ -607,9 +713,24 @@ def test_parquet_dataset_pickled_for_a_spawned_torch_worker_keeps_the_input_work
     ds = pickle.loads(shipped)
     monkeypatch.setattr(torch_worker, "_worker_info",
                         torch_worker.WorkerInfo(id=0, num_workers=2, seed=0, dataset=ds))
-    assert xs(ds) == [[8, 9, 10], [11]]  # the first half of worker 1's rows 8..15
+    assert xs(ds) == [[3, 4, 5], [15]]  # worker 1's global batches 1, 3, 5: the 1st and 3rd
+    assert len(ds) == 2
     monkeypatch.setattr(torch_worker, "_worker_info", None)
     assert xs(ds)[0] == [0, 1, 2]  # outside a torch worker process the current context counts
+
+
+def test_which_parquet_loaders_can_be_assigned_dynamically(parquet_files):
+    from workers.sharding import dynamic_assignment_support
+
+    ds = ParquetDataset(parquet_files, columns=["x"], batch_size=2)
+    assert dynamic_assignment_support(ds) == (
+        True, "the loader reads its global batches from a ParquetDataset")
+    assert dynamic_assignment_support(torch.utils.data.DataLoader(ds, batch_size=None))[0]
+    ok, why = dynamic_assignment_support(
+        torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2))
+    assert not ok and why == (
+        "the ParquetDataset is read by a torch DataLoader with num_workers=2, whose worker "
+        "processes cannot be given batch numbers; round-robin delivers the same sequence")
 
 
 def test_parquet_dataset_missing_or_non_parquet_path_is_named(tmp_path):

@@ -78,7 +78,9 @@ def _candidates(loader) -> list:
 
 def restartable_part(loader):
     """``(name, object)`` of the first part of ``loader`` with ``state_dict`` and
-    ``load_state_dict`` (the loader itself, its batch_sampler, sampler or dataset), or None."""
+    ``load_state_dict`` (the loader itself, its batch_sampler, sampler or dataset), or None.
+    The dataset of a torch DataLoader with worker processes does not count: each process
+    iterates its own copy, so the one here never moves (the position counts batches instead)."""
     names = {id(loader): "loader"}
     for name in ("batch_sampler", "sampler", "dataset"):
         o = getattr(loader, name, None)
@@ -87,7 +89,10 @@ def restartable_part(loader):
     bs = getattr(loader, "batch_sampler", None)
     if getattr(bs, "sampler", None) is not None:
         names.setdefault(id(bs.sampler), "batch_sampler.sampler")
+    copied = getattr(loader, "dataset", None) if getattr(loader, "num_workers", 0) else None
     for o in _candidates(loader):
+        if o is copied:
+            continue
         if callable(getattr(o, "state_dict", None)) and callable(
                 getattr(o, "load_state_dict", None)):
             return names.get(id(o), type(o).__name__), o

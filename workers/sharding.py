@@ -15,7 +15,8 @@ Notation: ``C`` = ``num_csx``, ``W`` = ``num_workers_per_csx``, ``T = C * W`` =
 - :class:`DistributedSampler` interleaves samples over all ``T`` workers, as
   ``torch.utils.data.DistributedSampler(num_replicas=T, rank=g)`` does.
 - :func:`shard_iterable` keeps every ``T``-th item of any iterable, starting at ``g``.
-- :class:`ParquetDataset` splits the rows of Parquet files equally over the ``T`` workers.
+- :class:`ParquetDataset` makes global batches of the rows of Parquet files and deals them out
+  as :class:`ShardedSampler` does.
 """
 
 from __future__ import annotations
@@ -325,9 +326,18 @@ def dynamic_assignment_support(loader) -> tuple[bool, str]:
     workers dynamically, and why (or why not).
 
     They can when the loader draws its batches from a :class:`ShardedSampler` (the loader
-    itself, or its ``batch_sampler`` / ``sampler``) whose global batches have a length: then
-    any worker can produce any global batch. Iterable datasets and other samplers decide in
-    the worker which batches it yields, so they keep the round-robin (static) assignment."""
+    itself, or its ``batch_sampler`` / ``sampler``) whose global batches have a length, or
+    reads them from a :class:`ParquetDataset` in its own process: then any worker can produce
+    any global batch. Iterable datasets and other samplers decide in the worker which batches
+    it yields, so they keep the round-robin (static) assignment."""
+    parquet = loader if isinstance(loader, ParquetDataset) else getattr(loader, "dataset", None)
+    if isinstance(parquet, ParquetDataset):
+        processes = getattr(loader, "num_workers", 0) or 0
+        if processes:
+            return False, (f"the ParquetDataset is read by a torch DataLoader with num_workers="
+                           f"{processes}, whose worker processes cannot be given batch "
+                           "numbers; round-robin delivers the same sequence")
+        return True, "the loader reads its global batches from a ParquetDataset"
     parts = [loader] + [getattr(loader, name, None) for name in ("batch_sampler", "sampler")]
     sampler = next((p for p in parts if isinstance(p, ShardedSampler)), None)
     if sampler is None:
@@ -514,7 +524,7 @@ def shard_iterable(iterable: Iterable) -> Iterable:
 
 
 # ---------------------------------------------------------------------------------------------
-# ParquetDataset: row groups split over the workers
+# ParquetDataset: global batches of rows, dealt out as ShardedSampler deals them
 # ---------------------------------------------------------------------------------------------
 
 def _expand_paths(paths) -> list[Path]:
@@ -552,45 +562,63 @@ def _is_numeric(t) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
 
 
+_PARQUET_STATE_KEYS = ("epoch", "next_global_batch", "batch_size", "num_rows")
+
+
 class ParquetDataset(torch.utils.data.IterableDataset):
-    """Batches of rows from Parquet files, with the rows split equally over the input workers.
+    """Batches of rows from Parquet files, dealt out to the input workers as global batches.
 
-    The rows of all files, in the order (file, row group, row), are cut into ``T`` contiguous
-    ranges of equal length: global worker ``g`` of ``T`` reads rows ``[g * R / T, (g + 1) * R /
-    T)`` of the ``R`` rows, splitting row groups where a range starts or ends inside one. Every
-    worker thus streams the same number of rows (and batches) each epoch, and one epoch's worth
-    of steps streams every row exactly once. When ``R`` is not a multiple of ``T`` the rows
-    cannot be split equally: the dataset refuses with the numbers, unless ``drop_last`` (then
-    the last ``R % T`` rows of the epoch are left out). Each worker yields dicts of column name
-    -> tensor with ``batch_size`` rows (the last one is shorter unless ``drop_last``). Columns
-    must be numeric (integer, floating point or boolean).
+    The rows of all files, in the order (file, row group, row), make the global batches of an
+    epoch: global batch ``b`` is rows ``[b * batch_size, (b + 1) * batch_size)``, the last one
+    shorter (``drop_last=False``) or left out (``drop_last=True``) -- what one process reading
+    the files yields. They are dealt out as :class:`ShardedSampler` deals its global batches:
+    under round-robin (static) assignment worker ``w`` of every CS-X takes global batches ``w,
+    w + W, w + 2W, ...`` (numbered across epochs), under dynamic assignment the ones whose
+    numbers the coordinator gives it, and CS-X ``c`` takes its contiguous slice of each (the
+    slices of one batch differ by at most one row). So at any ``num_csx`` x
+    ``num_workers_per_csx`` the wafer sees the single-process sequence of batches, and one
+    epoch's worth of steps streams every row exactly once. Where a batch cannot be sliced over
+    the CS-Xs (fewer rows than ``num_csx``), iterating raises with the numbers. Each worker
+    yields dicts of column name -> tensor. Columns must be numeric (integer, floating point or
+    boolean).
 
-    Inside a ``torch.utils.data.DataLoader`` with ``num_workers = n > 0`` (use ``batch_size=None``
-    there), process ``i`` of the DataLoader reads the ``i``-th of ``n`` contiguous parts of the
-    input worker's rows; ``state_dict`` then describes only in-process iteration.
+    A worker reads only the row groups its batches touch (``ParquetFile.read_row_group``) and
+    keeps the last one read for the next batch. A row group much longer than ``batch_size x
+    num_workers_per_csx`` is read by every worker of a CS-X: write smaller row groups where
+    reading is the bottleneck.
 
-    ``state_dict()`` is ``{"epoch": e, "row_group": r, "offset": k}``: the next row to read is row
-    ``k`` of global row group ``r`` (``r`` = the number of row groups at the end of the range).
+    Inside a ``torch.utils.data.DataLoader`` with ``num_workers = m > 0`` (use
+    ``batch_size=None`` there), process ``i`` of the DataLoader makes the input worker's
+    batches ``i, i + m, ...`` and the DataLoader's in-order reading gives back the input
+    worker's sequence. Such a loader takes no part in dynamic assignment (its processes
+    cannot be given batch numbers): the run keeps round-robin and says why.
+
+    ``state_dict()`` is ``{"epoch": e, "next_global_batch": n, "batch_size": B, "num_rows":
+    R}``: ``n`` is the global batch right after the last one this worker yielded (global-batch
+    units, so it does not depend on the number of workers); ``B`` and ``R`` identify the
+    batches, so that a state of other files or another batch size is refused. After
+    ``load_state_dict`` the next iteration starts with this worker's first global batch at or
+    after ``n``, for any ``W`` and ``C``.
 
     Args:
         paths: a Parquet file, a directory of ``*.parquet`` files, or a list of either.
         columns: the columns to read (default: all columns of the first file).
-        batch_size: rows per batch.
-        drop_last: drop each worker's last, short batch of an epoch, and the rows that do not
-            divide equally over the workers.
+        batch_size: rows per global batch.
+        drop_last: leave out the last global batch of an epoch when it is short.
 
     >>> import pyarrow as pa, pyarrow.parquet as pq, tempfile, os
+    >>> from workers.context import WorkerInfo, worker_context
     >>> path = os.path.join(tempfile.mkdtemp(), "d.parquet")
-    >>> pq.write_table(pa.table({"x": list(range(6))}), path, row_group_size=2)
-    >>> [b["x"].tolist() for b in ParquetDataset(path, batch_size=4)]
-    [[0, 1, 2, 3], [4, 5]]
+    >>> pq.write_table(pa.table({"x": list(range(10))}), path, row_group_size=3)
+    >>> [b["x"].tolist() for b in ParquetDataset(path, batch_size=4)]  # worker 0 of 1
+    [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    >>> with worker_context(WorkerInfo(local_worker_id=1, num_workers_per_csx=2)):
+    ...     [b["x"].tolist() for b in ParquetDataset(path, batch_size=4)]  # global batch 1
+    [[4, 5, 6, 7]]
     """
 
     def __init__(self, paths, columns: Sequence[str] | None = None, batch_size: int = 1,
                  drop_last: bool = False):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         self.batch_size = _check_int("batch_size", batch_size, 1, "ParquetDataset")
         if not isinstance(drop_last, bool):
             raise TypeError(f"ParquetDataset: drop_last must be True or False, got {drop_last!r}.")
@@ -606,90 +634,184 @@ class ParquetDataset(torch.utils.data.IterableDataset):
                 raise ValueError("ParquetDataset: columns is empty; name at least one column.")
         self.row_groups: list[tuple[int, int, int]] = []  # (file index, row group, rows)
         for fi, path in enumerate(self.paths):
-            try:
-                meta = pq.ParquetFile(path).metadata
-                schema = pq.read_schema(path)
-            except (pa.ArrowInvalid, OSError) as e:
-                raise ValueError(
-                    f"ParquetDataset: {str(path)!r} is not a readable Parquet file ({e})."
-                ) from None
-            names = list(schema.names)
-            if columns is None:
-                columns = names
-            missing = [c for c in columns if c not in names]
-            if missing:
-                raise ValueError(
-                    f"ParquetDataset: column(s) {missing} not in {str(path)!r}; its columns are "
-                    f"{names}."
-                )
-            for c in columns:
-                t = schema.field(c).type
-                if not _is_numeric(t):
-                    raise TypeError(
-                        f"ParquetDataset: column {c!r} of {str(path)!r} has Arrow type {t}, which "
-                        "is not numeric; only integer, floating point and boolean columns become "
-                        "tensors. Leave it out with columns=[...] or convert it when writing."
-                    )
-            for rg in range(meta.num_row_groups):
-                self.row_groups.append((fi, rg, meta.row_group(rg).num_rows))
+            columns = self._add_file(fi, path, columns)
         self.columns = columns
         self._starts = [0]  # global row index where each row group starts
         for _, _, rows in self.row_groups:
             self._starts.append(self._starts[-1] + rows)
         self.epoch = 0
-        self._pos = (0, 0)
-        self._resume: tuple[int, int] | None = None
+        self._next = 0  # the global batch after the last one yielded
+        self._resume_from: int | None = None
+        self.skipped_epoch = False  # the last epoch gave this worker no batch (on purpose)
         self._files: dict[int, Any] = {}
+        self._cached: tuple[int, dict] | None = None  # (row group, its columns as tensors)
         self._pickled_info = None
+
+    def _add_file(self, fi: int, path: Path, columns: list[str] | None) -> list[str]:
+        """Check one file's columns and record its row groups; returns the columns to read."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            meta = pq.ParquetFile(path).metadata
+            schema = pq.read_schema(path)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise ValueError(
+                f"ParquetDataset: {str(path)!r} is not a readable Parquet file ({e})."
+            ) from None
+        names = list(schema.names)
+        if columns is None:
+            columns = names
+        missing = [c for c in columns if c not in names]
+        if missing:
+            raise ValueError(
+                f"ParquetDataset: column(s) {missing} not in {str(path)!r}; its columns are "
+                f"{names}."
+            )
+        for c in columns:
+            t = schema.field(c).type
+            if not _is_numeric(t):
+                raise TypeError(
+                    f"ParquetDataset: column {c!r} of {str(path)!r} has Arrow type {t}, which "
+                    "is not numeric; only integer, floating point and boolean columns become "
+                    "tensors. Leave it out with columns=[...] or convert it when writing."
+                )
+        for rg in range(meta.num_row_groups):
+            self.row_groups.append((fi, rg, meta.row_group(rg).num_rows))
+        return columns
 
     @property
     def num_rows(self) -> int:
         return self._starts[-1]
 
-    # -- sharding --------------------------------------------------------------------------
-    def _shard(self) -> tuple[int, int]:
-        """This worker's rows ``[lo, hi)`` (global row indices)."""
+    @property
+    def num_global_batches(self) -> int:
+        """Global batches in an epoch (what one process reading the files yields)."""
+        full, short = divmod(self.num_rows, self.batch_size)
+        return full + (1 if short and not self.drop_last else 0)
+
+    # -- dealing out -----------------------------------------------------------------------
+    def _identity(self):
+        """``(cstream worker info, torch DataLoader worker info or None)``."""
         info = get_worker_info()
         tw = torch.utils.data.get_worker_info()
         if tw is not None and self._pickled_info is not None:
             # a torch DataLoader worker process started with "spawn": the worker context of the
             # process that started it came along in the pickled dataset
             info = self._pickled_info
-        T, g = info.total_num_workers, info.global_worker_id
-        R = self.num_rows
-        per, extra = divmod(R, T)
-        if extra and not self.drop_last:
-            raise ValueError(
-                f"ParquetDataset: the {R} rows of {len(self.paths)} file(s) cannot be split "
-                f"equally over {T} input workers (num_csx * num_workers_per_csx): {T} x {per} "
-                f"rows leaves {extra} over, and a worker with more rows than the others would "
-                "stream some rows twice or leave others out within one epoch's worth of steps. "
-                f"Use drop_last=True (each epoch leaves out the last {extra} rows), a number of "
-                f"workers that divides {R}, or write a multiple of {T} rows."
-            )
-        lo, hi = g * per, (g + 1) * per
-        if tw is not None and tw.num_workers > 1:
-            a, b = _slice_bounds(per, tw.num_workers, tw.id)
-            lo, hi = lo + a, lo + b
-        return lo, hi
+        return info, tw
 
-    def _rows_per_worker(self) -> int:
-        lo, hi = self._shard()
-        return hi - lo
+    def _check_layout(self, C: int) -> None:
+        """Refuse, with the numbers, global batches that cannot be sliced over ``C`` CS-Xs."""
+        B, R = self.batch_size, self.num_rows
+        if C > 1 and B < C:
+            raise ValueError(
+                f"ParquetDataset: batch_size={B} is smaller than num_csx={C}; every global "
+                f"batch is sliced over the CS-Xs, so some CS-X would get no row of it. Use a "
+                f"batch_size of at least {C}.")
+        short = R % B
+        if C > 1 and 0 < short < C and not self.drop_last:
+            raise ValueError(
+                f"ParquetDataset: the last global batch of an epoch has {short} row(s) ({R} "
+                f"rows = {R // B} x batch_size {B} + {short}), fewer than num_csx={C}, so some "
+                f"CS-X would get no row of it. Use drop_last=True (it leaves those {short} "
+                "row(s) out, as one process reading the files with drop_last=True does), or a "
+                f"batch_size that leaves at least {C} rows in the last batch.")
 
     def __len__(self) -> int:
-        """The number of batches this worker yields in an epoch."""
-        rows = self._rows_per_worker()
-        return rows // self.batch_size if self.drop_last else -(-rows // self.batch_size)
+        """The number of batches this worker yields in an epoch under round-robin assignment
+        (worker 0 of 1: the global batches of an epoch)."""
+        info, tw = self._identity()
+        n, W = self.num_global_batches, info.num_workers_per_csx
+        count = _count_congruent(n, (info.local_worker_id - self.epoch * n) % W, W)
+        if tw is not None and tw.num_workers > 1:
+            count = _count_congruent(count, tw.id, tw.num_workers)
+        return count
 
     def set_epoch(self, epoch: int) -> None:
-        """Record ``epoch`` (kept in the state; every epoch reads the rows in one order)."""
-        self.epoch = _check_int("epoch", epoch, 0, "ParquetDataset.set_epoch")
+        """Record ``epoch`` (every epoch reads the rows in one order; the epoch places its
+        global batches in the numbering across epochs). Another epoch than the current one
+        starts at its first global batch."""
+        epoch = _check_int("epoch", epoch, 0, "ParquetDataset.set_epoch")
+        if epoch != self.epoch:
+            self._next, self._resume_from = 0, None
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        info, tw = self._identity()
+        self._check_layout(info.num_csx)
+        start, self._resume_from = self._resume_from or 0, None
+        self._next = start
+        self.skipped_epoch = False
+        assignment = get_batch_assignment() if tw is None else None
+        if assignment is not None:
+            return self._iter_assigned(assignment, info, start)
+        return self._iter_round_robin(info, tw, start)
+
+    def _iter_round_robin(self, info, tw, start: int) -> Iterator[dict[str, torch.Tensor]]:
+        n, W = self.num_global_batches, info.num_workers_per_csx
+        offset = (self.epoch * n) % W  # global batches numbered before this epoch
+        mine = range(start + (info.local_worker_id - offset - start) % W, n, W)
+        if tw is not None and tw.num_workers > 1:
+            mine = mine[tw.id::tw.num_workers]
+        for b in mine:
+            batch = self._global_batch(b, info)
+            self._next = b + 1
+            yield batch
+        self.skipped_epoch = n > 0 and not mine
+
+    def _iter_assigned(self, assignment, info, start: int) -> Iterator[dict[str, torch.Tensor]]:
+        """Dynamic assignment: the global batches whose numbers the worker's coordinator
+        assigned, as long as they fall in this epoch (number ``s`` is global batch ``s % n``
+        of epoch ``s // n``), as :meth:`ShardedSampler._iter_assigned` does."""
+        n = self.num_global_batches
+        yielded = False
+        while n:
+            try:
+                number = assignment.peek()
+            except AssignmentClosed:
+                return
+            epoch, b = divmod(number, n)
+            if epoch > self.epoch:
+                self.skipped_epoch = not yielded
+                return
+            if epoch < self.epoch or b < self._next:
+                raise RuntimeError(
+                    f"ParquetDataset: global batch number {number} (batch {b} of epoch {epoch})"
+                    f" was assigned after this worker had passed it (epoch {self.epoch}, batch "
+                    f"{self._next}); numbers must reach a worker in increasing order.")
+            batch = self._global_batch(b, info)
+            assignment.take()
+            self._next = b + 1
+            yielded = True
+            yield batch
 
     # -- reading ---------------------------------------------------------------------------
-    def _read(self, r: int) -> dict[str, torch.Tensor]:
+    def _global_batch(self, b: int, info) -> dict[str, torch.Tensor]:
+        """This CS-X's slice of global batch ``b``."""
+        lo = b * self.batch_size
+        hi = min(lo + self.batch_size, self.num_rows)
+        if info.num_csx > 1:
+            a, z = _slice_bounds(hi - lo, info.num_csx, info.wse_id)
+            lo, hi = lo + a, lo + z
+        parts = []
+        row = lo
+        while row < hi:
+            r = bisect.bisect_right(self._starts, row) - 1
+            data = self._row_group(r)
+            k0, k1 = row - self._starts[r], min(hi, self._starts[r + 1]) - self._starts[r]
+            parts.append({c: v[k0:k1] for c, v in data.items()})
+            row = self._starts[r] + k1
+        if len(parts) == 1:  # a copy: the batch does not keep the whole row group alive
+            return {k: v.clone() for k, v in parts[0].items()}
+        return {k: torch.cat([p[k] for p in parts]) for k in self.columns}
+
+    def _row_group(self, r: int) -> dict[str, torch.Tensor]:
+        """Global row group ``r`` as tensors (the last one read is kept)."""
         import pyarrow.parquet as pq
 
+        if self._cached is not None and self._cached[0] == r:
+            return self._cached[1]
         fi, rg, _ = self.row_groups[r]
         f = self._files.get(fi)
         if f is None:
@@ -705,89 +827,44 @@ class ParquetDataset(torch.utils.data.IterableDataset):
                     "them (e.g. pyarrow.compute.fill_null) before writing."
                 )
             out[name] = torch.from_numpy(col.to_numpy().copy())
+        self._cached = (r, out)
         return out
-
-    def _row_of(self, r: int, k: int) -> int:
-        return self._starts[r] + k if r < len(self.row_groups) else self.num_rows
-
-    def _position_at(self, row: int) -> tuple[int, int]:
-        """``(row group, offset)`` of global row ``row`` (``(len, 0)`` at the end)."""
-        if row >= self.num_rows:
-            return len(self.row_groups), 0
-        r = bisect.bisect_right(self._starts, row) - 1
-        return r, row - self._starts[r]
-
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        lo, hi = self._shard()
-        row = lo
-        if self._resume is not None:
-            (r, k), self._resume = self._resume, None
-            if r < len(self.row_groups) and not 0 <= k < self.row_groups[r][2]:
-                raise ValueError(
-                    f"ParquetDataset: the state being resumed has offset {k} in row group "
-                    f"{r}, which has {self.row_groups[r][2]} rows."
-                )
-            row = self._row_of(r, k)
-            if not lo <= row <= hi and not (row == self.num_rows and hi <= row):
-                raise ValueError(
-                    f"ParquetDataset: the state being resumed points at row {k} of row group "
-                    f"{r} (row {row} of all files), which is not in this worker's rows "
-                    f"[{lo}, {hi}). Resume each worker with its own state_dict() and the same "
-                    "number of workers."
-                )
-            row = min(row, hi)
-        self._pos = self._position_at(row)
-        pending: list[dict[str, torch.Tensor]] = []
-        have = 0
-        while row < hi:
-            r, k = self._position_at(row)
-            data = self._read(r)
-            stop = min(self.row_groups[r][2], hi - self._starts[r])
-            at = k  # rows of r already taken into batches
-            while at < stop:
-                take = min(self.batch_size - have, stop - at)
-                pending.append({c: v[at:at + take] for c, v in data.items()})
-                have += take
-                at += take
-                row = self._starts[r] + at
-                if have == self.batch_size:
-                    self._pos = self._position_at(row) if row < hi else (len(self.row_groups), 0)
-                    yield self._join(pending)
-                    pending, have = [], 0
-        end = (len(self.row_groups), 0)
-        if pending and not self.drop_last:
-            self._pos = end
-            yield self._join(pending)
-        self._pos = end
-
-    def _join(self, parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        if len(parts) == 1:
-            return {k: v.clone() for k, v in parts[0].items()}
-        return {k: torch.cat([p[k] for p in parts]) for k in self.columns}
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """``{"epoch": e, "row_group": r, "offset": k}`` (see the class docstring)."""
-        r, k = self._resume if self._resume is not None else self._pos
-        return {"epoch": self.epoch, "row_group": r, "offset": k}
+        """``{"epoch": e, "next_global_batch": n, "batch_size": B, "num_rows": R}`` (see the
+        class docstring)."""
+        n = self._resume_from if self._resume_from is not None else self._next
+        return {"epoch": self.epoch, "next_global_batch": n, "batch_size": self.batch_size,
+                "num_rows": self.num_rows}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Make the next iteration start at row ``offset`` of global row group ``row_group``."""
-        state = _check_state("ParquetDataset", state_dict, ("epoch", "row_group", "offset"))
-        if state["row_group"] > len(self.row_groups):
+        """Make the next iteration start at global batch ``state_dict["next_global_batch"]``
+        of epoch ``state_dict["epoch"]``."""
+        state = _check_state("ParquetDataset", state_dict, _PARQUET_STATE_KEYS)
+        if (state["batch_size"], state["num_rows"]) != (self.batch_size, self.num_rows):
             raise ValueError(
-                f"ParquetDataset.load_state_dict: row_group={state['row_group']} but the files "
-                f"hold {len(self.row_groups)} row groups; the state is from other files."
-            )
+                f"ParquetDataset.load_state_dict: the state was saved reading "
+                f"{state['num_rows']} rows in global batches of {state['batch_size']}, and this "
+                f"dataset has {self.num_rows} rows in batches of {self.batch_size}; its position "
+                "counts the saved run's global batches, which hold other rows here. Resume with "
+                "the same files and batch_size.")
+        n = self.num_global_batches
+        if state["next_global_batch"] > n:
+            raise ValueError(
+                f"ParquetDataset.load_state_dict: next_global_batch="
+                f"{state['next_global_batch']}, but an epoch has {n} global batches.")
         self.epoch = state["epoch"]
-        self._resume = (state["row_group"], state["offset"])
+        self._resume_from = self._next = state["next_global_batch"]
 
     def __getstate__(self) -> dict:
         d = dict(self.__dict__)
         d["_files"] = {}
+        d["_cached"] = None
         d["_pickled_info"] = get_worker_info()
         return d
 
     def __repr__(self) -> str:
         return (f"ParquetDataset({len(self.paths)} file(s), {len(self.row_groups)} row groups, "
-                f"columns={self.columns}, batch_size={self.batch_size})")
+                f"columns={self.columns}, batch_size={self.batch_size}, "
+                f"drop_last={self.drop_last})")
