@@ -1,14 +1,15 @@
 """The input side keeps its promises on users' data, as users write their input functions:
-duplicates are reported where the user sees them, resumes are exact, Parquet rows split
-equally, in-flight bytes are bounded, errors read well, directories are the user's."""
+duplicates are reported where the user sees them, resumes are exact, Parquet files stream the
+single-process rows at any worker count, in-flight bytes are bounded, errors read well,
+directories are the user's."""
 
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import random
 import warnings
-from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,7 +20,6 @@ from torch.utils.data import BatchSampler, RandomSampler, TensorDataset
 
 import cstream as cstorch
 from workers.context import WorkerInfo, worker_context
-from workers.sharding import ParquetDataset
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -107,8 +107,8 @@ def run(kind, input_fn, steps, cs_config=None, resume=None, checkpoint_steps=Non
 
     @cstorch.trace
     def step(batch):
-        (x,) = batch
-        return x + compiled.weight.sum() * 0
+        x = batch["x"] if isinstance(batch, dict) else batch[0]
+        return x + compiled.weight.sum().to(x.dtype) * 0
 
     @cstorch.step_closure
     def record(x):
@@ -228,19 +228,88 @@ def test_a_shuffle_that_cannot_be_drawn_again_refuses_to_resume():
     assert "its own seeded generator" in str(e.value)
 
 
-# -- 3. Parquet balance ------------------------------------------------------------------------
-def test_parquet_with_12_row_groups_over_8_workers_streams_each_row_once_per_epoch(tmp_path):
-    path = tmp_path / "rows.parquet"
-    pq.write_table(pa.table({"x": pa.array(range(192), pa.int64())}), path, row_group_size=16)
-    per = {}
+# -- 3. Parquet: the single-process rows at any worker count ------------------------------------
+def twelve_row_groups(tmp_path):
+    """3 files x 4 row groups x 40 rows: rows 0..479 in (file, row group, row) order."""
+    paths = []
+    for f in range(3):
+        path = tmp_path / f"part{f}.parquet"
+        pq.write_table(pa.table({"x": pa.array(range(160 * f, 160 * (f + 1)), pa.int64())}),
+                       path, row_group_size=40)
+        paths.append(str(path))
+    return paths
+
+
+def parquet_fn(paths, drop_last=True):
+    return cstorch.utils.data.ParquetDataset(paths, batch_size=8, drop_last=drop_last)
+
+
+def test_parquet_with_12_row_groups_over_1x8_workers_streams_the_single_process_rows(
+        ray_session, tmp_path):
+    # 60 global batches of 8 rows an epoch; each worker's share, 60 rows, is not a multiple of
+    # 8, and no worker drops (or shortens) a batch of its own: two epochs, each row once in
+    # each, in the order one process reads them
+    fn = functools.partial(parquet_fn, twelve_row_groups(tmp_path), True)
+    seen, _, executor = run("CSX", fn, 120, cstorch.utils.CSConfig(num_workers_per_csx=8))
+    assert seen == list(range(480)) * 2
+    assert executor.report["input_assignment"]["mode"] == "dynamic"
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_parquet_1x8_any_assignment_of_numbers_gives_the_single_process_rows(tmp_path,
+                                                                             drop_last):
+    # what each Ray input worker runs under dynamic assignment (the default), in-process:
+    # numbers 0..119 (two epochs) dealt to the 8 workers in a seeded random pattern
+    from workers.context import BatchAssignment, batch_assignment
+    from workers.dataloader import DataLoader
+    from workers.resume import Source
+
+    loader = DataLoader(parquet_fn, twelve_row_groups(tmp_path), drop_last)
+    rng = random.Random(7)
+    owner = [rng.randrange(8) for _ in range(120)]
+    rows = {}
     for w in range(8):
-        with worker_context(WorkerInfo(local_worker_id=w, num_workers_per_csx=8)):
-            ds = ParquetDataset(path, batch_size=8)
-            per[w] = [b["x"].tolist() for b in ds]
-            assert len(ds) == len(per[w]) == 3
-    steps = 3 * 8  # one epoch's worth of steps: worker s % 8 at step s
-    seen = [i for s in range(steps) for i in per[s % 8][s // 8]]
-    assert Counter(seen) == Counter(range(192))
+        info = WorkerInfo(local_worker_id=w, num_workers_per_csx=8)
+        assignment = BatchAssignment()
+        assignment.extend(0, [s for s in range(120) if owner[s] == w])
+        with worker_context(info), batch_assignment(assignment):
+            source = Source(loader, loader.build(info))
+            for s in range(120):
+                if owner[s] == w:
+                    rows[s] = next(source)["x"].tolist()
+    assert [i for s in range(120) for i in rows[s]] == list(range(480)) * 2
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_parquet_1x8_in_process_streams_the_single_process_rows(tmp_path, drop_last):
+    fn = functools.partial(parquet_fn, twelve_row_groups(tmp_path), drop_last)
+    seen, _, executor = run("CSX", fn, 120, cstorch.utils.CSConfig(num_workers_per_csx=8),
+                            in_process=True)
+    assert seen == list(range(480)) * 2
+    assert executor.report["input_assignment"]["mode"] == "static"
+
+
+def test_parquet_on_2x2_resumes_with_another_worker_count_exactly(ray_session, tmp_path):
+    fn = functools.partial(parquet_fn, twelve_row_groups(tmp_path))
+    cfg = cstorch.utils.CSConfig(num_csx=2, num_workers_per_csx=2)
+    # 27 steps: the saved position is row 216, inside the 2nd row group of the 2nd file
+    head, states, executor = run("CSX", fn, 27, cfg, checkpoint_steps=27)
+    assert head == list(range(216))
+    assert executor.report["input_assignment"]["mode"] == "dynamic"
+    tail, _, _ = run("CSX", fn, 40, cstorch.utils.CSConfig(num_workers_per_csx=2),
+                     resume=states[26])
+    assert tail == list(range(216, 480)) + list(range(56))  # into the next epoch
+
+
+def test_parquet_in_process_resumes_with_another_worker_count_exactly(tmp_path):
+    # the in-process input side deals round-robin (static): saved at 1x8, resumed at 2x3
+    fn = functools.partial(parquet_fn, twelve_row_groups(tmp_path), False)
+    head, states, _ = run("CSX", fn, 13, cstorch.utils.CSConfig(num_workers_per_csx=8),
+                          checkpoint_steps=13, in_process=True)
+    assert head == list(range(104))
+    tail, _, _ = run("CSX", fn, 50, cstorch.utils.CSConfig(num_csx=2, num_workers_per_csx=3),
+                     resume=states[12], in_process=True)
+    assert tail == list(range(104, 480)) + list(range(24))
 
 
 # -- 5. errors ---------------------------------------------------------------------------------
