@@ -43,8 +43,9 @@ def remap_worker_states(states: list, cs_config) -> list:
     """Resume states for ``cs_config``'s topology.
 
     States saved with the same topology are used as they are. Otherwise they can be mapped only
-    when the workers' loaders keep a position in global-batch units (``ShardedSampler``): every
-    new worker then starts at the saved global batch and the round-robin continues from there.
+    when the workers' loaders keep a position in global-batch units (``ShardedSampler``,
+    ``ParquetDataset``): every new worker then starts at the saved global batch and the
+    round-robin continues from there.
     """
     from workers.context import DataLoaderCheckpoint
 
@@ -64,8 +65,9 @@ def remap_worker_states(states: list, cs_config) -> list:
                 f"the dataloader state was saved with num_csx={old[0]}, "
                 f"num_workers_per_csx={old[1]}, and this run has num_csx={C}, "
                 f"num_workers_per_csx={W}; the saved positions are per worker (the input_fn does "
-                "not use cstream.utils.data.ShardedSampler), so they cannot be mapped onto "
-                "another topology. Resume with the saved CSConfig, or shard with ShardedSampler.")
+                "not use cstream.utils.data.ShardedSampler or a ParquetDataset read in the "
+                "input worker's own process), so they cannot be mapped onto another topology. "
+                "Resume with the saved CSConfig, or shard with ShardedSampler.")
         positions.append((int(usd.get("epoch", 0)), int(ls["next_global_batch"]), s))
     epoch, nxt, ref = max(positions, key=lambda p: (p[0], p[1]))
     total = sum(s.worker_step for s in states if s.wse_id == 0)

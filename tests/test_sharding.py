@@ -719,6 +719,49 @@ def test_parquet_dataset_pickled_for_a_spawned_torch_worker_keeps_the_input_work
     assert xs(ds)[0] == [0, 1, 2]  # outside a torch worker process the current context counts
 
 
+def parquet_in_torch_processes(paths):
+    ds = ParquetDataset(paths, columns=["x"], batch_size=2)
+    return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+                                       multiprocessing_context="fork")
+
+
+def test_an_input_worker_reading_parquet_in_torch_processes_keeps_round_robin_and_says_why(
+        parquet_files):
+    from workers.dataloader import DataLoader
+    from workers.input_worker import InputWorkerImpl, unpack_reply
+
+    worker = InputWorkerImpl(DataLoader(parquet_in_torch_processes, parquet_files),
+                             WorkerInfo(local_worker_id=1, num_workers_per_csx=2), dynamic=True)
+    try:
+        mode = worker.assignment_mode(timeout_s=60)
+        got = [unpack_reply(worker.fetch(i).body)[0]["batch"]["x"].tolist() for i in range(6)]
+    finally:
+        worker.stop(join_s=10)
+    assert mode == ("static", "the ParquetDataset is read by a torch DataLoader with "
+                    "num_workers=2, whose worker processes cannot be given batch numbers; "
+                    "round-robin delivers the same sequence")
+    # global batches 1, 3, 5, 7 of each epoch (8 an epoch), in order
+    assert got == [[2, 3], [6, 7], [10, 11], [14, 15], [2, 3], [6, 7]]
+
+
+def test_parquet_in_torch_processes_resumes_by_batch_count(parquet_files):
+    # the dataset here is not the one the torch processes iterate: its state never moves, so
+    # the position counts batches and the resumed loader skips them
+    from workers.dataloader import DataLoader
+    from workers.resume import Source
+
+    loader = DataLoader(parquet_in_torch_processes, parquet_files)
+    info = WorkerInfo(local_worker_id=1, num_workers_per_csx=2)
+    with worker_context(info):
+        source = Source(loader, loader.build(info))
+        head = [next(source)["x"].tolist() for _ in range(3)]
+        saved = source.position()
+        resumed = Source(loader, loader.build(info), saved)
+        tail = [next(resumed)["x"].tolist() for _ in range(2)]
+    assert "loader_state" not in saved and saved["batch_in_epoch"] == 3
+    assert head + tail == [[2, 3], [6, 7], [10, 11], [14, 15], [2, 3]]
+
+
 def test_which_parquet_loaders_can_be_assigned_dynamically(parquet_files):
     from workers.sharding import dynamic_assignment_support
 

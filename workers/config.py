@@ -66,9 +66,10 @@ class CSConfig:
     produces fewer batches; the wafer still sees exactly the single-process sequence of global
     batches. ``"static"``: worker ``s % num_workers_per_csx`` produces step ``s`` (round-robin),
     so a slow worker caps the stream at ``num_workers_per_csx`` x its rate. Only loaders that
-    draw their batches from :class:`cstream.utils.data.ShardedSampler` can be assigned
-    dynamically; iterable datasets and other samplers keep the round-robin, and the run's
-    profile says which mode ran and why. The default is ``"dynamic"``, from
+    draw their batches from :class:`cstream.utils.data.ShardedSampler` or read them from a
+    :class:`cstream.utils.data.ParquetDataset` can be assigned dynamically; other iterable
+    datasets and samplers keep the round-robin, and the run's profile says which mode ran and
+    why. The default is ``"dynamic"``, from
     ``benchmarks/stragglers.py`` (4 workers, lognormal read costs with p99 = 10x the median,
     medians of 3 rounds on a 2-core machine): with one worker persistently 2x slower, dynamic
     delivered 98% of the sum of the workers' rates and static 63% (capped by the slowest

@@ -9,9 +9,9 @@ batch holds the wafer while the other workers sit with full buffers. Here:
 - the coordinator hands out *global batch numbers* (the wafer step that consumes the batch:
   global batch ``s % n`` of epoch ``s // n``) in increasing order to whichever worker has room,
   each worker holding at most ``assigned_batches_per_worker`` numbers it has not delivered;
-- a worker's :class:`~workers.sharding.ShardedSampler` turns each number into its samples (this
-  CS-X's slice of that global batch), so which worker produces a batch changes, the batch
-  does not;
+- a worker's :class:`~workers.sharding.ShardedSampler` (or
+  :class:`~workers.sharding.ParquetDataset`) turns each number into its samples (this CS-X's
+  slice of that global batch), so which worker produces a batch changes, the batch does not;
 - replies from any worker land in a bounded *reorder window* keyed by number, and
   :meth:`next` releases them in order: the wafer sees exactly the single-process sequence;
 - numbers are issued only below ``delivered + reorder_window_batches`` (and while the window's
@@ -60,9 +60,10 @@ _RECENT_COSTS = 64  # the assignment size follows the median of this many recent
 
 def global_position(states: list) -> dict | None:
     """The ``after`` dict of the furthest position among resume ``states`` when their loaders
-    keep positions in global-batch units (``ShardedSampler``: ``loader_state`` has
-    ``next_global_batch``), else None. Under round-robin the furthest worker delivered the
-    step just before the resume step, so its position is where every worker resumes."""
+    keep positions in global-batch units (``ShardedSampler``, ``ParquetDataset``:
+    ``loader_state`` has ``next_global_batch``), else None. Under round-robin the furthest
+    worker delivered the step just before the resume step, so its position is where every
+    worker resumes."""
     best = None
     for st in states:
         usd = st.user_state_dict or {}
