@@ -745,7 +745,7 @@ class ParquetDataset(torch.utils.data.IterableDataset):
         self.skipped_epoch = False
         assignment = get_batch_assignment() if tw is None else None
         if assignment is not None:
-            return self._iter_assigned(assignment, info, start)
+            return self._iter_assigned(assignment, info)
         return self._iter_round_robin(info, tw, start)
 
     def _iter_round_robin(self, info, tw, start: int) -> Iterator[dict[str, torch.Tensor]]:
@@ -760,7 +760,7 @@ class ParquetDataset(torch.utils.data.IterableDataset):
             yield batch
         self.skipped_epoch = n > 0 and not mine
 
-    def _iter_assigned(self, assignment, info, start: int) -> Iterator[dict[str, torch.Tensor]]:
+    def _iter_assigned(self, assignment, info) -> Iterator[dict[str, torch.Tensor]]:
         """Dynamic assignment: the global batches whose numbers the worker's coordinator
         assigned, as long as they fall in this epoch (number ``s`` is global batch ``s % n``
         of epoch ``s // n``), as :meth:`ShardedSampler._iter_assigned` does."""
