@@ -6,7 +6,7 @@ import difflib
 import inspect
 from typing import Any
 
-from cstream.optim import lr_scheduler, scheduler
+from cstream.optim import lr_scheduler, scheduler, weight_decay_scheduler
 from cstream.optim.optimizer import Optimizer
 from cstream.optim.optimizers import (
     ASGD, SGD, Adadelta, Adafactor, Adagrad, Adam, Adamax, AdamW, Lamb, Lion, NAdam, RAdam,
@@ -18,6 +18,7 @@ OPTIMIZERS = {cls.__name__: cls for cls in (
     Adafactor)}
 
 __all__ = ["Optimizer", "configure_lr_scheduler", "configure_optimizer", "lr_scheduler", "scheduler",
+           "weight_decay_scheduler",
            *OPTIMIZERS]
 
 

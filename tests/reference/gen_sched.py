@@ -1,15 +1,17 @@
-"""Reference figures for every learning-rate scheduler of ``cerebras.pytorch.optim.lr_scheduler``.
+"""Reference figures for every scheduler of ``cerebras.pytorch.optim.lr_scheduler`` (and some of
+``weight_decay_scheduler``).
 
 Runs under the real package only (``tests/reference/generate.py gen_sched``). Writes
 ``fixtures/sched.json``: for each case, the scheduler's description (class, arguments, nested
 schedulers), and what the real package gave on its CPU backend: ``get_last_lr()``,
-``get_last_value()`` and every param group's ``lr`` after construction and after each of
-``STEPS`` steps; the state dict after ``SAVE_AT`` steps (tensors, sets and nested state dicts
-spelled out, see :func:`encode`); and the rates of a fresh scheduler that loaded that state
-dict and took the remaining steps.
+``get_last_value()`` and every param group's ``lr`` (``weight_decay``) after construction and
+after each of ``STEPS`` steps; the state dict after ``SAVE_AT`` steps (tensors, sets and nested
+state dicts spelled out, see :func:`encode`); and the values of a fresh scheduler that loaded
+that state dict and took the remaining steps; and every class's constructor signature.
 
-Every optimizer has two param groups: group 0 untagged, group 1 tagged ``"head"`` with
-``adjust_learning_rate`` 0.5 (read by ScalePerParamLR).
+Every optimizer (SGD, lr 0.5, weight_decay 0.01) has two param groups: group 0 untagged,
+group 1 tagged ``"head"`` with ``adjust_learning_rate`` 0.5 (read by ScalePerParamLR/WD).
+A few cases are weight-decay schedulers (``weight_decay_scheduler``, ``*WD``).
 """
 
 from __future__ import annotations
@@ -125,6 +127,21 @@ CASES = {
     "tagged_untagged_groups": {"cls": "StepLR", "args": {"initial_learning_rate": 0.5,
                                                          "step_size": 7, "gamma": 0.7,
                                                          "param_group_tags": [None]}},
+    "wd_cosine_decay": {"module": "weight_decay_scheduler", "cls": "CosineDecayWD", "args": {
+        "initial_val": 0.1, "end_val": 0.001, "total_iters": 30}},
+    "wd_piecewise": {"module": "weight_decay_scheduler", "cls": "PiecewiseConstantWD",
+                     "args": {"vals": [0.1, 0.05, 0.0], "milestones": [10, 25]}},
+    "wd_sequential_tagged": {"module": "weight_decay_scheduler", "cls": "SequentialWD", "args": {
+        "schedulers": [{"cls": "LinearWD", "args": {"initial_val": 0.0, "end_val": 0.1,
+                                                    "total_iters": 10,
+                                                    "param_group_tags": "head"}},
+                       {"cls": "ExponentialWD", "args": {"initial_val": 0.1, "total_iters": 10,
+                                                         "decay_rate": 0.5,
+                                                         "param_group_tags": "head"}}],
+        "milestones": [10], "param_group_tags": "head"}},
+    "wd_scale_per_param": {"module": "weight_decay_scheduler", "cls": "ScalePerParamWD",
+                           "args": {"scheduler": {"cls": "StepWD", "args": {
+                               "initial_val": 0.1, "step_size": 7, "gamma": 0.5}}}},
     "tagged_sequential": {"cls": "SequentialLR", "args": {
         "schedulers": [{"cls": "LinearLR", "args": {
                            "initial_learning_rate": 0.0, "end_learning_rate": 0.3,
@@ -141,22 +158,24 @@ def make_optimizer(cstorch):
     body, head = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
     return cstorch.optim.SGD([{"params": [body]},
                               {"params": [head], "tags": {"head"}, "adjust_learning_rate": 0.5}],
-                             lr=0.5)
+                             lr=0.5, weight_decay=0.01)
 
 
-def build(cstorch, optimizer, spec):
-    """The scheduler ``spec`` describes; nested specs (``schedulers``, ``scheduler``) first."""
+def build(cstorch, optimizer, spec, module=None):
+    """The scheduler ``spec`` describes; nested specs (``schedulers``, ``scheduler``) first,
+    from the same module (``lr_scheduler`` unless the spec names another)."""
+    module = spec.get("module", module or "lr_scheduler")
 
     def value(v):
         if isinstance(v, dict) and "cls" in v:
-            return build(cstorch, optimizer, v)
+            return build(cstorch, optimizer, v, module)
         if isinstance(v, list) and v and isinstance(v[0], dict) and "cls" in v[0]:
-            return [build(cstorch, optimizer, s) for s in v]
+            return [build(cstorch, optimizer, s, module) for s in v]
         return v
 
-    cls = getattr(cstorch.optim.lr_scheduler, spec["cls"])
+    cls = getattr(getattr(cstorch.optim, module), spec["cls"])
     kwargs = {k: value(v) for k, v in spec["args"].items()}
-    if spec["cls"] in ("ChainedLR", "ChainedScheduler"):
+    if spec["cls"] in ("ChainedLR", "ChainedScheduler", "ChainedWD"):
         return cls(**kwargs)
     return cls(optimizer, **kwargs)
 
@@ -192,8 +211,13 @@ def values(vals):
 
 
 def snapshot(sched, opt):
-    return {"last_lr": values(sched.get_last_lr()), "last_value": values(sched.get_last_value()),
-            "group_lr": [float(g["lr"]) for g in opt.param_groups]}
+    """The values after a step; ``group_value`` is each group's ``lr`` (``weight_decay`` for a
+    weight-decay scheduler)."""
+    snap = {"last_value": values(sched.get_last_value()),
+            "group_value": [float(g[sched.param_group_key]) for g in opt.param_groups]}
+    if hasattr(sched, "get_last_lr"):
+        snap["last_lr"] = values(sched.get_last_lr())
+    return snap
 
 
 def run_case(cstorch, spec) -> dict:
@@ -213,19 +237,18 @@ def run_case(cstorch, spec) -> dict:
     resumed_opt = make_optimizer(cstorch)
     resumed = build(cstorch, resumed_opt, spec)
     resumed.load_state_dict(decode(json.loads(json.dumps(state))))
-    record["resumed"] = [{"last_lr": values(resumed.get_last_lr())}]
+    record["resumed"] = [{"last_value": values(resumed.get_last_value())}]
     for _ in range(SAVE_AT + 1, STEPS + 1):
         resumed_opt.step()
         resumed.step()
-        record["resumed"].append({"last_lr": values(resumed.get_last_lr())})
+        record["resumed"].append({"last_value": values(resumed.get_last_value())})
     return record
 
 
-def signatures(cstorch) -> dict:
-    """Every public class of ``lr_scheduler`` with its constructor's parameters."""
+def signatures(module) -> dict:
+    """Every public class of ``module`` with its constructor's parameters."""
     import inspect
 
-    module = cstorch.optim.lr_scheduler
     out = {}
     for name in dir(module):
         obj = getattr(module, name)
@@ -256,6 +279,8 @@ def main(out: pathlib.Path) -> None:
     warnings.simplefilter("ignore")
     cases = {name: run_case(cstorch, spec) for name, spec in CASES.items()}
     fixture = {"cerebras_pytorch": cstorch.__version__, "steps": STEPS, "save_at": SAVE_AT,
-               "signatures": signatures(cstorch), "cases": cases}
+               "signatures": {m: signatures(getattr(cstorch.optim, m))
+                              for m in ("lr_scheduler", "weight_decay_scheduler")},
+               "cases": cases}
     (out / "sched.json").write_text(compact_json(fixture))
     print(f"reference: wrote {len(cases)} scheduler cases to {out / 'sched.json'}")
