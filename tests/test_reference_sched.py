@@ -230,6 +230,21 @@ def test_sgd_takes_each_step_with_the_reference_rate_of_that_step():
     assert float(p.detach()) == pytest.approx(1 - sum(rates), rel=1e-6)
 
 
+def test_sgd_decays_each_step_with_the_reference_weight_decay_of_that_step():
+    """p <- p - lr * (grad + wd_k * p) with grad 0: p shrinks by (1 - lr * wd_k) per step."""
+    cstorch.backend("CPU")
+    p = torch.nn.Parameter(torch.ones(1))
+    opt = cstorch.optim.SGD([p], lr=0.5, weight_decay=0.01)
+    sched = build(cstorch, opt, CASES["wd_cosine_decay"]["spec"])
+    want = 1.0
+    for snap in CASES["wd_cosine_decay"]["steps"][:STEPS]:
+        p.grad = torch.zeros(1)
+        opt.step()
+        sched.step()
+        want *= 1 - 0.5 * snap["last_value"][0]
+    assert float(p.detach()) == pytest.approx(want, rel=1e-6)
+
+
 # -- traced ------------------------------------------------------------------------------------
 def _traced_run(names, load_state=False, steps=STEPS, **options):
     """One traced step that steps every case's optimizer and scheduler; returns the rates

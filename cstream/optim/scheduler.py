@@ -618,6 +618,8 @@ class ScalePerParamScheduler(Scheduler):
     ``adjust_learning_rate`` (else ``adjust_val``, else 1), read at construction: the
     per-layer learning rates of muP."""
 
+    _NOT_STATE = Scheduler._NOT_STATE | {"_scheduler_nested"}
+
     def __init__(self, optimizer, scheduler: Scheduler, param_group_tags: Tags = None):
         self.adjustment_scalars = [g.get("adjust_learning_rate", g.get("adjust_val", 1.0))
                                    for g in optimizer.param_groups]
@@ -625,8 +627,6 @@ class ScalePerParamScheduler(Scheduler):
         scheduler._stepped_by_parent()
         self._scheduler_nested = scheduler
         super().__init__(optimizer, total_iters=None, param_group_tags=param_group_tags)
-
-    _NOT_STATE = Scheduler._NOT_STATE | {"_scheduler_nested"}
 
     def _post_init(self):
         _check_same_tags(self, [self._scheduler_nested])
