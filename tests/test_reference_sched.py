@@ -90,6 +90,29 @@ def test_the_lr_schedulers_are_torch_lr_schedulers_as_in_the_real_package():
     assert isinstance(sched, cstorch.optim.lr_scheduler.Scheduler)
 
 
+def test_a_custom_scheduler_without_a_schedule_and_a_torch_optimizer_are_refused():
+    opt = make_optimizer(cstorch)
+
+    class NoSchedule(cstorch.optim.lr_scheduler.LRScheduler):
+        pass
+
+    with pytest.raises(TypeError, match="NoSchedule defines no schedule: implement "
+                                        "_get_closed_form"):
+        NoSchedule(opt)
+    torch_opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+    with pytest.raises(TypeError, match="LinearLR needs a cstream.optim.Optimizer, got SGD"):
+        cstorch.optim.lr_scheduler.LinearLR(torch_opt, 0.1, 0.01, 10)
+
+
+def test_chained_lr_takes_the_seed_era_optimizer_first_form_too():
+    opt = make_optimizer(cstorch)
+    spec = CASES["chained"]["spec"]["args"]["schedulers"]
+    chained = cstorch.optim.lr_scheduler.ChainedLR(opt, [build(cstorch, opt, s) for s in spec])
+    for _ in range(7):
+        chained.step()
+    close(values(chained.get_last_lr()), CASES["chained"]["steps"][7]["last_lr"], 7)
+
+
 # -- eagerly -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_scheduler_equals_the_reference_at_every_step_on_cpu(name):
