@@ -323,6 +323,34 @@ def test_every_scheduler_traced_on_csx_equals_the_reference_at_every_step():
         close(after[name], want[-1], (name, "after the run"))
 
 
+def test_get_last_lr_inside_the_traced_step_passed_to_a_step_closure_gives_each_steps_rate():
+    backend = cstorch.backend("CSX", in_process=True)
+    compiled = cstorch.compile(torch.nn.Linear(2, 1), backend)
+    opt = make_optimizer(cstorch)
+    sched = build(cstorch, opt, CASES["sequential"]["spec"])
+    got = []
+
+    @cstorch.step_closure
+    def log(lr):
+        got.append(float(lr))
+
+    @cstorch.trace
+    def train_step(batch):
+        loss = compiled(batch).sum()
+        opt.step()
+        sched.step()
+        log(sched.get_last_lr()[0])
+        return loss
+
+    executor = cstorch.utils.data.DataExecutor(
+        cstorch.utils.data.DataLoader(lambda: [torch.ones(1, 2)] * 4), num_steps=12)
+    for batch in executor:
+        train_step(batch)
+    for step, (g, snap) in enumerate(zip(got, CASES["sequential"]["steps"][1:13]), 1):
+        close([g], snap["last_lr"][:1], step)
+    assert len(got) == 12
+
+
 def test_real_state_dicts_load_on_csx_and_the_traced_run_continues_as_in_the_real_package():
     names = sorted(set(CASES) - DEVIATIONS)
     got, _ = _traced_run(names, load_state=True, steps=STEPS - SAVE_AT, in_process=True)
