@@ -176,7 +176,7 @@ def _lrs(ours_factory, steps=300):
     sched = ours_factory(opt)
     out = []
     for _ in range(steps):
-        out.append(sched.get_last_lr()[0])
+        out.append(float(sched.get_last_lr()[0]))
         sched.step()
     return out
 
@@ -205,10 +205,10 @@ TORCH_SCHEDULES = {
     "CosineAnnealingWarmRestarts_T1": (
         lambda o: lrs.CosineAnnealingWarmRestarts(o, 0.5, T_0=30),
         lambda o: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(o, 30), 0.5),
-    "LambdaLR": (lambda o: lrs.LambdaLR(o, 0.5, lambda s: 1.0 / (1.0 + 0.01 * s)),
+    "LambdaLR": (lambda o: lrs.LambdaLR(o, 0.5, lr_lambda=lambda s: 1.0 / (1.0 + 0.01 * s)),
                  lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (1.0 + 0.01 * s)),
                  0.5),
-    "MultiplicativeLR": (lambda o: lrs.MultiplicativeLR(o, 0.5, lambda s: 0.99 + 0 * s),
+    "MultiplicativeLR": (lambda o: lrs.MultiplicativeLR(o, 0.5, coefficient=0.99),
                          lambda o: torch.optim.lr_scheduler.MultiplicativeLR(o, lambda s: 0.99),
                          0.5),
     "CyclicLR": (lambda o: lrs.CyclicLR(o, 0.01, 0.1, step_size_up=25, mode="triangular2"),
@@ -227,7 +227,11 @@ def test_scheduler_matches_torch_at_every_one_of_300_steps(name):
     ours = _lrs(ours_f)
     theirs = _torch_lrs(theirs_f, base)
     for i, (a, b) in enumerate(zip(ours, theirs)):
-        assert a == pytest.approx(b, rel=1e-7, abs=1e-12), (i, a, b)
+        # the schedules compute in float32, as the real package does (tests/
+        # test_reference_sched.py holds them to its figures); torch's in float64: over 300
+        # steps float32's rounding of the step's factor (0.99 ** 300, pi * 270 / 100) reaches
+        # a few 1e-6
+        assert a == pytest.approx(b, rel=5e-6, abs=1e-7), (i, a, b)
 
 
 CLOSED_FORMS = {
@@ -240,9 +244,9 @@ CLOSED_FORMS = {
                       lambda s: 0.01 + 0.49 * 0.5 * (1 + math.cos(math.pi * min(s, 200) / 200))),
     "ExponentialLR": (lambda o: lrs.ExponentialLR(o, 0.5, 50, 0.5, staircase=True),
                       lambda s: 0.5 * 0.5 ** (s // 50)),
-    "InverseExponentialTimeDecayLR": (
-        lambda o: lrs.InverseExponentialTimeDecayLR(o, 0.5, 10, 300, 0.2),
-        lambda s: 0.5 / (1 + 0.2 * s / 10)),
+    "InverseExponentialTimeDecayLR": (  # step ** step_exponent / total_iters, as in 2.10
+        lambda o: lrs.InverseExponentialTimeDecayLR(o, 0.5, 2, 300, 0.2),
+        lambda s: 0.5 / (1 + 0.2 * s ** 2 / 300)),
     "InverseSquareRootDecayLR": (lambda o: lrs.InverseSquareRootDecayLR(o, 2.0, 1.0, 16.0),
                                  lambda s: 2.0 / math.sqrt(max(s, 16))),
     "PiecewiseConstantLR": (lambda o: lrs.PiecewiseConstantLR(o, [0.3, 0.2, 0.1], [10, 100]),
@@ -261,7 +265,7 @@ CLOSED_FORMS = {
 def test_scheduler_follows_its_closed_form(name):
     factory, formula = CLOSED_FORMS[name]
     for s, lr in enumerate(_lrs(factory)):
-        assert lr == pytest.approx(formula(s), rel=1e-6, abs=1e-8), (s, lr)
+        assert lr == pytest.approx(formula(s), rel=5e-6, abs=1e-7), (s, lr)  # float32, above
 
 
 def test_configure_lr_scheduler_in_its_three_forms_and_errors():
@@ -269,7 +273,7 @@ def test_configure_lr_scheduler_in_its_three_forms_and_errors():
         return cstorch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1.0)
 
     s = cstorch.optim.configure_lr_scheduler(opt(), 0.02)
-    assert isinstance(s, lrs.ConstantLR) and s.get_last_lr() == [pytest.approx(0.02)]
+    assert isinstance(s, lrs.ConstantLR) and float(s.get_last_lr()[0]) == pytest.approx(0.02)
     for name in ("Linear", "LinearLR", "linearlr", "linear"):
         s = cstorch.optim.configure_lr_scheduler(opt(), {
             "scheduler": name, "initial_learning_rate": 0.1, "end_learning_rate": 0.2,
@@ -282,7 +286,12 @@ def test_configure_lr_scheduler_in_its_three_forms_and_errors():
     seq = cstorch.optim.configure_lr_scheduler(opt(), [
         {"scheduler": "Constant", "learning_rate": 0.1, "total_iters": 3},
         {"scheduler": "Constant", "learning_rate": 0.2}])
-    assert isinstance(seq, lrs.SequentialLR) and seq.milestones == [3]
+    assert isinstance(seq, lrs.SequentialLR)
+    rates = []
+    for _ in range(5):
+        rates.append(float(seq.get_last_lr()[0]))
+        seq.step()
+    assert rates == pytest.approx([0.1, 0.1, 0.1, 0.2, 0.2])
     chained = cstorch.optim.configure_lr_scheduler(opt(), [
         {"scheduler": "Constant", "learning_rate": 0.1, "main_scheduler": "ChainedLR"},
         {"scheduler": "Step", "initial_learning_rate": 1.0, "step_size": 2, "gamma": 0.5}])

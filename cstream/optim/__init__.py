@@ -6,7 +6,7 @@ import difflib
 import inspect
 from typing import Any
 
-from cstream.optim import lr_scheduler
+from cstream.optim import lr_scheduler, scheduler, weight_decay_scheduler
 from cstream.optim.optimizer import Optimizer
 from cstream.optim.optimizers import (
     ASGD, SGD, Adadelta, Adafactor, Adagrad, Adam, Adamax, AdamW, Lamb, Lion, NAdam, RAdam,
@@ -17,7 +17,8 @@ OPTIMIZERS = {cls.__name__: cls for cls in (
     SGD, Adam, AdamW, Adagrad, Adadelta, Adamax, ASGD, NAdam, RAdam, RMSprop, Rprop, Lamb, Lion,
     Adafactor)}
 
-__all__ = ["Optimizer", "configure_lr_scheduler", "configure_optimizer", "lr_scheduler",
+__all__ = ["Optimizer", "configure_lr_scheduler", "configure_optimizer", "lr_scheduler", "scheduler",
+           "weight_decay_scheduler",
            *OPTIMIZERS]
 
 
@@ -75,10 +76,30 @@ def _from_dict(optimizer, spec: dict, where: str):
     return cls(optimizer, **kwargs)
 
 
-def configure_lr_scheduler(optimizer: Optimizer, learning_rate):
+def configure_lr_scheduler(optimizer: Optimizer, learning_rate, adjust_learning_rate=None):
     """Build a scheduler from seed 000's three forms: a number (ConstantLR), a dict (its
     ``scheduler`` key names the class, the rest are arguments), or a list of dicts (SequentialLR,
-    each entry with ``total_iters``; ChainedLR if an entry has ``main_scheduler: "ChainedLR"``)."""
+    each entry with ``total_iters``; ChainedLR if an entry has ``main_scheduler: "ChainedLR"``).
+
+    ``adjust_learning_rate`` is the Model Zoo's third argument (its optimizer section's
+    per-layer scales, already written into the param groups as ``adjust_learning_rate``):
+    when given, the scheduler is wrapped in :class:`~cstream.optim.lr_scheduler.ScalePerParamLR`,
+    which multiplies each group's rate by its scale.
+
+    >>> import torch, cstream
+    >>> opt = cstream.optim.SGD([{"params": [torch.nn.Parameter(torch.ones(1))]},
+    ...     {"params": [torch.nn.Parameter(torch.ones(1))], "adjust_learning_rate": 0.5}], lr=1.0)
+    >>> sched = cstream.optim.configure_lr_scheduler(opt, 0.1, {"decoder_kernel": 0.5})
+    >>> [round(float(v), 4) for v in sched.get_last_lr()]
+    [0.1, 0.05]
+    """
+    scheduler = _configure(optimizer, learning_rate)
+    if adjust_learning_rate:
+        return lr_scheduler.ScalePerParamLR(optimizer, scheduler)
+    return scheduler
+
+
+def _configure(optimizer: Optimizer, learning_rate):
     if isinstance(learning_rate, (int, float)) and not isinstance(learning_rate, bool):
         return lr_scheduler.ConstantLR(optimizer, learning_rate=float(learning_rate))
     if isinstance(learning_rate, dict):
@@ -90,7 +111,7 @@ def configure_lr_scheduler(optimizer: Optimizer, learning_rate):
                       == "chainedlr" for s in learning_rate)
         scheds = [_from_dict(optimizer, s, f"[{i}]") for i, s in enumerate(learning_rate)]
         if chained:
-            return lr_scheduler.ChainedLR(optimizer, scheds)
+            return lr_scheduler.ChainedLR(scheds)
         milestones, total = [], 0
         for i, spec in enumerate(learning_rate[:-1]):
             if spec.get("total_iters") is None:

@@ -1,412 +1,298 @@
-"""Closed-form learning-rate schedulers: the whole schedule as tensor ops of the step.
+"""Learning-rate schedulers: ``cerebras.pytorch.optim.lr_scheduler``'s classes, signatures,
+figures and state dicts (see :mod:`cstream.optim.scheduler` for how they work).
 
-A scheduler keeps ``last_epoch`` as a 0-d tensor (torch's convention: the constructor moves it
-from -1 to 0, so the first optimizer step uses the rate at step 0; every ``step()`` adds one) and
-writes ``_get_closed_form_lr()`` into each group's ``lr`` tensor in place. No Python branches on
-the step: the schedule traces into a static graph.
+Each ``*LR`` class is the generic scheduler of :mod:`cstream.optim.scheduler` writing the
+group's ``"lr"``, with the learning-rate names of its arguments (``initial_learning_rate``,
+``end_learning_rate``, ``base_lr``, ...), which are also the names its state dict uses.
+
+A custom scheduler subclasses :class:`LRScheduler` and implements ``_get_closed_form_lr``
+(seed 000) or ``_get_closed_form`` (the real package's name), with tensor ops only:
+
+>>> import torch, cstream
+>>> class Halving(cstream.optim.lr_scheduler.LRScheduler):
+...     def __init__(self, optimizer):
+...         super().__init__(optimizer, total_iters=None, last_epoch=-1)
+...     def _get_closed_form_lr(self):
+...         return 0.5 ** self.last_epoch.to(torch.float32)
+>>> opt = cstream.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+>>> sched = Halving(opt)
+>>> sched.step(); sched.step()
+>>> [round(float(v), 4) for v in sched.get_last_lr()]
+[0.25]
 """
 
 from __future__ import annotations
 
-import math
-from abc import ABC, abstractmethod
-from typing import Callable, Optional, Sequence
+from typing import Callable, List, Optional
 
 import torch
 
-import cstream
-from cstream.optim.optimizer import Optimizer
+from cstream.optim import scheduler as _s
+from cstream.optim.scheduler import (  # noqa: F401  (the real module exports them too)
+    ChainedScheduler as BaseChainedScheduler,
+    ConstantScheduler, CosineAnnealingScheduler, CosineAnnealingWarmRestartsScheduler,
+    CosineDecayScheduler, CyclicScheduler, ExponentialScheduler,
+    InverseExponentialTimeDecayScheduler, InverseSquareRootDecayScheduler, LambdaScheduler,
+    LinearScheduler, MultiplicativeScheduler, MultiStepScheduler, OneCycleScheduler,
+    PiecewiseConstantScheduler, PolynomialScheduler, ScalePerParamScheduler, Scheduler,
+    SequentialScheduler, StepScheduler, Tags,
+)
 
 
-class LRScheduler(ABC):
-    """Base class: ``LRScheduler(optimizer, total_iters=None, last_epoch=-1)``.
+def _alias(name: str) -> property:
+    """A generic argument (``initial_val``) kept under its learning-rate name."""
+    return property(lambda self: getattr(self, name),
+                    lambda self, value: setattr(self, name, value))
 
-    Subclasses implement :meth:`_get_closed_form_lr`, returning the rate at ``self.last_epoch``
-    (a tensor) with tensor ops only (``torch.where`` for the pieces of a schedule).
-    """
 
-    def __init__(self, optimizer: Optimizer, total_iters: Optional[int] = None,
-                 last_epoch: int = -1):
-        if not isinstance(optimizer, Optimizer):
-            raise TypeError(
-                f"{type(self).__name__} needs a cstream.optim.Optimizer, got "
-                f"{type(optimizer).__name__}; torch.optim optimizers are not traceable.")
-        self.optimizer = optimizer
-        self.total_iters = total_iters
-        self.last_epoch = cstream.full((), float(last_epoch), dtype=torch.float32)
-        self._step_lr()
+def _closed_form_from_lr(self) -> torch.Tensor:
+    return torch.as_tensor(self._get_closed_form_lr(), dtype=torch.float32)
 
-    @abstractmethod
+
+class LRScheduler(Scheduler, torch.optim.lr_scheduler.LRScheduler):
+    """Base class: ``LRScheduler(optimizer, total_iters=None, last_epoch=-1,
+    param_group_tags=None)``; implement ``_get_closed_form_lr`` (or ``_get_closed_form``)."""
+
+    param_group_key = "lr"
+
+    def __init__(self, optimizer, total_iters: Optional[int] = None, last_epoch: int = -1,
+                 param_group_tags: Tags = None):
+        super().__init__(optimizer, total_iters, last_epoch, param_group_tags)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "_get_closed_form_lr" in cls.__dict__ and "_get_closed_form" not in cls.__dict__:
+            cls._get_closed_form = _closed_form_from_lr
+
     def _get_closed_form_lr(self) -> torch.Tensor:
-        """The learning rate at step ``self.last_epoch`` (a 0-d tensor)."""
+        """The learning rate at ``self.last_epoch`` (seed 000's name for the schedule)."""
+        raise NotImplementedError
 
-    def lr_at(self, step: torch.Tensor) -> torch.Tensor:
-        """The rate at ``step`` (used by SequentialLR/ChainedLR to compose schedules)."""
-        saved = self.last_epoch
-        self.last_epoch = step
-        try:
-            return torch.as_tensor(self._get_closed_form_lr(), dtype=torch.float64)
-        finally:
-            self.last_epoch = saved
+    def get_last_lr(self) -> list:
+        """The learning rate each param group got last (see :meth:`get_last_value`)."""
+        return self.get_last_value()
 
-    @torch.no_grad()
-    def _step_lr(self) -> None:
-        self.last_epoch.add_(1)
-        lr = torch.as_tensor(self._get_closed_form_lr(), dtype=torch.float32)
-        for group in self.optimizer.param_groups:
-            group["lr"].copy_(lr)
-
-    def step(self, epoch=None) -> None:
-        if epoch is not None:
-            raise TypeError(f"{type(self).__name__}.step() takes no epoch: the schedule is a "
-                            "function of the step counter.")
-        self._step_lr()
-
-    def get_last_lr(self) -> list[float]:
-        """The current rate of each group (reads values: call it outside the traced step)."""
-        return [float(g["lr"]) for g in self.optimizer.param_groups]
-
-    def state_dict(self) -> dict:
-        return {"last_epoch": self.last_epoch}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        with torch.no_grad():
-            self.last_epoch.copy_(torch.as_tensor(state_dict["last_epoch"], dtype=torch.float32))
-            lr = torch.as_tensor(self._get_closed_form_lr(), dtype=torch.float32)
-            for group in self.optimizer.param_groups:
-                group["lr"].copy_(lr)
+    def get_lr(self) -> list:
+        return self.get()
 
 
-def _t(step):
-    return step.to(torch.float64)  # schedules in double precision, stored as float32
+class ConstantLR(LRScheduler, ConstantScheduler):
+    """``learning_rate`` at every step."""
+
+    val = _alias("learning_rate")
+
+    def __init__(self, optimizer, learning_rate: float, total_iters: Optional[int] = None,
+                 param_group_tags: Tags = None):
+        ConstantScheduler.__init__(self, optimizer, val=learning_rate, total_iters=total_iters,
+                                   param_group_tags=param_group_tags)
 
 
-class ConstantLR(LRScheduler):
-    def __init__(self, optimizer, learning_rate: float, total_iters=None, last_epoch=-1):
-        self.learning_rate = float(learning_rate)
-        super().__init__(optimizer, total_iters, last_epoch)
+class PolynomialLR(LRScheduler, PolynomialScheduler):
+    """From ``initial_learning_rate`` to ``end_learning_rate`` over ``total_iters`` steps
+    along ``(1 - step / total_iters) ** power``."""
 
-    def _get_closed_form_lr(self):
-        return torch.zeros_like(self.last_epoch) + self.learning_rate
+    initial_val = _alias("initial_learning_rate")
+    end_val = _alias("end_learning_rate")
 
-
-class LinearLR(LRScheduler):
-    """From ``initial_learning_rate`` to ``end_learning_rate`` over ``total_iters`` steps."""
-
-    def __init__(self, optimizer, initial_learning_rate, end_learning_rate, total_iters,
-                 last_epoch=-1):
-        self.initial_learning_rate = float(initial_learning_rate)
-        self.end_learning_rate = float(end_learning_rate)
-        super().__init__(optimizer, int(total_iters), last_epoch)
-
-    def _get_closed_form_lr(self):
-        frac = torch.clamp(_t(self.last_epoch), max=self.total_iters) / self.total_iters
-        return self.initial_learning_rate + (self.end_learning_rate - self.initial_learning_rate) * frac
+    def __init__(self, optimizer, initial_learning_rate: float, end_learning_rate: float,
+                 total_iters: int, power: float = 1.0, cycle: bool = False,
+                 param_group_tags: Tags = None):
+        PolynomialScheduler.__init__(self, optimizer, initial_learning_rate, end_learning_rate,
+                                     total_iters, power=power, cycle=cycle,
+                                     param_group_tags=param_group_tags)
 
 
-class PolynomialLR(LRScheduler):
-    def __init__(self, optimizer, initial_learning_rate, end_learning_rate, total_iters,
-                 power=1.0, cycle=False, last_epoch=-1):
-        self.initial_learning_rate = float(initial_learning_rate)
-        self.end_learning_rate = float(end_learning_rate)
-        self.power, self.cycle = float(power), bool(cycle)
-        super().__init__(optimizer, int(total_iters), last_epoch)
+class LinearLR(LRScheduler, LinearScheduler):
+    """PolynomialLR with ``power=1``."""
 
-    def _get_closed_form_lr(self):
-        step = _t(self.last_epoch)
-        if self.cycle:
-            decay = self.total_iters * torch.clamp(torch.ceil(step / self.total_iters), min=1.0)
-            frac = step / decay
-        else:
-            frac = torch.clamp(step, max=self.total_iters) / self.total_iters
-        return ((self.initial_learning_rate - self.end_learning_rate) * (1 - frac) ** self.power
-                + self.end_learning_rate)
+    initial_val = _alias("initial_learning_rate")
+    end_val = _alias("end_learning_rate")
+
+    def __init__(self, optimizer, initial_learning_rate: float, end_learning_rate: float,
+                 total_iters: int, cycle: bool = False, param_group_tags: Tags = None):
+        LinearScheduler.__init__(self, optimizer, initial_learning_rate, end_learning_rate,
+                                 total_iters, cycle=cycle, param_group_tags=param_group_tags)
 
 
-class CosineDecayLR(LRScheduler):
-    def __init__(self, optimizer, initial_learning_rate, end_learning_rate, total_iters,
-                 last_epoch=-1):
-        self.initial_learning_rate = float(initial_learning_rate)
-        self.end_learning_rate = float(end_learning_rate)
-        super().__init__(optimizer, int(total_iters), last_epoch)
+class ExponentialLR(LRScheduler, ExponentialScheduler):
+    initial_val = _alias("initial_learning_rate")
 
-    def _get_closed_form_lr(self):
-        frac = torch.clamp(_t(self.last_epoch), max=self.total_iters) / self.total_iters
-        return self.end_learning_rate + (self.initial_learning_rate - self.end_learning_rate) * (
-            0.5 * (1 + torch.cos(math.pi * frac)))
+    def __init__(self, optimizer, initial_learning_rate: float, total_iters: int,
+                 decay_rate: float, staircase: bool = False, param_group_tags: Tags = None):
+        ExponentialScheduler.__init__(self, optimizer, initial_learning_rate, total_iters,
+                                      decay_rate, staircase=staircase,
+                                      param_group_tags=param_group_tags)
 
 
-class ExponentialLR(LRScheduler):
-    """``initial_learning_rate * decay_rate ** (step / total_iters)`` (floored if staircase)."""
+class InverseExponentialTimeDecayLR(LRScheduler, InverseExponentialTimeDecayScheduler):
+    initial_val = _alias("initial_learning_rate")
 
-    def __init__(self, optimizer, initial_learning_rate, total_iters, decay_rate,
-                 staircase=False, last_epoch=-1):
-        self.initial_learning_rate = float(initial_learning_rate)
-        self.decay_rate, self.staircase = float(decay_rate), bool(staircase)
-        super().__init__(optimizer, int(total_iters), last_epoch)
-
-    def _get_closed_form_lr(self):
-        power = _t(self.last_epoch) / self.total_iters
-        if self.staircase:
-            power = torch.floor(power)
-        return self.initial_learning_rate * torch.pow(self.decay_rate, power)
+    def __init__(self, optimizer, initial_learning_rate: float, step_exponent: int,
+                 total_iters: int, decay_rate: float, staircase: bool = False,
+                 param_group_tags: Tags = None):
+        InverseExponentialTimeDecayScheduler.__init__(
+            self, optimizer, initial_learning_rate, step_exponent, total_iters, decay_rate,
+            staircase=staircase, param_group_tags=param_group_tags)
 
 
-class InverseExponentialTimeDecayLR(LRScheduler):
-    """``initial / (1 + decay_rate * step / step_exponent)`` (floored if staircase)."""
+class InverseSquareRootDecayLR(LRScheduler, InverseSquareRootDecayScheduler):
+    initial_val = _alias("initial_learning_rate")
 
-    def __init__(self, optimizer, initial_learning_rate, step_exponent, total_iters, decay_rate,
-                 staircase=False, last_epoch=-1):
-        self.initial_learning_rate = float(initial_learning_rate)
-        self.step_exponent, self.decay_rate = int(step_exponent), float(decay_rate)
-        self.staircase = bool(staircase)
-        super().__init__(optimizer, int(total_iters), last_epoch)
-
-    def _get_closed_form_lr(self):
-        frac = _t(self.last_epoch) / self.step_exponent
-        if self.staircase:
-            frac = torch.floor(frac)
-        return self.initial_learning_rate / (1.0 + self.decay_rate * frac)
+    def __init__(self, optimizer, initial_learning_rate: float = 1.0, scale: float = 1.0,
+                 warmup_steps: int = 1.0, param_group_tags: Tags = None):
+        InverseSquareRootDecayScheduler.__init__(self, optimizer, initial_learning_rate, scale,
+                                                 warmup_steps, param_group_tags=param_group_tags)
 
 
-class InverseSquareRootDecayLR(LRScheduler):
-    """``initial * scale / sqrt(max(step, warmup_steps))``."""
+class CosineDecayLR(LRScheduler, CosineDecayScheduler):
+    initial_val = _alias("initial_learning_rate")
+    end_val = _alias("end_learning_rate")
 
-    def __init__(self, optimizer, initial_learning_rate=1.0, scale=1.0, warmup_steps=1.0,
-                 last_epoch=-1):
-        self.initial_learning_rate, self.scale = float(initial_learning_rate), float(scale)
-        self.warmup_steps = float(warmup_steps)
-        super().__init__(optimizer, None, last_epoch)
-
-    def _get_closed_form_lr(self):
-        return self.initial_learning_rate * self.scale / torch.sqrt(
-            torch.clamp(_t(self.last_epoch), min=self.warmup_steps))
+    def __init__(self, optimizer, initial_learning_rate: float, end_learning_rate: float,
+                 total_iters: int, param_group_tags: Tags = None):
+        CosineDecayScheduler.__init__(self, optimizer, initial_learning_rate, end_learning_rate,
+                                      total_iters, param_group_tags=param_group_tags)
 
 
-class StepLR(LRScheduler):
-    """``initial * gamma ** floor(step / step_size)`` (``torch.optim.lr_scheduler.StepLR``)."""
-
-    def __init__(self, optimizer, initial_learning_rate, step_size, gamma=0.1, last_epoch=-1):
-        self.initial_learning_rate, self.step_size = float(initial_learning_rate), int(step_size)
-        self.gamma = float(gamma)
-        super().__init__(optimizer, None, last_epoch)
-
-    def _get_closed_form_lr(self):
-        return self.initial_learning_rate * torch.pow(
-            self.gamma, torch.floor(_t(self.last_epoch) / self.step_size))
+class SequentialLR(LRScheduler, SequentialScheduler):
+    def __init__(self, optimizer, schedulers: List[LRScheduler], milestones: List[int],
+                 last_epoch: int = -1, param_group_tags: Tags = None):
+        SequentialScheduler.__init__(self, optimizer, schedulers, milestones,
+                                     last_epoch=last_epoch, param_group_tags=param_group_tags)
 
 
-class MultiStepLR(LRScheduler):
-    """``initial * gamma ** (milestones passed)`` (``torch.optim.lr_scheduler.MultiStepLR``)."""
+class PiecewiseConstantLR(LRScheduler, PiecewiseConstantScheduler):
+    """``learning_rates[i]`` from ``milestones[i-1]`` until ``milestones[i]``."""
 
-    def __init__(self, optimizer, initial_learning_rate, milestones: Sequence[int], gamma=0.1,
-                 last_epoch=-1):
-        self.initial_learning_rate = float(initial_learning_rate)
-        self.milestones, self.gamma = sorted(int(m) for m in milestones), float(gamma)
-        super().__init__(optimizer, None, last_epoch)
-
-    def _get_closed_form_lr(self):
-        step = _t(self.last_epoch)
-        passed = torch.zeros_like(step)
-        for m in self.milestones:
-            passed = passed + (step >= m).to(torch.float32)
-        return self.initial_learning_rate * torch.pow(self.gamma, passed)
+    def __init__(self, optimizer, learning_rates: List[float], milestones: List[int],
+                 param_group_tags: Tags = None):
+        PiecewiseConstantScheduler.__init__(self, optimizer, ConstantLR, learning_rates,
+                                            milestones, param_group_tags=param_group_tags)
 
 
-class PiecewiseConstantLR(LRScheduler):
-    """``learning_rates[i]`` between ``milestones[i-1]`` and ``milestones[i]``."""
+class MultiStepLR(LRScheduler, MultiStepScheduler):
+    initial_val = _alias("initial_learning_rate")
 
-    def __init__(self, optimizer, learning_rates: Sequence[float], milestones: Sequence[int],
-                 last_epoch=-1):
-        if len(learning_rates) != len(milestones) + 1:
-            raise ValueError(
-                f"PiecewiseConstantLR: learning_rates needs one more entry than milestones "
-                f"(got {len(learning_rates)} rates and {len(milestones)} milestones).")
-        self.learning_rates = [float(x) for x in learning_rates]
-        self.milestones = [int(m) for m in milestones]
-        super().__init__(optimizer, None, last_epoch)
-
-    def _get_closed_form_lr(self):
-        step = _t(self.last_epoch)
-        lr = torch.zeros_like(step) + self.learning_rates[-1]
-        for m, rate in reversed(list(zip(self.milestones, self.learning_rates))):
-            lr = torch.where(step < m, rate, lr)
-        return lr
+    def __init__(self, optimizer, initial_learning_rate: float, gamma: float,
+                 milestones: List[int], param_group_tags: Tags = None):
+        MultiStepScheduler.__init__(self, optimizer, initial_learning_rate, gamma, milestones,
+                                    param_group_tags=param_group_tags)
 
 
-class CosineAnnealingLR(LRScheduler):
-    """``torch.optim.lr_scheduler.CosineAnnealingLR``'s closed form (periodic in ``2*T_max``)."""
+class StepLR(LRScheduler, StepScheduler):
+    initial_val = _alias("initial_learning_rate")
 
-    def __init__(self, optimizer, initial_learning_rate, T_max, eta_min=0.0, last_epoch=-1):
-        self.initial_learning_rate, self.T_max = float(initial_learning_rate), int(T_max)
-        self.eta_min = float(eta_min)
-        super().__init__(optimizer, None, last_epoch)
-
-    def _get_closed_form_lr(self):
-        return self.eta_min + (self.initial_learning_rate - self.eta_min) * (
-            1 + torch.cos(math.pi * _t(self.last_epoch) / self.T_max)) / 2
+    def __init__(self, optimizer, initial_learning_rate: float, step_size: int, gamma: float,
+                 param_group_tags: Tags = None):
+        StepScheduler.__init__(self, optimizer, initial_learning_rate, step_size, gamma,
+                               param_group_tags=param_group_tags)
 
 
-class CosineAnnealingWarmRestarts(LRScheduler):
-    """Cosine annealing restarted after ``T_0``, ``T_0 * T_mult``, ... steps."""
+class CosineAnnealingLR(LRScheduler, CosineAnnealingScheduler):
+    initial_val = _alias("initial_learning_rate")
 
-    def __init__(self, optimizer, initial_learning_rate, T_0, T_mult=1, eta_min=0.0,
-                 last_epoch=-1):
-        if int(T_mult) < 1:
-            raise ValueError(f"CosineAnnealingWarmRestarts: T_mult must be >= 1, got {T_mult!r}.")
-        self.initial_learning_rate, self.T_0 = float(initial_learning_rate), int(T_0)
-        self.T_mult, self.eta_min = int(T_mult), float(eta_min)
-        super().__init__(optimizer, None, last_epoch)
-
-    def _get_closed_form_lr(self):
-        step = _t(self.last_epoch)
-        if self.T_mult == 1:
-            t_cur, t_i = torch.remainder(step, self.T_0), torch.full_like(step, self.T_0)
-        else:
-            m = self.T_mult
-            n = torch.floor(torch.log(step / self.T_0 * (m - 1) + 1) / math.log(m))
-            start = self.T_0 * (torch.pow(m, n) - 1) / (m - 1)
-            t_cur, t_i = step - start, self.T_0 * torch.pow(m, n)
-        return self.eta_min + (self.initial_learning_rate - self.eta_min) * (
-            1 + torch.cos(math.pi * t_cur / t_i)) / 2
+    def __init__(self, optimizer, initial_learning_rate: float, T_max: int,
+                 eta_min: float = 0.0, param_group_tags: Tags = None):
+        CosineAnnealingScheduler.__init__(self, optimizer, initial_learning_rate, T_max,
+                                          eta_min=eta_min, param_group_tags=param_group_tags)
 
 
-class LambdaLR(LRScheduler):
-    """``initial * lr_lambda(step)``; ``lr_lambda`` must be made of tensor ops."""
+class LambdaLR(LRScheduler, LambdaScheduler):
+    """``initial_learning_rate * f(step)`` for each ``f`` of :meth:`set_value_lambda` (the
+    real package's built-in pair unless overridden). ``lr_lambda``, a cstream extension, is a
+    single function of the step (an int64 tensor) made of tensor ops, used instead."""
 
-    def __init__(self, optimizer, initial_learning_rate, lr_lambda: Callable, last_epoch=-1):
-        self.initial_learning_rate, self.lr_lambda = float(initial_learning_rate), lr_lambda
-        super().__init__(optimizer, None, last_epoch)
+    initial_val = _alias("initial_learning_rate")
 
-    def _get_closed_form_lr(self):
-        return self.initial_learning_rate * self.lr_lambda(_t(self.last_epoch))
+    def __init__(self, optimizer, initial_learning_rate: float, param_group_tags: Tags = None,
+                 lr_lambda: Optional[Callable] = None):
+        if lr_lambda is not None and not callable(lr_lambda):
+            raise TypeError(f"LambdaLR: lr_lambda must be a function of the step, got "
+                            f"{type(lr_lambda).__name__}.")
+        self.lr_lambda = lr_lambda
+        LambdaScheduler.__init__(self, optimizer, initial_learning_rate,
+                                 param_group_tags=param_group_tags)
 
-
-class MultiplicativeLR(LRScheduler):
-    """Multiplies the current rate by ``lr_lambda(step)`` every step (from step 1)."""
-
-    def __init__(self, optimizer, initial_learning_rate, lr_lambda: Callable, last_epoch=-1):
-        self.initial_learning_rate, self.lr_lambda = float(initial_learning_rate), lr_lambda
-        self.current = cstream.full((), float(initial_learning_rate), dtype=torch.float64)
-        super().__init__(optimizer, None, last_epoch)
-
-    @torch.no_grad()
-    def _step_lr(self):
-        self.last_epoch.add_(1)
-        step = _t(self.last_epoch)
-        factor = torch.as_tensor(self.lr_lambda(step), dtype=torch.float64)
-        self.current.copy_(torch.where(step > 0, self.current * factor, self.current))
-        for group in self.optimizer.param_groups:
-            group["lr"].copy_(self.current.to(torch.float32))
-
-    def _get_closed_form_lr(self):
-        return self.current.to(torch.float32)
+    def set_value_lambda(self) -> list:
+        if self.lr_lambda is not None:
+            return [self.lr_lambda]
+        return super().set_value_lambda()
 
     def state_dict(self):
-        return {"last_epoch": self.last_epoch, "current": self.current}
-
-    def load_state_dict(self, state_dict):
-        with torch.no_grad():
-            self.current.copy_(torch.as_tensor(state_dict["current"]))
-        super().load_state_dict(state_dict)
+        state = super().state_dict()
+        state.pop("lr_lambda")  # a function: the real package's state has no such key
+        return state
 
 
-class CyclicLR(LRScheduler):
-    """Triangular cycles between ``base_lr`` and ``max_lr`` (modes: triangular, triangular2,
-    exp_range), as ``torch.optim.lr_scheduler.CyclicLR``."""
+class CosineAnnealingWarmRestarts(LRScheduler, CosineAnnealingWarmRestartsScheduler):
+    initial_val = _alias("initial_learning_rate")
 
-    def __init__(self, optimizer, base_lr, max_lr, step_size_up=2000, step_size_down=None,
-                 mode="triangular", gamma=1.0, last_epoch=-1):
-        if mode not in ("triangular", "triangular2", "exp_range"):
-            raise ValueError(f"CyclicLR: mode must be triangular, triangular2 or exp_range, got "
-                             f"{mode!r}.")
-        self.base_lr, self.max_lr = float(base_lr), float(max_lr)
-        up = float(step_size_up)
-        down = float(step_size_down) if step_size_down is not None else up
-        self.total_size, self.step_ratio = up + down, up / (up + down)
-        self.mode, self.gamma = mode, float(gamma)
-        super().__init__(optimizer, None, last_epoch)
-
-    def _get_closed_form_lr(self):
-        step = _t(self.last_epoch)
-        cycle = torch.floor(1 + step / self.total_size)
-        x = 1.0 + step / self.total_size - cycle
-        scale = torch.where(x <= self.step_ratio, x / self.step_ratio,
-                            (x - 1) / (self.step_ratio - 1))
-        height = (self.max_lr - self.base_lr) * scale
-        if self.mode == "triangular":
-            return self.base_lr + height
-        if self.mode == "triangular2":
-            return self.base_lr + height / torch.pow(2.0, cycle - 1)
-        return self.base_lr + height * torch.pow(self.gamma, step)
+    def __init__(self, optimizer, initial_learning_rate: float, T_0: int, T_mult: int = 1,
+                 eta_min: float = 0.0, param_group_tags: Tags = None):
+        CosineAnnealingWarmRestartsScheduler.__init__(
+            self, optimizer, initial_learning_rate, T_0, T_mult=T_mult, eta_min=eta_min,
+            param_group_tags=param_group_tags)
 
 
-class OneCycleLR(LRScheduler):
-    """Warm-up from ``initial_learning_rate`` to ``max_lr`` then anneal to ``min_lr``
-    (cosine or linear), as the two-phase ``torch.optim.lr_scheduler.OneCycleLR``."""
+class MultiplicativeLR(LRScheduler, MultiplicativeScheduler):
+    """``initial_learning_rate * coefficient ** step``."""
 
-    def __init__(self, optimizer, initial_learning_rate, max_lr, total_steps, pct_start=0.3,
-                 final_div_factor=1e4, anneal_strategy="cos", last_epoch=-1):
-        if anneal_strategy not in ("cos", "linear"):
-            raise ValueError(f"OneCycleLR: anneal_strategy must be 'cos' or 'linear', got "
-                             f"{anneal_strategy!r}.")
-        self.initial_learning_rate, self.max_lr = float(initial_learning_rate), float(max_lr)
-        self.min_lr = self.initial_learning_rate / float(final_div_factor)
-        self.up_end = float(pct_start * total_steps) - 1
-        self.down_end = float(total_steps) - 1
-        self.anneal = anneal_strategy
-        super().__init__(optimizer, int(total_steps), last_epoch)
+    initial_val = _alias("initial_learning_rate")
 
-    def _anneal(self, start, end, pct):
-        if self.anneal == "cos":
-            return end + (start - end) / 2.0 * (torch.cos(math.pi * pct) + 1)
-        return (end - start) * pct + start
-
-    def _get_closed_form_lr(self):
-        step = _t(self.last_epoch)
-        up = self._anneal(self.initial_learning_rate, self.max_lr, step / self.up_end)
-        down = self._anneal(self.max_lr, self.min_lr,
-                            (step - self.up_end) / (self.down_end - self.up_end))
-        return torch.where(step <= self.up_end, up, down)
+    def __init__(self, optimizer, initial_learning_rate: float, coefficient: float,
+                 param_group_tags: Tags = None):
+        MultiplicativeScheduler.__init__(self, optimizer, initial_learning_rate, coefficient,
+                                         param_group_tags=param_group_tags)
 
 
-class SequentialLR(LRScheduler):
-    """Run ``schedulers[i]`` from ``milestones[i-1]``; each sees its own step counted from 0."""
+class ChainedLR(LRScheduler, BaseChainedScheduler):
+    """The first scheduler's rate times each other one's ``rate / initial_learning_rate``.
+    ``ChainedLR(schedulers)``; the seed-era ``ChainedLR(optimizer, schedulers)`` also works."""
 
-    def __init__(self, optimizer, schedulers: Sequence[LRScheduler], milestones: Sequence[int],
-                 last_epoch=-1):
-        if len(milestones) != len(schedulers) - 1:
-            raise ValueError(
-                f"SequentialLR: expected {len(schedulers) - 1} milestones for {len(schedulers)} "
-                f"schedulers, got {len(milestones)}.")
-        self.schedulers, self.milestones = list(schedulers), [int(m) for m in milestones]
-        super().__init__(optimizer, None, last_epoch)
-
-    def _get_closed_form_lr(self):
-        step = _t(self.last_epoch)
-        starts = [0] + self.milestones
-        lr = self.schedulers[-1].lr_at(step - starts[-1])
-        for sched, start, end in reversed(list(zip(self.schedulers, starts, self.milestones))):
-            lr = torch.where(step < end, sched.lr_at(step - start), lr)
-        return lr
+    def __init__(self, schedulers: List[LRScheduler], param_group_tags: Tags = None):
+        BaseChainedScheduler.__init__(self, schedulers, param_group_tags=param_group_tags)
 
 
-class ChainedLR(LRScheduler):
-    """The product of the schedules' rates relative to the first one's initial rate: each
-    scheduler multiplies the rate by its own factor (torch's ChainedScheduler)."""
+class ChainedScheduler(ChainedLR):
+    """torch's name for :class:`ChainedLR`."""
 
-    def __init__(self, optimizer, schedulers: Sequence[LRScheduler], last_epoch=-1):
-        self.schedulers = list(schedulers)
-        super().__init__(optimizer, None, last_epoch)
 
-    def _get_closed_form_lr(self):
-        step = _t(self.last_epoch)
-        first = self.schedulers[0]
-        lr = first.lr_at(step)
-        for s in self.schedulers[1:]:
-            base = s.lr_at(torch.zeros_like(step))
-            lr = lr * s.lr_at(step) / base
-        return lr
+class CyclicLR(LRScheduler, CyclicScheduler):
+    base_val = _alias("base_lr")
+    max_val = _alias("max_lr")
+
+    def __init__(self, optimizer, base_lr: float, max_lr: float, step_size_up: int = 2000,
+                 step_size_down: Optional[int] = None, mode: str = "triangular",
+                 gamma: float = 1.0, scale_mode: str = "cycle", param_group_tags: Tags = None):
+        CyclicScheduler.__init__(self, optimizer, base_lr, max_lr, step_size_up=step_size_up,
+                                 step_size_down=step_size_down, mode=mode, gamma=gamma,
+                                 scale_mode=scale_mode, param_group_tags=param_group_tags)
+
+
+class OneCycleLR(LRScheduler, OneCycleScheduler):
+    """``initial_learning_rate`` is torch's ``max_lr / div_factor``."""
+
+    initial_val = _alias("initial_learning_rate")
+    max_val = _alias("max_lr")
+
+    def __init__(self, optimizer, initial_learning_rate: float, max_lr: float,
+                 total_steps: int = 1000, pct_start: float = 0.3,
+                 final_div_factor: float = 1e4, three_phase: bool = False,
+                 anneal_strategy: str = "cos", param_group_tags: Tags = None):
+        OneCycleScheduler.__init__(
+            self, optimizer, initial_learning_rate, max_lr, total_steps=total_steps,
+            pct_start=pct_start, final_div_factor=final_div_factor, three_phase=three_phase,
+            anneal_strategy=anneal_strategy, param_group_tags=param_group_tags)
+
+
+class ScalePerParamLR(LRScheduler, ScalePerParamScheduler):
+    """``scheduler``'s rate times each param group's ``adjust_learning_rate`` (muP)."""
+
+    adjustment_scalars = _alias("lr_adjustment_scalars")
+
+    def __init__(self, optimizer, scheduler: LRScheduler, param_group_tags: Tags = None):
+        ScalePerParamScheduler.__init__(self, optimizer, scheduler,
+                                        param_group_tags=param_group_tags)
 
 
 SCHEDULERS = {
@@ -414,5 +300,9 @@ SCHEDULERS = {
         ConstantLR, PolynomialLR, LinearLR, ExponentialLR, InverseExponentialTimeDecayLR,
         InverseSquareRootDecayLR, CosineDecayLR, SequentialLR, PiecewiseConstantLR, MultiStepLR,
         StepLR, CosineAnnealingLR, LambdaLR, CosineAnnealingWarmRestarts, MultiplicativeLR,
-        ChainedLR, CyclicLR, OneCycleLR)
+        ChainedLR, ChainedScheduler, CyclicLR, OneCycleLR, ScalePerParamLR)
 }
+
+__all__ = ["LRScheduler", "Scheduler", "SCHEDULERS", *SCHEDULERS, "BaseChainedScheduler",
+           *(name for name in dir(_s) if name.endswith("Scheduler") and name != "Scheduler"
+             and name != "ChainedScheduler")]
