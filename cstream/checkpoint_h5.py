@@ -59,6 +59,8 @@ _NUMPY = [torch.float64, torch.float32, torch.float16, torch.int64, torch.int32,
           torch.int8, torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.bool,
           torch.complex64, torch.complex128]
 DTYPES = {str(d): d for d in [*_NUMPY, *_BITS]}
+# what h5py raises on a damaged file (HDF5's own checksums and structure checks fail)
+_H5_ERRORS = (OSError, RuntimeError, KeyError, TypeError, ValueError, _lz4.LZ4Error)
 
 
 def where_of(path: str, key) -> str:
@@ -119,7 +121,7 @@ class _Flattener:
             raise ValueError(
                 f"cstream.save cannot store both {self.where_of_key[key] or '/'} and {where}: the "
                 f"checkpoint layout names every value by its dotted key path and both are {key!r}. "
-                "Rename one of the keys (e.g. without a '.').")
+                "Rename one of the keys so that their dotted paths differ.")
         if any(0xD800 <= ord(c) <= 0xDFFF or c == "\0" for c in key):
             raise ValueError(
                 f"cstream.save cannot store the value at {where}: its key path {key!r} holds a NUL "
@@ -265,16 +267,17 @@ class H5Checkpoint:
     def _read_root(self) -> dict:
         try:
             attrs = dict(self.file.attrs)
-        except (OSError, RuntimeError, KeyError) as e:
+        except _H5_ERRORS as e:
             raise self.error(f"its attributes cannot be read ({' '.join(str(e).split())})") from e
         if "__version__" not in attrs:
             raise self.error("it is an HDF5 file but not a checkpoint (it has no __version__ "
                              "attribute); write checkpoints with cstream.save or cerebras.pytorch.save")
         version = attrs["__version__"]
-        if not isinstance(version, (float, np.floating)) or float(version) != VERSION:
-            if isinstance(version, (float, np.floating)) and float(version) < VERSION:
+        version = float(version) if isinstance(version, (float, np.floating)) else version
+        if version != VERSION:
+            if isinstance(version, float) and version < VERSION:
                 raise self.error(
-                    f"its layout version is {float(version)}, written by cerebras.pytorch 2.0 or "
+                    f"its layout version is {version}, written by cerebras.pytorch 2.0 or "
                     f"earlier; cstream reads version {VERSION} (cerebras.pytorch 2.1 and later). "
                     "Load it with cerebras.pytorch and save it again with a newer release")
             raise self.error(f"its layout version is {version!r}; cstream reads version {VERSION}")
@@ -342,7 +345,7 @@ class H5Checkpoint:
         name = meta.get("key", key)
         try:
             return self.file[name]
-        except (KeyError, OSError, ValueError, TypeError) as e:
+        except _H5_ERRORS as e:
             raise self.error(f"the dataset {name!r} of the entry {where} cannot be opened") from e
 
     def tensor_info(self, meta: dict, where: str) -> tuple[torch.dtype, tuple]:
@@ -358,15 +361,16 @@ class H5Checkpoint:
         dtype, shape = self.tensor_info(meta, where)
         ds = self.dataset(meta, key, where)
         want = np.dtype(_BITS[dtype]) if dtype in _BITS else torch.empty(0, dtype=dtype).numpy().dtype
-        if ds.shape != shape or ds.dtype.itemsize != want.itemsize or ds.dtype.kind not in "iufbc":
-            raise self.error(f"the tensor {where} is stored as {ds.dtype} {ds.shape}, not as its "
-                             f"{str(dtype)[6:]} {shape}")
         try:
+            stored = (ds.dtype, ds.shape)
             array = self._values(ds)
-        except (_lz4.LZ4Error, OSError, ValueError) as e:
+            crc = ds.attrs.get("cstream.crc32")
+        except _H5_ERRORS as e:
             raise CheckpointError(f"{self.path}: the tensor {where} cannot be read: "
                                   f"{' '.join(str(e).split())}") from e
-        crc = ds.attrs.get("cstream.crc32")
+        if stored[1] != shape or stored[0].itemsize != want.itemsize or stored[0].kind not in "iufbc":
+            raise self.error(f"the tensor {where} is stored as {stored[0]} {stored[1]}, not as its "
+                             f"{str(dtype)[6:]} {shape}")
         if crc is not None and zlib.crc32(array.reshape(-1).view(np.uint8)) != int(crc):
             raise CheckpointError(f"{self.path}: the tensor {where} is corrupted: its data does not "
                                   "match its checksum.")
@@ -386,7 +390,10 @@ class H5Checkpoint:
 
     def read_object(self, meta: dict, key: str, where: str):
         ds = self.dataset(meta, key, where)
-        raw = ds.attrs.get("__BYTES__")
+        try:
+            raw = ds.attrs.get("__BYTES__")
+        except _H5_ERRORS as e:
+            raise self.error(f"the attributes of the entry {where} cannot be read") from e
         if not (isinstance(raw, (np.void, np.ndarray)) and raw.dtype.kind == "V"):
             raise self.error(f"the entry {where} has no pickled bytes (__BYTES__)")
         try:

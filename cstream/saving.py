@@ -50,10 +50,13 @@ def save(obj: Any, path) -> None:
     """Save ``obj`` (nested dicts/lists/tuples of tensors and plain values) to ``path`` (HDF5).
 
     Used exactly like ``torch.save``. The file is in ``cerebras.pytorch``'s layout: its ``load``
-    reads it, with the same keys, dtypes (bfloat16 and float16 included) and values. The write is atomic: the file appears under ``path`` only when
-    complete, so a crash leaves any earlier file there intact. Within a run, the backend's
-    ``max_checkpoints`` keeps only the newest files saved. Subclasses of the supported types are
-    stored as the base type (an ``OrderedDict`` loads as a dict, a namedtuple as a tuple).
+    reads it with the same keys, dtypes (bfloat16 and float16 included) and values. The write is
+    atomic: the file appears under ``path`` only when complete, so a crash leaves any earlier file
+    there intact. Within a run, the backend's ``max_checkpoints`` keeps only the newest files
+    saved. Subclasses of the supported types are stored as the base type (a namedtuple loads as a
+    tuple); every dict, ``OrderedDict`` included, loads as a dict. Two values whose dotted key
+    paths are the same (``{"a.b": x, "a": {"b": y}}``, ``{1: x, "1": y}``) are refused: the
+    layout names every value by that path.
 
     >>> import torch, cstream, tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "ckpt.h5")
