@@ -408,30 +408,36 @@ class H5Checkpoint:
             raise self.error(f"the pickled entry {where} is malformed ({e})") from e
 
     def leaf_value(self, key: str, where: str, device, links: dict):
-        """A leaf's value: read at once for plain values, a :class:`Lazy` for tensors."""
+        """A leaf's value: read at once for plain values, a :class:`Lazy` for tensors.
+
+        ``links`` maps the dotted keys read so far to their values: the real package saves a value
+        seen before under another key (the same object: tied weights, but also the same small
+        int) as a ``LinkedObject`` to that key, and it loads as that very value.
+        """
         meta = self.leaf_metadata(key, where)
         kind = meta.get("__TYPE__")
-        if kind == "TorchTensorSerializer" and meta.get("__NUMPY__"):
-            self.tensor_info(meta, where)
-            lazy = Lazy(lambda: self.read_tensor(meta, key, where, device))
-            links[key] = lazy
-            return lazy
-        if kind == "ScalarSerializer" and type(meta.get("scalar_value")) in (bool, int, float):
-            return meta["scalar_value"]
-        if kind == "StringSerializer" and type(meta.get("string_value")) is str:
-            return meta["string_value"]
-        if kind == "NoneSerializer":
-            return None
-        if kind == "ObjectSerializer":
-            return self.read_object(meta, key, where)
         if kind == "LinkedObject" and type(meta.get("key")) is str:
             if meta["key"] not in links:
-                raise self.error(f"the entry {where} is tied to {meta['key']!r}, which is not a "
-                                 "tensor saved before it")
+                raise self.error(f"the entry {where} is tied to {meta['key']!r}, which is not an "
+                                 "entry saved before it")
             return links[meta["key"]]
-        raise self.error(f"the entry {where} was saved by cerebras.pytorch's {kind}, which cstream "
-                         "does not read (it reads tensors, numbers, strings, None, tied tensors and "
-                         "pickled plain values)")
+        if kind == "TorchTensorSerializer" and meta.get("__NUMPY__"):
+            self.tensor_info(meta, where)
+            value = Lazy(lambda: self.read_tensor(meta, key, where, device))
+        elif kind == "ScalarSerializer" and type(meta.get("scalar_value")) in (bool, int, float):
+            value = meta["scalar_value"]
+        elif kind == "StringSerializer" and type(meta.get("string_value")) is str:
+            value = meta["string_value"]
+        elif kind == "NoneSerializer":
+            value = None
+        elif kind == "ObjectSerializer":
+            value = self.read_object(meta, key, where)
+        else:
+            raise self.error(f"the entry {where} was saved by cerebras.pytorch's {kind}, which "
+                             "cstream does not read (it reads tensors, numbers, strings, None, tied "
+                             "entries and pickled plain values)")
+        links[key] = value
+        return value
 
     def build(self, node: _Node, parts: list[str], where: str, device, links: dict):
         if node.kind is None:
@@ -459,16 +465,16 @@ class H5Checkpoint:
         def walk(node: _Node, parts: list[str], where: str):
             if node.kind is None:
                 key = ".".join(parts)
-                meta = self.leaf_metadata(key, where or "/")
-                if meta.get("__TYPE__") in ("TorchTensorSerializer", "LinkedObject"):
+                value = self.leaf_value(key, where or "/", None, links)  # tensors are not read
+                if isinstance(value, Lazy):
+                    meta = self.leaf_metadata(key, where or "/")
                     if meta.get("__TYPE__") == "LinkedObject":
-                        meta = self.leaf_metadata(meta.get("key"), where or "/")
+                        meta = self.leaf_metadata(meta["key"], where or "/")
                     dtype, shape = self.tensor_info(meta, where or "/")
                     size = torch.empty(0, dtype=dtype).element_size()
                     out.append({"key": where or "/", "type": "tensor", "dtype": str(dtype)[6:],
                                 "shape": shape, "nbytes": int(np.prod(shape, dtype=np.int64)) * size})
                     return
-                value = self.leaf_value(key, where or "/", None, links)
                 out.append({"key": where or "/", "type": type(value).__name__, "value": value})
                 return
             if not node.children:
