@@ -264,6 +264,11 @@ class H5Checkpoint:
     def error(self, what: str) -> CheckpointError:
         return CheckpointError(f"{self.path} is not a readable checkpoint: {what}.")
 
+    @property
+    def writer(self) -> str:
+        """``__cstorch_version__``: the real package's release ("2.10.0"), or "cstream 0.1.0"."""
+        return str(self.attrs.get("__cstorch_version__", "an unknown program"))
+
     def _read_root(self) -> dict:
         try:
             attrs = dict(self.file.attrs)

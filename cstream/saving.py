@@ -19,7 +19,7 @@ import torch
 from cstream import checkpoint_h5, checkpoint_v2
 from cstream._lazy import CheckpointError, LazyDict
 
-__all__ = ["CheckpointError", "LazyDict", "describe", "load", "save", "to_eager"]
+__all__ = ["CheckpointError", "LazyDict", "describe", "layout", "load", "save", "to_eager"]
 
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
@@ -201,3 +201,21 @@ def describe(path) -> list[dict]:
     if _open(path, "describe") is checkpoint_v2:
         return checkpoint_v2.describe(path)
     return checkpoint_h5.H5Checkpoint(path).describe()
+
+
+def layout(path) -> str:
+    """Which layout the checkpoint at ``path`` is in, and who wrote it, in words.
+
+    >>> import torch, cstream, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "ckpt.h5")
+    >>> cstream.save({"w": torch.ones(2)}, path)
+    >>> layout(path).startswith("cerebras.pytorch layout 0.5, written by cstream ")
+    True
+    """
+    path = _check_path_argument(path, "layout")
+    if _open(path, "layout") is checkpoint_v2:
+        return f"cstream's earlier layout (version {checkpoint_v2.VERSION}), written by cstream 0.1"
+    writer = checkpoint_h5.H5Checkpoint(path).writer
+    if not writer.startswith("cstream"):
+        writer = f"cerebras.pytorch {writer}"
+    return f"cerebras.pytorch layout {checkpoint_h5.VERSION}, written by {writer}"

@@ -489,3 +489,34 @@ def test_a_process_killed_while_saving_leaves_the_previous_checkpoint_intact(tmp
     state = cstream.load(path)
     assert state["version"] == "old" and torch.equal(state["w"], torch.ones(3))
     assert [p.name for p in tmp_path.glob("*.h5")] == ["c.h5"]
+
+
+def test_a_file_in_cstreams_earlier_layout_still_loads_and_describes():
+    """tests/data/cstream_v2_layout.h5 was written by cstream.save before it wrote the real layout."""
+    path = REPO / "tests" / "data" / "cstream_v2_layout.h5"
+    state = cstream.load(path)
+    assert list(state) == ["model", "optimizer", "global_step", "note", "raw", "ids"]
+    assert bits(state["model"]["weight"]) == bits(torch.arange(6, dtype=torch.float32).reshape(2, 3))
+    bias = state["model"]["bias"]
+    assert bias.dtype == torch.bfloat16 and bits(bias) == bits(torch.tensor([0.5, -1.5],
+                                                                            dtype=torch.bfloat16))
+    opt = state["optimizer"]
+    assert list(opt["state"]) == [0] and torch.equal(opt["state"][0]["step"], torch.tensor(3.0))
+    assert opt["state"][0]["exp_avg"].dtype == torch.float16
+    assert opt["param_groups"] == [{"lr": 0.1, "betas": (0.9, 0.999), "params": [0], "name": None,
+                                    "amsgrad": False}]
+    assert state["global_step"] == 12 and state["raw"] == b"\x00\xff"
+    assert state["note"] == "written by cstream 0.1.0 (layout version 2)"
+    assert torch.equal(state["ids"], torch.tensor([1, -2, 3]))
+    assert describe(path)[1] == {"key": "model/bias", "type": "tensor", "dtype": "bfloat16",
+                                 "shape": (2,), "nbytes": 4}
+
+
+def test_a_file_in_the_earlier_layout_saves_again_in_the_real_layout(tmp_path):
+    old = cstream.load(REPO / "tests" / "data" / "cstream_v2_layout.h5")
+    cstream.save(old, tmp_path / "new.h5")
+    with h5py.File(tmp_path / "new.h5", "r") as f:
+        assert f.attrs["__version__"] == 0.5
+    new = cstream.load(tmp_path / "new.h5")
+    assert bits(new["model"]["bias"]) == bits(old["model"]["bias"])
+    assert new["optimizer"]["param_groups"] == old["optimizer"]["param_groups"]
