@@ -17,11 +17,12 @@ class Lazy:
     gets the same tensor.
     """
 
-    __slots__ = ("read_fn", "value")
+    __slots__ = ("read_fn", "value", "dtype", "shape")
 
-    def __init__(self, read_fn):
+    def __init__(self, read_fn, dtype=None, shape=None):
         self.read_fn = read_fn
         self.value = None
+        self.dtype, self.shape = dtype, shape  # what describe() shows without reading
 
     def read(self):
         if self.value is None:

@@ -362,17 +362,18 @@ class H5Checkpoint:
             raise self.error(f"the tensor {where} has a malformed shape {shapes!r}")
         return DTYPES[dtypes[0]], tuple(shapes[0])
 
-    def read_tensor(self, meta: dict, key: str, where: str, device) -> torch.Tensor:
-        dtype, shape = self.tensor_info(meta, where)
-        ds = self.dataset(meta, key, where)
-        want = np.dtype(_BITS[dtype]) if dtype in _BITS else torch.empty(0, dtype=dtype).numpy().dtype
+    def read_tensor(self, name: str, dtype: torch.dtype, shape: tuple, where: str,
+                    device) -> torch.Tensor:
+        """The tensor in the dataset ``name``, checked against its dtype, shape and CRC-32."""
         try:
+            ds = self.file[name]
             stored = (ds.dtype, ds.shape)
             array = self._values(ds)
             crc = ds.attrs.get("cstream.crc32")
         except _H5_ERRORS as e:
             raise CheckpointError(f"{self.path}: the tensor {where} cannot be read: "
                                   f"{' '.join(str(e).split())}") from e
+        want = np.dtype(_BITS[dtype]) if dtype in _BITS else torch.empty(0, dtype=dtype).numpy().dtype
         if stored[1] != shape or stored[0].itemsize != want.itemsize or stored[0].kind not in "iufbc":
             raise self.error(f"the tensor {where} is stored as {stored[0]} {stored[1]}, not as its "
                              f"{str(dtype)[6:]} {shape}")
@@ -427,8 +428,9 @@ class H5Checkpoint:
                                  "entry saved before it")
             return links[meta["key"]]
         if kind == "TorchTensorSerializer" and meta.get("__NUMPY__"):
-            self.tensor_info(meta, where)
-            value = Lazy(lambda: self.read_tensor(meta, key, where, device))
+            dtype, shape = self.tensor_info(meta, where)
+            name = meta.get("key", key)
+            value = Lazy(lambda: self.read_tensor(name, dtype, shape, where, device), dtype, shape)
         elif kind == "ScalarSerializer" and type(meta.get("scalar_value")) in (bool, int, float):
             value = meta["scalar_value"]
         elif kind == "StringSerializer" and type(meta.get("string_value")) is str:
@@ -472,13 +474,10 @@ class H5Checkpoint:
                 key = ".".join(parts)
                 value = self.leaf_value(key, where or "/", None, links)  # tensors are not read
                 if isinstance(value, Lazy):
-                    meta = self.leaf_metadata(key, where or "/")
-                    if meta.get("__TYPE__") == "LinkedObject":
-                        meta = self.leaf_metadata(meta["key"], where or "/")
-                    dtype, shape = self.tensor_info(meta, where or "/")
-                    size = torch.empty(0, dtype=dtype).element_size()
-                    out.append({"key": where or "/", "type": "tensor", "dtype": str(dtype)[6:],
-                                "shape": shape, "nbytes": int(np.prod(shape, dtype=np.int64)) * size})
+                    size = torch.empty(0, dtype=value.dtype).element_size()
+                    out.append({"key": where or "/", "type": "tensor", "dtype": str(value.dtype)[6:],
+                                "shape": value.shape,
+                                "nbytes": int(np.prod(value.shape, dtype=np.int64)) * size})
                     return
                 out.append({"key": where or "/", "type": type(value).__name__, "value": value})
                 return
