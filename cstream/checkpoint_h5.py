@@ -244,6 +244,24 @@ class _Node:
         self.kind, self.keys, self.children = kind, keys, children
 
 
+class LegacyLayout(Exception):
+    """The file is in a layout of cerebras.pytorch 2.0 and earlier (:mod:`cstream.checkpoint_h5_legacy`)."""
+
+    def __init__(self, version: float):
+        super().__init__(version)
+        self.version = version
+
+
+def open_checkpoint(path: str) -> H5Checkpoint:
+    """The reader of the HDF5 checkpoint at ``path``: layout 0.5, or 0.1 to 0.4."""
+    try:
+        return H5Checkpoint(path)
+    except LegacyLayout:
+        from cstream.checkpoint_h5_legacy import LegacyH5Checkpoint
+
+        return LegacyH5Checkpoint(path)
+
+
 class H5Checkpoint:
     """An open checkpoint in the real package's layout: its spec, leaves, and the file lazy tensors
     are read from."""
@@ -256,7 +274,7 @@ class H5Checkpoint:
             raise self.error(f"HDF5 cannot open it ({' '.join(str(e).split())})") from e
         try:
             self.attrs = self._read_root()
-            self.tree = self._parse(self._spec_schema(), "/")
+            self.tree = self._read_tree()
         except BaseException:
             self.file.close()
             raise
@@ -279,13 +297,12 @@ class H5Checkpoint:
                              "attribute); write checkpoints with cstream.save or cerebras.pytorch.save")
         version = attrs["__version__"]
         version = float(version) if isinstance(version, (float, np.floating)) else version
+        if isinstance(version, float) and version < VERSION:
+            raise LegacyLayout(version)
         if version != VERSION:
-            if isinstance(version, float) and version < VERSION:
-                raise self.error(
-                    f"its layout version is {version}, written by cerebras.pytorch 2.0 or "
-                    f"earlier; cstream reads version {VERSION} (cerebras.pytorch 2.1 and later). "
-                    "Load it with cerebras.pytorch and save it again with a newer release")
-            raise self.error(f"its layout version is {version!r}; cstream reads version {VERSION}")
+            raise self.error(f"its layout version is {version!r}; cstream reads version {VERSION} "
+                             "(and the layouts of cerebras.pytorch 2.0 and earlier, 0.1 to 0.4)")
+        self.version = version
         if not attrs.get("__SUCCESS__", False):
             raise self.error("it was not written to the end (no __SUCCESS__ attribute); the program "
                              "that saved it stopped while saving")
@@ -299,6 +316,9 @@ class H5Checkpoint:
             return json.loads(text)
         except (ValueError, RecursionError) as e:
             raise self.error(f"its attribute {name} is not valid JSON ({e})") from e
+
+    def _read_tree(self) -> _Node:
+        return self._parse(self._spec_schema(), "/")
 
     def _spec_schema(self) -> dict:
         spec = self._json("__spec__")
@@ -402,8 +422,12 @@ class H5Checkpoint:
             raise self.error(f"the attributes of the entry {where} cannot be read") from e
         if not (isinstance(raw, (np.void, np.ndarray)) and raw.dtype.kind == "V"):
             raise self.error(f"the entry {where} has no pickled bytes (__BYTES__)")
+        return self.unpickle(np.asarray(raw).tobytes(), where)
+
+    def unpickle(self, data: bytes, where: str):
+        """A pickled value, read by :func:`cstream._safe_pickle.loads` (no code from the file runs)."""
         try:
-            return _safe_pickle.loads(np.asarray(raw).tobytes())
+            return _safe_pickle.loads(data)
         except _safe_pickle.UnsafePickleError as e:
             raise CheckpointError(
                 f"{self.path}: the entry {where} is a pickled object that names {e.name}, which "

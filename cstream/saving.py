@@ -170,7 +170,7 @@ def load(path, map_location=None):
     reader = _open(path, "cstream.load")
     if reader is checkpoint_v2:
         return checkpoint_v2.load(path, device)
-    return checkpoint_h5.H5Checkpoint(path).load(device)
+    return checkpoint_h5.open_checkpoint(path).load(device)
 
 
 def to_eager(obj):
@@ -200,7 +200,7 @@ def describe(path) -> list[dict]:
     path = _check_path_argument(path, "describe")
     if _open(path, "describe") is checkpoint_v2:
         return checkpoint_v2.describe(path)
-    return checkpoint_h5.H5Checkpoint(path).describe()
+    return checkpoint_h5.open_checkpoint(path).describe()
 
 
 def layout(path) -> str:
@@ -215,7 +215,8 @@ def layout(path) -> str:
     path = _check_path_argument(path, "layout")
     if _open(path, "layout") is checkpoint_v2:
         return f"cstream's earlier layout (version {checkpoint_v2.VERSION}), written by cstream 0.1"
-    writer = checkpoint_h5.H5Checkpoint(path).writer
+    checkpoint = checkpoint_h5.open_checkpoint(path)
+    writer = checkpoint.writer
     if not writer.startswith("cstream"):
         writer = f"cerebras.pytorch {writer}"
-    return f"cerebras.pytorch layout {checkpoint_h5.VERSION}, written by {writer}"
+    return f"cerebras.pytorch layout {checkpoint.version}, written by {writer}"

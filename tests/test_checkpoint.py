@@ -318,7 +318,7 @@ def _tensor_offset(path, name):
 def _legacy_file(path):
     with h5py.File(path, "w") as f:
         f.attrs["__version__"] = 0.4
-        f.attrs["__spec__"] = "80049500"
+        f.attrs["__spec__"] = "80049500"  # a pickle cut off after its header
 
 
 @pytest.mark.parametrize("make, what", [
@@ -329,9 +329,9 @@ def _legacy_file(path):
     ("text", "it is not an HDF5 file"),
     ("plain hdf5", "it is an HDF5 file but not a checkpoint (it has no __version__ attribute); "
                    "write checkpoints with cstream.save or cerebras.pytorch.save."),
-    ("legacy", "its layout version is 0.4, written by cerebras.pytorch 2.0 or earlier; cstream "
-               "reads version 0.5 (cerebras.pytorch 2.1 and later)."),
-    ("newer", "its layout version is 0.7; cstream reads version 0.5."),
+    ("legacy", "its tree spec cannot be unpickled ("),
+    ("newer", "its layout version is 0.7; cstream reads version 0.5 (and the layouts of "
+              "cerebras.pytorch 2.0 and earlier, 0.1 to 0.4)."),
     ("unfinished", "it was not written to the end (no __SUCCESS__ attribute)"),
     ("bad spec", "its attribute __spec__ is not valid JSON"),
     ("directory", "is a directory, not a checkpoint file."),

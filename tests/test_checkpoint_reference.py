@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import pickle
+import shutil
 import sys
 from pathlib import Path
 
@@ -19,7 +22,7 @@ import pytest
 import torch
 
 import cstream as cstorch
-from cstream.saving import describe
+from cstream.saving import CheckpointError, describe
 
 REFERENCE = Path(__file__).resolve().parent / "reference"
 FIXTURES = REFERENCE / "fixtures"
@@ -47,7 +50,8 @@ def _first_difference(got: list, want: list) -> str:
     return f"cstream read {len(got)} entries, the real package saved {len(want)}"
 
 
-@pytest.mark.parametrize("name", ["ckpt_real_state", "ckpt_real_train", "ckpt_real_adam_sched"])
+@pytest.mark.parametrize("name", ["ckpt_real_state", "ckpt_real_train", "ckpt_real_adam_sched",
+                                  "ckpt_legacy_0_4"])
 def test_files_the_real_package_wrote_load_with_the_same_keys_dtypes_and_values(name):
     got = record(cstorch.load(FIXTURES / f"{name}.h5"))
     want = _fixture(f"{name}.json")["record"]
@@ -144,3 +148,51 @@ def _batches(n: int) -> list:
     g = torch.Generator().manual_seed(1)
     return [(torch.randn(8, 4, generator=g), torch.randint(0, 2, (8,), generator=g))
             for _ in range(n)]
+
+
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_legacy_file_whose_pickled_spec_would_run_code_is_refused_and_nothing_runs(tmp_path):
+    """Layout 0.4 (cerebras.pytorch 2.0) pickles the tree spec; unpickling it is where a file could
+    run code. The spec here is what dill writes for a TreeSpec, with a payload in its context."""
+    path, marker = tmp_path / "evil.h5", tmp_path / "marker"
+    shutil.copy(FIXTURES / "ckpt_legacy_0_4.h5", path)
+    assert cstorch.load(path)["step"] == 2  # the untouched copy loads
+    with h5py.File(path, "r") as f:
+        spec = bytes.fromhex(f.attrs["__spec__"])
+    assert b"torch.utils._pytree" in spec and b"TreeSpec" in spec and b"_load_type" in spec
+    evil = pickle.dumps(_RunsCode(marker), protocol=4)
+    with h5py.File(path, "r+") as f:
+        f.attrs["__spec__"] = evil.hex()
+    with pytest.raises(CheckpointError) as info:
+        cstorch.load(path)
+    assert str(info.value) == (
+        f"{path}: its tree spec (__spec__) is a pickle that names posix.system, which cstream "
+        "refuses to load: a spec holds only torch.utils._pytree.TreeSpec, LeafSpec and container "
+        "types, and loading a file never runs code from it.")
+    with pytest.raises(CheckpointError, match="names posix.system"):
+        describe(path)
+    assert not marker.exists()
+    pickle.loads(evil)  # what an unrestricted unpickler (dill.loads in the real package) would do
+    assert marker.exists()
+
+
+def test_the_spec_unpickler_refuses_code_hidden_inside_a_valid_looking_tree_spec(tmp_path):
+    path = tmp_path / "evil.h5"
+    shutil.copy(FIXTURES / "ckpt_legacy_0_4.h5", path)
+    with h5py.File(path, "r+") as f:
+        spec = bytes.fromhex(f.attrs["__spec__"])
+        # the spec's first container type, dill._dill._load_type('dict'), becomes a call of
+        # subprocess.check_call('dict') (names of the same lengths keep the pickle's frames valid)
+        assert spec.count(b"\x8c\ndill._dill\x94\x8c\n_load_type") == 1
+        f.attrs["__spec__"] = spec.replace(b"\x8c\ndill._dill\x94\x8c\n_load_type",
+                                           b"\x8c\nsubprocess\x94\x8c\ncheck_call").hex()
+    with pytest.raises(CheckpointError, match=r"a pickle that names subprocess\.check_call, which "
+                                              r"cstream refuses"):
+        cstorch.load(path)

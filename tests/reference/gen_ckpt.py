@@ -11,6 +11,11 @@ never imports cstream. It writes into ``fixtures/``:
   steps, so a test can resume from the file in cstream and compare the 3 further steps;
 * ``ckpt_real_adam_sched.h5`` + ``.json``: model, Adam and LinearLR state dicts after 3 steps (the
   scheduler's and optimizer's tensors included), and their record;
+* ``ckpt_legacy_0_4.h5`` + ``.json``: a file in the layout of ``cerebras.pytorch`` 2.0 (``__version__``
+  0.4: a ``dill``-pickled tree spec, percent-encoded dataset names with ``__H5_TYPE__``). 2.10.0
+  can no longer write it, so it is built here with ``dill`` and h5py as its legacy reader
+  (``cerebras.pytorch.storage._legacy``) expects, and that reader (``cerebras.pytorch.load``) must
+  read it back to the recorded values;
 * ``ckpt_cstream_read_by_real.json``: what ``cerebras.pytorch.load`` read from the cstream-written
   ``cstream_written/cstream_state.h5`` (its record), which the suite compares with what cstream
   saved there.
@@ -22,6 +27,7 @@ import collections
 import json
 import math
 import pathlib
+import tempfile
 
 import torch
 from records import record
@@ -78,7 +84,7 @@ def _train(out: pathlib.Path, name: str, optimizer: str, steps: int, save_at: in
     """A small run on the real CPU backend; saves model (+ optimizer, scheduler) after `save_at`."""
     torch.manual_seed(0)
     backend = cstorch.current_backend(raise_exception=False, raise_warning=False) or \
-        cstorch.backend("CPU")  # one backend per process
+        cstorch.backend("CPU", artifact_dir=tempfile.mkdtemp())  # one per process; logs not here
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
     compiled = cstorch.compile(model, backend)
     if optimizer == "sgd":
@@ -139,6 +145,59 @@ def write_training(out: pathlib.Path) -> None:
     _write(out, "ckpt_real_adam_sched.json", {"record": record(saved)})
 
 
+def legacy_state() -> dict:
+    w = torch.arange(6, dtype=torch.float32).reshape(2, 3) / 4
+    return {"model": collections.OrderedDict([("fc.weight", w),
+                                              ("fc.bias", torch.tensor([1.5, -2.0],
+                                                                       dtype=torch.bfloat16))]),
+            "optimizer": {"state": {0: {"step": torch.tensor(2.0)}},
+                          "param_groups": [{"lr": 0.01, "betas": (0.9, 0.999), "params": [0]}]},
+            "step": 2, "name": "fc", "none": None, "ids": [torch.tensor([1, 2]), 2.5],
+            "pickled": b"\x01\x02"}
+
+
+def _legacy_dataset(f, name: str, value) -> None:
+    import dill
+    import h5py
+
+    if isinstance(value, torch.Tensor):
+        bf16 = value.dtype == torch.bfloat16
+        ds = f.create_dataset(name, data=(value.view(torch.int16) if bf16 else value).numpy())
+        ds.attrs["__H5_TYPE__"] = "TorchTensorH5Type"
+        if bf16:
+            ds.attrs["is_bfloat16"] = True
+    elif isinstance(value, (bool, int, float)):
+        f.create_dataset(name, data=value).attrs["__H5_TYPE__"] = "ScalarH5Type"
+    else:
+        ds = f.create_dataset(name, data=h5py.Empty("f"))
+        if isinstance(value, str):
+            ds.attrs.update({"__H5_TYPE__": "StringH5Type", "string_value": value})
+        elif value is None:
+            ds.attrs["__H5_TYPE__"] = "NoneH5Type"
+        else:
+            ds.attrs.update({"__H5_TYPE__": "ObjectH5Type", "object_value": dill.dumps(value).hex()})
+
+
+def write_legacy(out: pathlib.Path) -> None:
+    import dill
+    import h5py
+    from urllib.parse import quote
+
+    from cerebras.pytorch.utils.nest import recurse_spec
+
+    obj = legacy_state()
+    flat, spec = torch.utils._pytree.tree_flatten(obj)
+    path = out / "ckpt_legacy_0_4.h5"
+    with h5py.File(path, "w") as f:
+        f.attrs["__spec__"] = dill.dumps(spec).hex()
+        f.attrs["__version__"] = 0.4
+        f.attrs["__cstorch_version__"] = "2.0.3"
+        for scope, value in zip(recurse_spec(spec), flat):
+            _legacy_dataset(f, quote(".".join(scope), safe=""), value)
+    _same(record(cstorch.load(str(path))), record(obj))  # the real legacy reader reads it so
+    _write(out, "ckpt_legacy_0_4.json", {"record": record(obj)})
+
+
 def read_cstream_file(out: pathlib.Path) -> None:
     path = HERE / "cstream_written" / "cstream_state.h5"
     loaded = cstorch.load(str(path))
@@ -150,4 +209,5 @@ def read_cstream_file(out: pathlib.Path) -> None:
 def main(out: pathlib.Path) -> None:
     write_real_state(out)
     write_training(out)
+    write_legacy(out)
     read_cstream_file(out)
