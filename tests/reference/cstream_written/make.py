@@ -1,4 +1,5 @@
-"""Writes ``cstream_state.h5`` with cstream: the file the real package is asked to read.
+"""Writes ``cstream_state.h5`` with cstream: the file the real package is asked to read; and
+``newcomer_cstream_step_10.h5``, the step-10 checkpoint of ``../newcomer.py`` run under cstream (CSX).
 
 Run it under cstream (``python tests/reference/cstream_written/make.py``) when the object below or
 cstream's writer changes, then ``make reference`` (or ``/work/cbref/bin/python
@@ -47,10 +48,20 @@ def state() -> dict:
 
 
 def main() -> None:
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
     import cstream
 
     cstream.save(state(), FILE)
     print(f"wrote {FILE}")
+    with tempfile.TemporaryDirectory() as out:
+        subprocess.run([sys.executable, str(HERE.parent / "newcomer.py"), "--backend", "CSX",
+                        "--out", out], check=True, timeout=600)
+        shutil.copy(f"{out}/step_10.h5", HERE / "newcomer_cstream_step_10.h5")
+    print(f"wrote {HERE / 'newcomer_cstream_step_10.h5'}")
 
 
 if __name__ == "__main__":
