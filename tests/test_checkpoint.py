@@ -241,8 +241,12 @@ def test_the_file_is_the_real_packages_layout_with_one_dataset_per_tensor(tmp_pa
                  "children_spec": [leaf, leaf]}, leaf, leaf]}]
         assert sorted(f) == ["%model.layer.0%2Fw", "model.b"]  # "/" cannot be in a name
         w = f["%model.layer.0%2Fw"]
-        assert w.attrs["__TYPE__"] == "TorchTensorSerializer" and w.shape == (2, 3)
-        assert list(w.attrs["dtypes"]) == ["torch.float32"] and w.attrs["key"] == w.name[1:]
+        assert w.attrs["__NUMPY__"] and w.shape == (2, 3) and list(w.attrs["dtypes"]) == [
+            "torch.float32"]
+        meta = json.loads(f.attrs["model.layer.0/w.__metadata__"])["model.layer.0/w.__metadata__"]
+        assert meta == {"__TORCH__": True, "shapes": [[2, 3]], "dtypes": ["torch.float32"],
+                        "rtfx_dtypes": [11], "__TYPE__": "TorchTensorSerializer", "__NUMPY__": True,
+                        "compressed": False, "key": "%model.layer.0%2Fw"}
         assert np.array_equal(w[()], np.arange(6.0, dtype=np.float32).reshape(2, 3))
         b = f["model.b"]
         assert b.dtype == np.int16 and list(b.attrs["dtypes"]) == ["torch.bfloat16"]
