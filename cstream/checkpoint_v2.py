@@ -43,7 +43,6 @@ _BITS_DTYPES = {
     "float4_e2m1fn_x2": "uint8",
 }
 _BY_NAME = {n: getattr(torch, n) for n in [*_NUMPY_DTYPES, *_BITS_DTYPES] if hasattr(torch, n)}
-_NAME_OF = {d: n for n, d in _BY_NAME.items()}
 _SIGNED = {"uint8": torch.uint8, "uint16": torch.int16, "uint32": torch.int32}
 
 
