@@ -28,6 +28,7 @@ cstream writes tensors uncompressed and contiguous; the real package compresses 
 
 from __future__ import annotations
 
+import functools
 import json
 import pickle
 import urllib.parse
@@ -239,6 +240,16 @@ def write(obj, path, writer: str) -> None:
 
 
 # -- reading ------------------------------------------------------------------------------------
+@functools.cache
+def _hdf5_has_lz4() -> bool:
+    """Whether HDF5 decodes LZ4 itself: with ``hdf5plugin`` installed (optional), C-fast."""
+    try:
+        import hdf5plugin  # noqa: F401  (importing it registers its filters with HDF5)
+    except ImportError:
+        pass
+    return bool(h5py.h5z.filter_avail(_lz4.FILTER_ID))
+
+
 class _Node:
     """One node of a parsed tree spec: its container type (None for a leaf), keys and children."""
 
@@ -414,7 +425,7 @@ class H5Checkpoint:
     def _values(ds) -> np.ndarray:
         plist = ds.id.get_create_plist()
         filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
-        if filters == [_lz4.FILTER_ID] and not h5py.h5z.filter_avail(_lz4.FILTER_ID):
+        if filters == [_lz4.FILTER_ID] and not _hdf5_has_lz4():
             return _lz4.read_dataset(ds)
         return np.array(ds[...], order="C")  # [...] keeps a 0-d dataset an array
 
