@@ -133,7 +133,8 @@ class _Flattener:
         return LEAF
 
 
-def _tensor_array(t: torch.Tensor, where: str) -> np.ndarray:
+def _check_tensor(t: torch.Tensor, where: str) -> None:
+    """Refuse what the layout cannot store, before any of the file is written."""
     where = where or "/"
     if t.layout != torch.strided:
         raise TypeError(f"cstream.save cannot store the {t.layout} tensor at {where}: only dense "
@@ -146,6 +147,9 @@ def _tensor_array(t: torch.Tensor, where: str) -> np.ndarray:
         raise TypeError(f"cstream.save cannot store the tensor at {where}: it is on the meta device "
                         "and has no values. Materialise it (e.g. load or initialise the model's "
                         "weights) before saving.")
+
+
+def _tensor_array(t: torch.Tensor) -> np.ndarray:
     t = t.detach().to("cpu").contiguous()
     if type(t) is not torch.Tensor:
         t = t.as_subclass(torch.Tensor)
@@ -171,7 +175,7 @@ def _write_leaf(f: h5py.File, key: str, where: str, value, first_of: dict) -> di
             return {"key": first_of[id(value)], "__LINKED__": True, "__TYPE__": "LinkedObject",
                     "__NONE__": True}
         first_of[id(value)] = key
-        array = _tensor_array(value, where)
+        array = _tensor_array(value)
         meta = _tensor_metadata(value)
         name = _dataset_name(key)
         if name != key:
@@ -216,7 +220,7 @@ def write(obj, path, writer: str) -> None:
     schema = flat.visit(obj, [], "")
     for key, where, value in flat.leaves:
         if isinstance(value, torch.Tensor):
-            _tensor_array(value, where)  # refuse unsupported tensors before the file is written
+            _check_tensor(value, where)
     unflattened = _unflattened(schema, [])
     try:
         spec_text = json.dumps([unflattened, _dumps_spec(schema)], indent=4)
