@@ -11,27 +11,30 @@ from cstream.cli import CLIError
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("ckpt", help="inspect or convert cstream checkpoints",
-                              description="Inspect or convert cstream (HDF5) checkpoints.")
+                              description="Inspect or convert checkpoints (HDF5) written by "
+                                          "cstream.save or cerebras.pytorch.save, or by cstream's "
+                                          "earlier releases.")
     sub = p.add_subparsers(dest="ckpt_command", metavar="ACTION", parser_class=type(p))
     sub.required = True
     ins = sub.add_parser("inspect", help="list a checkpoint's entries",
                          description="Print every entry of a checkpoint: key path, dtype, shape "
                                      "and size of tensors, the other values, and the total size of "
-                                     "the tensors. Reads only the checkpoint's index, not its "
-                                     "tensor values.")
-    ins.add_argument("file", help="a checkpoint written by cstream.save")
+                                     "the tensors, and the file's layout. Reads no tensor "
+                                     "values.")
+    ins.add_argument("file", help="a checkpoint written by cstream.save or cerebras.pytorch.save")
     ins.set_defaults(func=inspect)
     conv = sub.add_parser("convert", help="convert to PyTorch's torch.save format",
-                          description="Load a cstream checkpoint on the CPU and write it with "
+                          description="Load a checkpoint on the CPU and write it with "
                                       "torch.save (pickle format, loadable with torch.load). "
                                       "The output appears only when complete.")
-    conv.add_argument("src", help="a checkpoint written by cstream.save (.h5)")
+    conv.add_argument("src", help="a checkpoint written by cstream.save or cerebras.pytorch.save "
+                                   "(.h5)")
     conv.add_argument("dst", help="the torch.save file to write (.pt)")
     conv.set_defaults(func=convert)
 
 
 def inspect(args: argparse.Namespace) -> int:
-    from cstream.saving import describe
+    from cstream.saving import describe, layout
 
     entries = describe(args.file)
     rows, total, tensors = [], 0, 0
@@ -48,6 +51,7 @@ def inspect(args: argparse.Namespace) -> int:
     for r in [header, *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
     print(f"{tensors} tensors, {_size(total)} ({total} bytes) in {Path(args.file)}")
+    print(f"layout: {layout(args.file)}")
     return 0
 
 

@@ -1,12 +1,15 @@
-"""cstream.save / cstream.load: HDF5, bit-exact, typed, no pickle, atomic, lazy, checked."""
+"""cstream.save / cstream.load: the real package's HDF5 layout, bit-exact, typed, atomic, lazy,
+checked, and no code run from a file."""
 
 from __future__ import annotations
 
 import copy
 import io
+import json
 import math
 import os
 import pickle
+import re
 import signal
 import struct
 import subprocess
@@ -21,7 +24,7 @@ import pytest
 import torch
 
 import cstream
-from cstream.saving import CheckpointError, describe, to_eager
+from cstream.saving import CheckpointError, describe
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,32 +79,47 @@ def test_every_dtype_round_trips_bit_for_bit_with_its_shape(tmp_path):
 def test_nested_structures_and_plain_values_keep_their_types_and_order(tmp_path):
     nan = struct.unpack("<d", struct.pack("<Q", 0x7FF8_0000_0000_1234))[0]
     obj = {
-        "model": {"layer.0/weight": torch.ones(2), "": torch.zeros(1), "%41": 1, ".": 2, "..": 3},
+        "model": {"layer.0/weight": torch.ones(2), "": torch.zeros(1), "%41": 1, "..": 3},
         "optimizer": {"state": {0: {"step": torch.tensor(3.0)}, 1: {}},
                       "param_groups": [{"lr": 0.1, "params": [0, 1], "nesterov": False,
                                         "name": None, "betas": (0.9, 0.999)}]},
-        1: "int key", "1": "str key", -5: "negative", 2 ** 70: "huge key",
+        1: "int key", -5: "negative", 2 ** 70: "huge key",
         "global_step": 12, "flag": True, "ratio": 0.25, "minus zero": -0.0, "nan": nan,
-        "text": "héllo/wörld\x00\n", "lone surrogate \ud800": "\udfff", "raw": b"\x00\xff",
+        "text": "héllo/wörld\x00\n", "lone surrogate value": "\udfff", "raw": b"\x00\xff",
         "array": bytearray(b"ab"), "nothing": None, "tuple": (1, "a", (2.0, None)), "list": [],
-        "empty tuple": (), "huge": -(2 ** 80), "int64 edge": -(2 ** 63),
+        "empty tuple": (), "huge": -(2 ** 80), "int64 edge": -(2 ** 63), "complex": 1 - 2j,
+        "dtype": torch.bfloat16,
     }
     cstream.save(obj, tmp_path / "c.h5")
     back = cstream.load(tmp_path / "c.h5")
     assert list(back) == list(obj)
-    assert list(back["model"]) == ["layer.0/weight", "", "%41", ".", ".."]
-    assert back[1] == "int key" and back["1"] == "str key" and back[-5] == "negative"
+    assert list(back["model"]) == ["layer.0/weight", "", "%41", ".."]
+    assert back[1] == "int key" and back[-5] == "negative"
     assert back[2 ** 70] == "huge key"
     assert list(back["optimizer"]["state"]) == [0, 1]
     assert back["optimizer"]["param_groups"][0] == obj["optimizer"]["param_groups"][0]
     assert type(back["optimizer"]["param_groups"][0]["betas"]) is tuple
     for key in ("global_step", "flag", "ratio", "text", "raw", "nothing", "tuple", "list",
-                "empty tuple", "huge", "int64 edge", "lone surrogate \ud800"):
+                "empty tuple", "huge", "int64 edge", "lone surrogate value", "complex", "dtype"):
         assert back[key] == obj[key] and type(back[key]) is type(obj[key]), key
     assert back["array"] == b"ab" and type(back["array"]) is bytes  # bytearray is stored as bytes
     assert struct.pack("<d", back["minus zero"]) == struct.pack("<d", -0.0)
-    assert struct.pack("<d", back["nan"]) == struct.pack("<d", nan)  # the NaN payload survives
+    assert math.isnan(back["nan"])  # the layout keeps numbers as JSON text: a NaN's payload is lost
     assert type(back["tuple"][2]) is tuple and back["tuple"][2][1] is None
+
+
+@pytest.mark.parametrize("obj, message", [
+    ({"a.b": 1, "a": {"b": 2}}, "cstream.save cannot store both a.b and a/b: the checkpoint layout "
+                                "names every value by its dotted key path and both are 'a.b'."),
+    ({1: "x", "1": "y"}, "cstream.save cannot store both [1] and 1:"),
+    ({"k\ud800": 1}, "cstream.save cannot store the value at k\ud800: its key path 'k\\ud800' holds "
+                     "a NUL or a lone surrogate"),
+])
+def test_keys_the_layout_cannot_tell_apart_or_name_are_refused(tmp_path, obj, message):
+    with pytest.raises(ValueError) as info:
+        cstream.save(obj, tmp_path / "c.h5")
+    assert str(info.value).startswith(message)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_model_and_its_optimizer_reload_from_what_load_returns(tmp_path):
@@ -165,8 +183,8 @@ def test_tensor_subclasses_and_parameters_are_saved_as_their_values(tmp_path):
 @pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
 @pytest.mark.parametrize("obj, message", [
     ({"a": {"b": {1, 2}}}, "cstream.save cannot store set at a/b: checkpoints hold torch.Tensor, "
-                           "dict (str or int keys), list, tuple, str, bytes, int, float, bool and "
-                           "None (no pickle, so loading never runs code)."),
+                           "dict (str or int keys), list, tuple, str, int, float, bool, None, and "
+                           "(pickled, as cerebras.pytorch does) bytes, complex and torch.dtype."),
     ({"opt": [{"f": print}]}, "cstream.save cannot store builtin_function_or_method at opt[0]/f"),
     ({"x": {(1, 2): 3}}, "cstream.save cannot store the key (1, 2) (tuple) in the dict at x: dict "
                          "keys must be str or int."),
@@ -207,56 +225,119 @@ def test_a_saved_file_gets_the_usual_permissions_of_new_files(tmp_path):
     assert (tmp_path / "c.h5").stat().st_mode & 0o777 == 0o640
 
 
-def test_the_file_is_ordinary_hdf5_with_one_dataset_per_tensor_under_its_key_path(tmp_path):
+def test_the_file_is_the_real_packages_layout_with_one_dataset_per_tensor(tmp_path):
     cstream.save({"model": {"layer.0/w": torch.arange(6.0).reshape(2, 3),
                             "b": torch.ones(2, dtype=torch.bfloat16)}, "step": 3, 7: "seven"},
                  tmp_path / "c.h5")
     with h5py.File(tmp_path / "c.h5", "r") as f:
-        assert f.attrs["format"] == "cstream.checkpoint" and f.attrs["version"] == 2
-        assert list(f["root"]) == ["model", "step", "%i7"]
-        assert list(f["root/model"]) == ["layer%2E0%2Fw", "b"]
-        w = f["root/model/layer%2E0%2Fw"]
-        assert w.attrs["cstream.dtype"] == "float32" and w.shape == (2, 3)
+        assert f.attrs["__version__"] == 0.5 and f.attrs["__SUCCESS__"]
+        assert f.attrs["__cstorch_version__"].startswith("cstream ")
+        unflattened, treespec = json.loads(f.attrs["__spec__"])
+        assert unflattened == {"model": {"layer.0/w": "*", "b": "*"}, "step": "*", "7": "*"}
+        leaf = {"type": None, "context": None, "children_spec": []}
+        assert json.loads(treespec) == [1, {
+            "type": "builtins.dict", "context": '["model", "step", 7]', "children_spec": [
+                {"type": "builtins.dict", "context": '["layer.0/w", "b"]',
+                 "children_spec": [leaf, leaf]}, leaf, leaf]}]
+        assert sorted(f) == ["%model.layer.0%2Fw", "model.b"]  # "/" cannot be in a name
+        w = f["%model.layer.0%2Fw"]
+        assert w.attrs["__NUMPY__"] and w.shape == (2, 3) and list(w.attrs["dtypes"]) == [
+            "torch.float32"]
+        meta = json.loads(f.attrs["model.layer.0/w.__metadata__"])["model.layer.0/w.__metadata__"]
+        assert meta == {"__TORCH__": True, "shapes": [[2, 3]], "dtypes": ["torch.float32"],
+                        "rtfx_dtypes": [11], "__TYPE__": "TorchTensorSerializer", "__NUMPY__": True,
+                        "compressed": False, "key": "%model.layer.0%2Fw"}
         assert np.array_equal(w[()], np.arange(6.0, dtype=np.float32).reshape(2, 3))
-        b = f["root/model/b"]
-        assert b.dtype == np.uint16 and b.attrs["cstream.dtype"] == "bfloat16"
-        assert b[()].tolist() == [0x3F80, 0x3F80]  # bfloat16 1.0, bit for bit
-        assert f["root/step"].attrs["value"] == 3
-        assert bytes(f["root/%i7"][()]) == b"seven"
+        b = f["model.b"]
+        assert b.dtype == np.int16 and list(b.attrs["dtypes"]) == ["torch.bfloat16"]
+        assert b[()].tolist() == [0x3F80, 0x3F80]  # bfloat16 1.0, bit for bit, as int16
+        assert json.loads(f.attrs["step.__metadata__"]) == {
+            "__spec__": [{"step": "*"}, '[1, {"type": "builtins.dict", "context": "[\\"step\\"]", '
+                                        '"children_spec": [{"type": null, "context": null, '
+                                        '"children_spec": []}]}]'],
+            "__objects__": ["step"],
+            "step.__metadata__": {"scalar_value": 3, "__TYPE__": "ScalarSerializer",
+                                  "__NONE__": True}}
+        assert json.loads(f.attrs["7.__metadata__"])["7.__metadata__"]["string_value"] == "seven"
 
 
-def test_loading_never_unpickles(tmp_path, monkeypatch):
-    payload = pickle.dumps(os.system)  # bytes that would run code if unpickled
+def _with_pickle(path, key, payload: bytes):
+    """Replace the pickled bytes of the entry ``key`` (an ObjectSerializer dataset) by ``payload``."""
+    with h5py.File(path, "r+") as f:
+        f[key].attrs["__BYTES__"] = np.frombuffer(payload, dtype="V1")
+
+
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_pickled_entry_that_would_run_code_is_refused_naming_it_and_nothing_runs(tmp_path):
+    path, marker = tmp_path / "c.h5", tmp_path / "marker"
+    cstream.save({"w": torch.ones(2), "evil": b"placeholder"}, path)
+    payload = pickle.dumps(_RunsCode(marker), protocol=4)
+    pickle.loads(pickle.dumps(_RunsCode(tmp_path / "proof")))  # the payload does run when unpickled
+    assert (tmp_path / "proof").exists()
+    _with_pickle(path, "evil", payload)
+    with pytest.raises(CheckpointError) as info:
+        cstream.load(path)
+    assert str(info.value).startswith(
+        f"{path}: the entry evil is a pickled object that names posix.system, which cstream refuses "
+        "to load: it unpickles only builtins.complex, builtins.set,")
+    assert "so that loading a file never runs code from it" in str(info.value)
+    with pytest.raises(CheckpointError, match="names posix.system"):
+        describe(path)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("payload, name", [
+    (b"\x80\x04cbuiltins\neval\n(S'1+1'\ntR.", "builtins.eval"),
+    (b"\x80\x04cdill._dill\n_load_type\n(S'function'\ntR.", "dill._dill._load_type('function')"),
+    (b"\x80\x04ctorch\nload\n(S'x.pt'\ntR.", "torch.load"),
+    (b"\x80\x04csubprocess\nPopen\n(S'true'\ntR.", "subprocess.Popen"),
+])
+def test_only_the_globals_a_real_file_pickles_are_admitted(tmp_path, payload, name):
     path = tmp_path / "c.h5"
-    cstream.save({"w": torch.ones(2), "evil": payload, "s": "x"}, path)
-    assert b"cos\nsystem" not in path.read_bytes().replace(payload, b"")  # no pickle elsewhere
-
-    def refuse(*a, **k):
-        raise AssertionError("pickle used while loading")
-
-    for name in ("loads", "load", "Unpickler"):
-        monkeypatch.setattr(pickle, name, refuse)
-    state = to_eager(cstream.load(path))
-    assert state["evil"] == payload and type(state["evil"]) is bytes
-    assert torch.equal(state["w"], torch.ones(2))
+    cstream.save({"x": b""}, path)
+    _with_pickle(path, "x", payload)
+    with pytest.raises(CheckpointError, match=f"names {re.escape(name)}, which cstream refuses"):
+        cstream.load(path)
+    # what dill writes for these values loads: complex via dill._dill._load_type, a dtype by name
+    _with_pickle(path, "x", b"\x80\x04cdill._dill\n_load_type\n(S'complex'\ntR(G?\xf0\x00\x00\x00"
+                            b"\x00\x00\x00G@\x00\x00\x00\x00\x00\x00\x00tR.")
+    assert cstream.load(path)["x"] == 1 + 2j
+    _with_pickle(path, "x", b"\x80\x04\x95\x15\x00\x00\x00\x00\x00\x00\x00\x8c\x05torch\x94"
+                            b"\x8c\x07float16\x94\x93\x94.")
+    assert cstream.load(path)["x"] is torch.float16
 
 
 def _tensor_offset(path, name):
     with h5py.File(path, "r") as f:
-        return f[f"root/{name}"].id.get_offset()
+        return f[name].id.get_offset()
+
+
+def _legacy_file(path):
+    with h5py.File(path, "w") as f:
+        f.attrs["__version__"] = 0.4
+        f.attrs["__spec__"] = "80049500"  # a pickle cut off after its header
 
 
 @pytest.mark.parametrize("make, what", [
-    ("truncated half", "its index footer is missing or damaged (the file is truncated"),
-    ("truncated by one byte", "its index footer is missing or damaged (the file is truncated"),
-    ("tail cut", "its index footer is missing or damaged"),
-    ("empty", "it is not a cstream checkpoint (an HDF5 file written by cstream.save)"),
-    ("text", "it is not a cstream checkpoint (an HDF5 file written by cstream.save); it does not "
-             "start with the checkpoint header."),
-    ("plain hdf5", "it is an HDF5 file but not a cstream checkpoint (no 'cstream.checkpoint' "
-                   "header); write checkpoints with cstream.save."),
-    ("index byte flipped", "its index does not match its checksum (the file is corrupted)."),
-    ("header version", "its format version is 99; this cstream reads version 2."),
+    ("truncated half", "is not a readable checkpoint: HDF5 cannot open it ("),
+    ("empty", "is not a readable checkpoint: it is not an HDF5 file (it does not start with the "
+              "HDF5 signature); cstream.load reads files written by cstream.save or "
+              "cerebras.pytorch.save."),
+    ("text", "it is not an HDF5 file"),
+    ("plain hdf5", "it is an HDF5 file but not a checkpoint (it has no __version__ attribute); "
+                   "write checkpoints with cstream.save or cerebras.pytorch.save."),
+    ("legacy", "its tree spec cannot be unpickled ("),
+    ("newer", "its layout version is 0.7; cstream reads version 0.5 (and the layouts of "
+              "cerebras.pytorch 2.0 and earlier, 0.1 to 0.4)."),
+    ("unfinished", "it was not written to the end (no __SUCCESS__ attribute)"),
+    ("bad spec", "its attribute __spec__ is not valid JSON"),
     ("directory", "is a directory, not a checkpoint file."),
 ])
 def test_broken_or_foreign_files_raise_a_checkpoint_error_naming_the_path(tmp_path, make, what):
@@ -265,10 +346,6 @@ def test_broken_or_foreign_files_raise_a_checkpoint_error_naming_the_path(tmp_pa
     data = bytearray(path.read_bytes())
     if make == "truncated half":
         path.write_bytes(data[: len(data) // 2])
-    elif make == "truncated by one byte":
-        path.write_bytes(data[:-1])
-    elif make == "tail cut":
-        path.write_bytes(data[:-200] + data[-32:])
     elif make == "empty":
         path.write_bytes(b"")
     elif make == "text":
@@ -276,14 +353,18 @@ def test_broken_or_foreign_files_raise_a_checkpoint_error_naming_the_path(tmp_pa
     elif make == "plain hdf5":
         path.unlink()
         with h5py.File(path, "w") as f:
-            f.attrs["format"] = "cstream.checkpoint"  # the HDF5 marker alone is not enough
             f["x"] = np.arange(3)
-    elif make == "index byte flipped":
-        data[-40] ^= 0x01
-        path.write_bytes(data)
-    elif make == "header version":
-        data[len(cstream.saving.MAGIC)] = 99
-        path.write_bytes(data)
+    elif make == "legacy":
+        path.unlink()
+        _legacy_file(path)
+    elif make in ("newer", "unfinished", "bad spec"):
+        with h5py.File(path, "r+") as f:
+            if make == "newer":
+                f.attrs["__version__"] = 0.7
+            elif make == "unfinished":
+                del f.attrs["__SUCCESS__"]
+            else:
+                f.attrs["__spec__"] = "[{"
     elif make == "directory":
         path.unlink()
         path.mkdir()
@@ -370,7 +451,7 @@ def test_describe_lists_entries_without_reading_tensor_values(tmp_path):
     cstream.save({"model": {"w": torch.ones(2, 3, dtype=torch.bfloat16)}, "groups": [{"lr": 0.5}],
                   "e": {}, "n": None}, path)
     data = bytearray(path.read_bytes())
-    data[_tensor_offset(path, "model/w")] ^= 0xFF  # damaged values are never read
+    data[_tensor_offset(path, "model.w")] ^= 0xFF  # damaged values are never read
     path.write_bytes(data)
     assert describe(path) == [
         {"key": "model/w", "type": "tensor", "dtype": "bfloat16", "shape": (2, 3), "nbytes": 12},
@@ -412,3 +493,34 @@ def test_a_process_killed_while_saving_leaves_the_previous_checkpoint_intact(tmp
     state = cstream.load(path)
     assert state["version"] == "old" and torch.equal(state["w"], torch.ones(3))
     assert [p.name for p in tmp_path.glob("*.h5")] == ["c.h5"]
+
+
+def test_a_file_in_cstreams_earlier_layout_still_loads_and_describes():
+    """tests/data/cstream_v2_layout.h5 was written by cstream.save before it wrote the real layout."""
+    path = REPO / "tests" / "data" / "cstream_v2_layout.h5"
+    state = cstream.load(path)
+    assert list(state) == ["model", "optimizer", "global_step", "note", "raw", "ids"]
+    assert bits(state["model"]["weight"]) == bits(torch.arange(6, dtype=torch.float32).reshape(2, 3))
+    bias = state["model"]["bias"]
+    assert bias.dtype == torch.bfloat16 and bits(bias) == bits(torch.tensor([0.5, -1.5],
+                                                                            dtype=torch.bfloat16))
+    opt = state["optimizer"]
+    assert list(opt["state"]) == [0] and torch.equal(opt["state"][0]["step"], torch.tensor(3.0))
+    assert opt["state"][0]["exp_avg"].dtype == torch.float16
+    assert opt["param_groups"] == [{"lr": 0.1, "betas": (0.9, 0.999), "params": [0], "name": None,
+                                    "amsgrad": False}]
+    assert state["global_step"] == 12 and state["raw"] == b"\x00\xff"
+    assert state["note"] == "written by cstream 0.1.0 (layout version 2)"
+    assert torch.equal(state["ids"], torch.tensor([1, -2, 3]))
+    assert describe(path)[1] == {"key": "model/bias", "type": "tensor", "dtype": "bfloat16",
+                                 "shape": (2,), "nbytes": 4}
+
+
+def test_a_file_in_the_earlier_layout_saves_again_in_the_real_layout(tmp_path):
+    old = cstream.load(REPO / "tests" / "data" / "cstream_v2_layout.h5")
+    cstream.save(old, tmp_path / "new.h5")
+    with h5py.File(tmp_path / "new.h5", "r") as f:
+        assert f.attrs["__version__"] == 0.5
+    new = cstream.load(tmp_path / "new.h5")
+    assert bits(new["model"]["bias"]) == bits(old["model"]["bias"])
+    assert new["optimizer"]["param_groups"] == old["optimizer"]["param_groups"]

@@ -1,8 +1,10 @@
-"""Fuzzing cstream.save / cstream.load: generated structures round-trip exactly, and damaged files
-either load the original values or raise CheckpointError (never wrong values, a crash or a hang)."""
+"""Fuzzing cstream.save / cstream.load: generated structures round-trip exactly (or are refused for
+keys the layout cannot tell apart), and damaged files either load the original values or raise
+CheckpointError (never wrong values, a crash or a hang)."""
 
 from __future__ import annotations
 
+import math
 import struct
 
 import pytest
@@ -32,8 +34,9 @@ def same(a, b) -> bool:
         return isinstance(b, dict) and list(a) == list(b) and all(same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
         return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
-    if isinstance(a, float):
-        return type(b) is float and struct.pack("<d", a) == struct.pack("<d", b)
+    if isinstance(a, float):  # numbers are JSON text in the layout: a NaN's sign and payload are lost
+        return type(b) is float and (struct.pack("<d", a) == struct.pack("<d", b)
+                                     or math.isnan(a) and math.isnan(b))
     return type(a) is type(b) and a == b
 
 
@@ -55,12 +58,16 @@ trees = st.recursive(
 @FUZZ
 @given(trees)
 def test_generated_structures_round_trip_exactly(tmp_path, obj):
-    cstream.save(obj, tmp_path / "f.h5")
+    try:
+        cstream.save(obj, tmp_path / "f.h5")
+    except ValueError as e:  # two keys with the same dotted path ({1: a, "1": b}), or a NUL in a key
+        assert "dotted key path" in str(e) or "holds a NUL" in str(e)
+        return
     assert same(obj, to_eager(cstream.load(tmp_path / "f.h5")))
 
 
 ORIGINAL = {"a": torch.arange(10), "w": torch.randn(4, 4, generator=torch.Generator().manual_seed(0)),
-            "b": {"c": "text", 1: (2.5, None), "1": [True, b"\x00"]}}
+            "b": {"c": "text", 1: (2.5, None), "2": [True, b"\x00"]}}
 
 
 @pytest.fixture(scope="module")
