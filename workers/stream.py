@@ -597,8 +597,9 @@ class CsxInputStream:
         msg = (
             f"CS-X {self.wse_id}, input worker {w} is a straggler: it has delivered nothing for "
             f"{waited:.1f} s (straggler_timeout_s={self.cs_config.straggler_timeout_s}) while step "
-            f"{self._step} waits for its batch {wk.received}. The stream keeps waiting, since "
-            f"that step can only come from worker {w}. Its Python stack:\n{stack}"
+            f"{self._step + 1} (global batch {self._step}) waits for its batch {wk.received}. The "
+            f"stream keeps waiting, since that step can only come from worker {w}. Its Python "
+            f"stack:\n{stack}"
         )
         record = {"wse_id": self.wse_id, "local_worker_id": w, "waited_s": round(waited, 3),
                   "step": self._step, "worker_step": wk.received, "stack": stack}
