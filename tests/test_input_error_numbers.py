@@ -9,6 +9,7 @@ worker's batches are not every ``W``-th step.
 from __future__ import annotations
 
 import re
+import threading
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from workers.errors import InputWorkerError
 from workers.sharding import ShardedSampler
 
 FAIL_AT = 13  # the global batch that fails (0-based): step 14
+READ_TIMEOUT_S = 300.0  # far beyond what a loaded machine needs
 BATCH = 4
 
 
@@ -65,21 +67,31 @@ def fail(mode, C, W):
                    straggler_timeout_s=30.0)
     streams = [CoordinatedInputStream(DataLoader(failing_rows_fn), cfg, c,
                                       name_prefix=f"err-{mode}{C}x{W}") for c in range(C)]
-    steps = 0
-    try:
-        with pytest.raises(InputWorkerError) as ei:
+    steps, error = [], []
+
+    def read():  # in a thread, so that the test's wait for the error is bounded
+        try:
             for _ in range(FAIL_AT + 2):
                 for s in streams:
                     s.next()
-                steps += 1
+                steps.append(True)
+        except BaseException as e:  # noqa: BLE001 (checked below)
+            error.append(e)
+
+    try:
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(READ_TIMEOUT_S)
+        assert not reader.is_alive(), f"no error after {len(steps)} steps and {READ_TIMEOUT_S} s"
         modes = {s.stats()["assignment"]["mode"] for s in streams}
     finally:
         for s in streams:
             s.close()
     assert modes == {mode}
-    m = HEAD.match(str(ei.value).splitlines()[0])
-    assert m, str(ei.value).splitlines()[0]
-    return steps, ei.value, [int(x) for x in m.groups()]
+    assert len(error) == 1 and isinstance(error[0], InputWorkerError), error
+    m = HEAD.match(str(error[0]).splitlines()[0])
+    assert m, str(error[0]).splitlines()[0]
+    return len(steps), error[0], [int(x) for x in m.groups()]
 
 
 @pytest.mark.parametrize("C,W", [(1, 3), (2, 2)])

@@ -80,9 +80,30 @@ def client_sequence(steps):
     return [next(source).tolist() for _ in range(steps)]
 
 
+READ_TIMEOUT_S = 300.0  # far beyond what a loaded machine needs; a deadlock never ends
+
+
 def read_steps(streams, steps):
-    """The wafer's view: each step, every CS-X's part in CS-X order, joined."""
-    return [[i for s in streams for i in s.next()[0].tolist()] for _ in range(steps)]
+    """The wafer's view: each step, every CS-X's part in CS-X order, joined. Read in a thread
+    and waited for at most READ_TIMEOUT_S: a stream that waits forever fails the test."""
+    out, error = [], []
+
+    def read():
+        try:
+            for _ in range(steps):
+                out.append([i for s in streams for i in s.next()[0].tolist()])
+        except BaseException as e:  # noqa: BLE001 (re-raised below)
+            error.append(e)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(READ_TIMEOUT_S)
+    if reader.is_alive():
+        pytest.fail(f"the streams delivered {len(out)} of {steps} steps in {READ_TIMEOUT_S} s "
+                    "and are still waiting")
+    if error:
+        raise error[0]
+    return out
 
 
 def open_streams(cfg, prefix, loader, resume=None, **options):
