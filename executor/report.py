@@ -261,7 +261,9 @@ def input_assignment(stream_stats: list, input_wait_s: float, wall_s: float) -> 
                 "batch_cost_mean_s": cost.get("mean_s"), "batch_costs": cost.get("count", 0),
                 "straggler_wait_s": float(w.get("straggler_wait_s", 0.0)),
                 # dynamic assignment: time the worker waited for its next number (None: static)
-                "waiting_for_numbers_s": w.get("waiting_for_numbers_s")})
+                "waiting_for_numbers_s": w.get("waiting_for_numbers_s"),
+                # dynamic assignment: index batches its loader draws ahead (numbers granted)
+                "draws_ahead": w.get("draws_ahead")})
     out["workers"] = workers
     straggler = sum(float(s.get("straggler_wait_s", 0.0)) for s in streams)
     out["straggler_wait_s"] = straggler
@@ -538,12 +540,13 @@ def summary_lines(report: dict) -> list[tuple[str, str]]:
         for w in assignment["workers"]:
             if w["batch_cost_p50_s"] is None:
                 continue
-            idle = w.get("waiting_for_numbers_s")
+            idle, ahead = w.get("waiting_for_numbers_s"), w.get("draws_ahead")
             rows.append((f"CS-X {w['csx']} worker {w['worker']} batch cost",
                          f"p50 {1000 * w['batch_cost_p50_s']:.2f} ms, p99 "
                          f"{1000 * w['batch_cost_p99_s']:.2f} ms ({w['batch_costs']} batches); "
                          f"straggler wait {w['straggler_wait_s']:.3f} s"
-                         + ("" if idle is None else f"; waited for numbers {idle:.3f} s")))
+                         + ("" if idle is None else f"; waited for numbers {idle:.3f} s")
+                         + (f"; loader draws {ahead} ahead" if ahead else "")))
     for w in report.get("workers", []):
         value = f"{w['batches_per_s']:,.1f} (wafer waited {w['input_wait_s']:.3f} s)"
         if w.get("produce_batches_per_s") is not None:

@@ -337,8 +337,9 @@ def test_an_input_fn_error_on_ray_reads_well_and_every_finished_step_keeps_its_c
             record(step(batch))
     backend.shutdown()
     lines = str(e.value).splitlines()
-    assert lines[0] == ("CS-X 0, input worker 1 of 2, batch 9 (step 20): input_fn failed while "
-                        "producing this batch: ValueError: row 9 of shard 1 is corrupt")
+    assert lines[0] == ("CS-X 0, input worker 1 of 2, global batch 19 (step 20, the worker's "
+                        "batch 9): input_fn failed while producing this batch: ValueError: "
+                        "row 9 of shard 1 is corrupt")
     assert lines[2:4] == ["input_fn's traceback, in the input worker:",
                          "Traceback (most recent call last):"]
     assert lines[4].endswith(", in batches")

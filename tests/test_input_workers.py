@@ -432,8 +432,9 @@ def test_input_fn_raising_at_construction_names_the_worker_and_keeps_the_traceba
     with pytest.raises(InputWorkerError) as ei:
         s.next()
     msg = str(ei.value)
-    assert msg.startswith("CS-X 0, input worker 1 of 2, batch 0 (step 2): input_fn failed while "
-                          "building its dataloader: ValueError: no shard for worker 1: the "
+    assert msg.startswith("CS-X 0, input worker 1 of 2, global batch 1 (step 2, the worker's "
+                          "batch 0): input_fn failed while building its dataloader: ValueError: "
+                          "no shard for worker 1: the "
                           "manifest lists 0 files\n")
     assert 'raise ValueError("no shard for worker 1: the manifest lists 0 files")' in msg
     assert "in failing_construction_fn" in msg
@@ -448,8 +449,9 @@ def test_input_fn_raising_mid_iteration_surfaces_at_that_batch(ray_session):
     with pytest.raises(InputWorkerError) as ei:
         s.next()
     msg = str(ei.value)
-    assert msg.startswith("CS-X 0, input worker 0 of 1, batch 2 (step 3): input_fn failed while "
-                          "producing this batch: KeyError: \"sample 17 has no 'label' column\"")
+    assert msg.startswith("CS-X 0, input worker 0 of 1, global batch 2 (step 3, the worker's "
+                          "batch 2): input_fn failed while producing this batch: KeyError: "
+                          "\"sample 17 has no 'label' column\"")
     # the user's traceback, without the input worker's own frames
     assert "input_fn's traceback, in the input worker:\nTraceback (most recent call last):" in msg
     assert "workers/" not in msg and "ray::" not in msg
@@ -610,5 +612,5 @@ def test_a_batch_that_cannot_be_sent_fails_the_stream_naming_the_batch(ray_sessi
     with CsxInputStream(DataLoader(meta_fn), CSConfig(), 0, name_prefix="meta") as s:
         with pytest.raises(InputWorkerError) as ei:
             s.next()
-    assert str(ei.value).startswith("CS-X 0, input worker 0 of 1, batch 0 (step 1): input_fn failed "
-                                    "while sending this batch")
+    assert str(ei.value).startswith("CS-X 0, input worker 0 of 1, global batch 0 (step 1, the "
+                                    "worker's batch 0): input_fn failed while sending this batch")

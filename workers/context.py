@@ -102,9 +102,16 @@ class BatchAssignment:
     and :meth:`take`, and the worker pairs each batch it produces with :meth:`pop_taken`.
     Numbers count global batches across epochs: number ``s`` is the batch the wafer consumes
     at step ``s`` (global batch ``s % n`` of epoch ``s // n`` for ``n`` batches an epoch).
+
+    A loader that draws index batches ahead of the batch it yields (a torch ``DataLoader``
+    with worker processes, a prefetching sampler wrapper) asks for numbers before it produces
+    the batches of the numbers it took. When :meth:`peek` has to wait with numbers taken and
+    not yet produced, :attr:`waiting_ahead` says how many (0 otherwise) and ``on_wait_ahead``
+    is called: the worker tells its coordinator, which then grants it that many numbers
+    beyond the one it produces.
     """
 
-    def __init__(self):
+    def __init__(self, on_wait_ahead=None):
         self._cond = threading.Condition()
         self._numbers: list[int] = []  # assigned, not yet taken, in increasing order
         self._taken: list[int] = []  # taken by the sampler, batch not yet produced
@@ -112,6 +119,8 @@ class BatchAssignment:
         self._next_send = 0
         self._closed = False
         self.idle_s = 0.0  # time spent waiting for a number (not producing)
+        self.waiting_ahead = 0  # numbers taken and not produced while peek() waits
+        self._on_wait_ahead = on_wait_ahead
 
     def extend(self, send: int, numbers: list[int]) -> None:
         with self._cond:
@@ -126,10 +135,17 @@ class BatchAssignment:
         with self._cond:
             if not self._numbers:
                 t0 = time.perf_counter()
-                while not self._numbers:
-                    if self._closed:
-                        raise AssignmentClosed()
-                    self._cond.wait(0.5)
+                if self._taken:  # the loader draws ahead of what it yielded
+                    self.waiting_ahead = len(self._taken)
+                    if self._on_wait_ahead is not None:
+                        self._on_wait_ahead()
+                try:
+                    while not self._numbers:
+                        if self._closed:
+                            raise AssignmentClosed()
+                        self._cond.wait(0.5)
+                finally:
+                    self.waiting_ahead = 0
                 self.idle_s += time.perf_counter() - t0
             return self._numbers[0]
 

@@ -16,6 +16,18 @@ batch holds the wafer while the other workers sit with full buffers. Here:
   :meth:`next` releases them in order: the wafer sees exactly the single-process sequence;
 - numbers are issued only below ``delivered + reorder_window_batches`` (and while the window's
   bytes stay under the CS-X's byte bound), so memory stays bounded whatever a straggler does;
+- a loader that draws index batches ahead of the batch it yields (a torch ``DataLoader`` with
+  worker processes draws ``prefetch_factor * num_workers``; a prefetching sampler wrapper its
+  own read-ahead) needs that many numbers beyond the one it produces before it yields it. Each
+  worker is granted its loader's look-ahead ``L`` on top of its share (known from the loader,
+  :func:`workers.sharding.draws_ahead`, or learnt when the worker reports that its loader
+  waits for a number with ``L`` batches drawn and not produced), the reorder window grows by
+  the workers' look-aheads, and the worker holding the oldest number not yet received is
+  always topped up to ``L + 1`` numbers, past the window's bound if need be: that batch can
+  always be produced, so the stream never waits for a batch that waits for numbers. The
+  numbers a loader draws ahead are still its own, taken in increasing order, and its
+  sampler's position counts only the batches the loader yielded: order, exactly-once and
+  resume are those of a loader that draws nothing ahead;
 - a worker whose process dies is restarted from the position after the last batch received
   from it, and its undelivered numbers are assigned again to the new process, in order:
   nothing is lost or repeated;
@@ -161,6 +173,7 @@ class CoordinatedInputStream(CsxInputStream):
         self._occupancy_max = 0
         self._deliveries = 0
         self._failed = [False] * W  # a worker's error reply is in the window
+        self._draws_ahead = [0] * W  # index batches each worker's loader draws ahead
         self._cond = threading.Condition()  # guards everything the pump thread touches
         self._pump_thread: threading.Thread | None = None
         self._pump_error: BaseException | None = None
@@ -172,7 +185,8 @@ class CoordinatedInputStream(CsxInputStream):
         # None: what the workers hold together under round-robin; never less than every
         # worker's share, so the window never starves a worker outright
         window = reorder_window_batches or W * self.max_batches_ahead
-        self.window_batches = max(window, W * assigned_batches_per_worker)
+        self._base_window = max(window, W * assigned_batches_per_worker)
+        self.window_batches = self._base_window
         try:
             self._decide_mode()
         except BaseException:
@@ -208,12 +222,15 @@ class CoordinatedInputStream(CsxInputStream):
         modes = []
         for wk in self._workers:
             try:
-                modes.append(ray.get(wk.actor.assignment_mode.remote()))
+                mode, why, ahead = ray.get(wk.actor.assignment_mode.remote())
             except ray.exceptions.RayError:
-                modes.append(("failed", ""))  # fetch reports what went wrong
+                mode, why, ahead = "failed", "", 0  # fetch reports what went wrong
+            modes.append((mode, why))
+            self._draws_ahead[wk.info.local_worker_id] = ahead
         kinds = {m for m, _ in modes if m != "failed"}
         if kinds == {"dynamic"}:
             self.mode, self.mode_reason = "dynamic", modes[0][1]
+            self._size_window()
         else:
             # a failed build is reported by the first fetch; round-robin then raises it
             self.mode = "static"
@@ -238,6 +255,19 @@ class CoordinatedInputStream(CsxInputStream):
         self._pump_thread = pump  # close() joins only a started thread, even after a Ctrl-C
 
     # -- the coordinator --------------------------------------------------------------------
+    def _size_window(self) -> None:
+        """The reorder window: its base size plus every worker's look-ahead, so that the
+        workers can hold their share and the numbers their loaders draw ahead together."""
+        self.window_batches = self._base_window + sum(self._draws_ahead)
+
+    def _needs_numbers(self, wk: _Worker, drawn_ahead: int) -> None:
+        """``wk``'s loader waits for a number with ``drawn_ahead`` batches drawn and not yet
+        produced: it draws at least that many ahead (a sampler wrapper's read-ahead)."""
+        w = wk.info.local_worker_id
+        if drawn_ahead > self._draws_ahead[w]:
+            self._draws_ahead[w] = drawn_ahead
+            self._size_window()
+
     def numbers_per_worker(self, w: int) -> int:
         """Numbers worker ``w`` may hold now: ``assigned_per_worker``, or, where its batches
         are so cheap that it makes more than that in ``_HELD_WORK_S``, as many as it makes in
@@ -263,6 +293,8 @@ class CoordinatedInputStream(CsxInputStream):
         if self.mode != "dynamic" or self.numbers_per_worker(w) <= self.assigned_per_worker:
             return 1
         held = len(self._outstanding[w]) - sum(1 for it in wk.ready if it["kind"] != "error")
+        # the last numbers held are drawn ahead: their batches wait for numbers not yet given
+        held -= self._draws_ahead[w]
         return max(1, min(held, self.batches_per_fetch))
 
     def _window_full(self) -> bool:
@@ -284,23 +316,21 @@ class CoordinatedInputStream(CsxInputStream):
         may hold together (a full reply each where batches are cheap; at most half the
         window), not a number at a time: with input faster than the wafer it is full nearly
         always, and one number a step would cost one ``assign`` call and one reply a step."""
-        k = [self.numbers_per_worker(w) for w in range(self.num_workers)]
+        k = [self.numbers_per_worker(w) + self._draws_ahead[w] for w in range(self.num_workers)]
         refill = max(1, self.window_batches // _REFILL_FRACTION,
                      min(sum(k), self.window_batches // 2))
         self._refill_free = refill
-        if not self._refill_due(self._step):
-            return
-        self._refilling = False
         new: dict[int, list[int]] = {}
-        while not self._window_full():
-            free = [w for w in range(self.num_workers) if len(self._outstanding[w]) < k[w]]
-            if not free:
-                break
-            w = min(free, key=lambda i: len(self._outstanding[i]))
-            self._outstanding[w].append(self._next_number)
-            new.setdefault(w, []).append(self._next_number)
-            self._next_number += 1
-        self._refilling = self._next_number >= self._step + self.window_batches
+        if self._refill_due(self._step):
+            self._refilling = False
+            while not self._window_full():
+                free = [w for w in range(self.num_workers) if len(self._outstanding[w]) < k[w]]
+                if not free:
+                    break
+                w = min(free, key=lambda i: len(self._outstanding[i]))
+                self._give(w, new)
+            self._refilling = self._next_number >= self._step + self.window_batches
+        self._top_up_oldest(new)
         for w, numbers in new.items():
             wk = self._workers[w]
             # a worker with no request out gets one carrying its numbers: one call, not two
@@ -308,6 +338,38 @@ class CoordinatedInputStream(CsxInputStream):
             if wk.pending or not self._top_up(wk, assign=sent):
                 wk.actor.assign.remote(*sent)
             self._sends[w] += 1
+
+    def _give(self, w: int, new: dict) -> None:
+        """Assign the next number to worker ``w`` (sent with ``new``'s numbers)."""
+        self._outstanding[w].append(self._next_number)
+        new.setdefault(w, []).append(self._next_number)
+        self._next_number += 1
+
+    def _top_up_oldest(self, new: dict) -> None:
+        """The worker holding the oldest number not yet received gets numbers until it holds
+        its look-ahead and one, whatever the window's bounds: its loader yields that batch
+        only once it has drawn that many, and every later step waits for that batch. At most
+        the look-ahead beyond the window's bound; nothing where loaders draw nothing ahead."""
+        heads = [(out[0], w) for w, out in enumerate(self._outstanding)
+                 if out and not self._failed[w]]
+        if not heads:
+            return
+        w = min(heads)[1]
+        while len(self._outstanding[w]) < self._draws_ahead[w] + 1:
+            self._give(w, new)
+
+    def _global_batch(self, wk: _Worker, reply: dict) -> int | None:
+        """The global batch a worker's failed ``reply`` was for: under dynamic assignment the
+        number the worker was producing (not the round-robin formula's)."""
+        if self.mode != "dynamic":
+            return super()._global_batch(wk, reply)
+        if "global_batch" in reply:
+            return reply["global_batch"]
+        index, w = reply.get("index"), wk.info.local_worker_id
+        undrained = sum(1 for it in wk.ready if it["kind"] != "error")
+        pos = None if index is None else index - (wk.received - undrained)
+        out = self._outstanding[w]
+        return out[pos] if pos is not None and 0 <= pos < len(out) else None
 
     def _drain(self, wk: _Worker) -> None:
         """Move ``wk``'s received replies into the reorder window."""
@@ -317,6 +379,7 @@ class CoordinatedInputStream(CsxInputStream):
             if item["kind"] == "error":
                 # the batch the worker was making: its oldest number not received
                 number = self._outstanding[w][0] if self._outstanding[w] else self._step
+                item["global_batch"] = number
                 self._window.setdefault(number, (w, item))
                 self._failed[w] = True
                 continue
@@ -526,6 +589,7 @@ class CoordinatedInputStream(CsxInputStream):
             "assigned_batches_per_worker": [self.numbers_per_worker(w) for w in range(
                 self.num_workers)] if self.mode == "dynamic" else None,
             "reorder_window_batches": self.window_batches if self.mode == "dynamic" else None,
+            "draws_ahead": list(self._draws_ahead) if self.mode == "dynamic" else None,
         }
         if self.mode == "dynamic":
             out["reorder_window"] = {
@@ -540,4 +604,5 @@ class CoordinatedInputStream(CsxInputStream):
             entry["straggler_wait_s"] = self._straggler_wait[w]
             if self.mode == "dynamic":
                 entry["waiting_for_numbers_s"] = self._idle_s[w]
+                entry["draws_ahead"] = self._draws_ahead[w]
         return out

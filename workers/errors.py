@@ -39,19 +39,31 @@ def user_traceback(exc: BaseException) -> str:
 class InputWorkerError(RuntimeError):
     """``input_fn`` (or the dataloader it returned) raised inside an input worker.
 
-    The first line names the CS-X, the worker, the batch (the worker's own count, and the CS-X
-    step it was for) and the user's exception; the user's own traceback from the worker
-    follows. Every field travels with the exception (it pickles whole).
+    The first line names the CS-X, the worker, the global batch the failed batch was for
+    (0-based, counted across epochs: the wafer consumes global batch ``g`` at step ``g + 1``),
+    that step, the worker's own count of its batches and the user's exception; the user's
+    own traceback from the worker follows. Every field travels with the exception (it pickles
+    whole).
 
-    >>> e = InputWorkerError(0, 1, "ValueError", "bad row", "Traceback ...", "while building",
-    ...                      num_workers_per_csx=2, batch=3)
-    >>> str(e).splitlines()[0]
-    'CS-X 0, input worker 1 of 2, batch 3 (step 8): input_fn failed while building: ValueError: bad row'
+    ``global_batch`` comes from the stream, which knows which global batch each worker was
+    making: under dynamic assignment the number the coordinator gave it. Where it is not
+    given, the round-robin (static) formula is used: worker ``w``'s batch ``i`` is global
+    batch ``i * num_workers_per_csx + w``.
+
+    >>> e = InputWorkerError(0, 2, "ValueError", "bad row", "Traceback ...", "while producing",
+    ...                      num_workers_per_csx=3, batch=3, global_batch=13)
+    >>> head, _, rest = str(e).splitlines()[0].partition(": ")
+    >>> head
+    "CS-X 0, input worker 2 of 3, global batch 13 (step 14, the worker's batch 3)"
+    >>> rest
+    'input_fn failed while producing: ValueError: bad row'
+    >>> InputWorkerError(0, 1, "ValueError", "bad row", "", num_workers_per_csx=3, batch=4).step
+    14
     """
 
     def __init__(self, wse_id: int, local_worker_id: int, exc_type: str, exc_message: str,
                  traceback_text: str, during: str = "", num_workers_per_csx: int | None = None,
-                 batch: int | None = None):
+                 batch: int | None = None, global_batch: int | None = None):
         self.wse_id = wse_id
         self.local_worker_id = local_worker_id
         self.exc_type = exc_type
@@ -60,11 +72,15 @@ class InputWorkerError(RuntimeError):
         self.during = during
         self.num_workers_per_csx = num_workers_per_csx
         self.batch = batch
+        if global_batch is None and batch is not None and num_workers_per_csx is not None:
+            global_batch = batch * num_workers_per_csx + local_worker_id
+        self.global_batch = global_batch
         head = _where(wse_id, local_worker_id, num_workers_per_csx)
-        if batch is not None:
-            head += f", batch {batch}"
-            if num_workers_per_csx is not None:
-                head += f" (step {batch * num_workers_per_csx + local_worker_id + 1})"
+        if global_batch is not None:
+            head += f", global batch {global_batch} (step {global_batch + 1}"
+            head += ")" if batch is None else f", the worker's batch {batch})"
+        elif batch is not None:
+            head += f", the worker's batch {batch}"
         head += ": input_fn failed"
         if during:
             head += f" {during}"
@@ -81,14 +97,12 @@ class InputWorkerError(RuntimeError):
     @property
     def step(self) -> int | None:
         """The CS-X step (from 1) the failed batch was for, where known."""
-        if self.batch is None or self.num_workers_per_csx is None:
-            return None
-        return self.batch * self.num_workers_per_csx + self.local_worker_id + 1
+        return None if self.global_batch is None else self.global_batch + 1
 
     def __reduce__(self):
         return (type(self), (self.wse_id, self.local_worker_id, self.exc_type, self.exc_message,
                              self.traceback_text, self.during, self.num_workers_per_csx,
-                             self.batch))
+                             self.batch, self.global_batch))
 
 
 class WorkerCrashLoopError(RuntimeError):

@@ -36,7 +36,7 @@ from workers.dataloader import DataLoader
 from workers.duplicates import content_digest, sample_keys
 from workers.errors import user_traceback
 from workers.resume import Source, check_position, start_position
-from workers.sharding import dynamic_assignment_support
+from workers.sharding import draws_ahead, dynamic_assignment_support
 
 # ---------------------------------------------------------------------------------------------
 # Transport: torch tensors <-> numpy arrays
@@ -332,7 +332,13 @@ class InputWorkerImpl:
             global batches whose numbers :meth:`assign` gives it, starting from
             ``dynamic_start`` (a position as in ``start``; None: ``start``'s), and every batch
             carries its number as ``"step"``; otherwise it runs as without (round-robin).
-            :meth:`assignment_mode` tells which.
+            :meth:`assignment_mode` tells which, and how many numbers the loader draws ahead
+            of the batch it yields (:func:`workers.sharding.draws_ahead`). Where it draws more
+            than that (a prefetching sampler wrapper), a ``fetch`` that waits while the loader
+            waits for a number with batches drawn and not yet produced replies
+            ``{"kind": "need_numbers", "index": i, "drawn_ahead": n}`` instead of the batch
+            (once for each new, larger ``n``): the coordinator then grants ``n`` numbers more
+            and asks for batch ``i`` again.
     """
 
     def __init__(self, dataloader: DataLoader, info: WorkerInfo, start: dict | None = None,
@@ -342,7 +348,9 @@ class InputWorkerImpl:
         start = dict(start or {})
         self.dynamic_requested = bool(dynamic)
         self._dynamic_start = dynamic_start
-        self._assignment = BatchAssignment() if dynamic else None
+        self._assignment = BatchAssignment(self._wake) if dynamic else None
+        self._reported_ahead = 0  # the largest drawn_ahead a need_numbers reply sent
+        self._draws_ahead = 0
         self._mode: tuple[str, str] | None = None
         self._mode_known = threading.Event()
         self.info = info
@@ -419,6 +427,7 @@ class InputWorkerImpl:
             ok, why = dynamic_assignment_support(loader)
             self._mode = ("dynamic", why) if ok else ("static", why)
         if self._mode[0] == "dynamic":
+            self._draws_ahead = draws_ahead(loader)
             if self._dynamic_start is not None:
                 self._position = check_position(dict(self._dynamic_start))
                 self.state.user_state_dict = self._position
@@ -458,7 +467,9 @@ class InputWorkerImpl:
                 self.produced += 1
                 st = self.state
                 st.worker_step = index + 1
-                st.appliance_step = self._appliance_step(index + 1)
+                number = assignment.pop_taken() if assignment is not None else None
+                st.appliance_step = self._appliance_step(index + 1) if number is None \
+                    else number + 1
                 st.samples_streamed += _leading_dim(batch)
                 # a fresh dict each batch, never changed after: the reply and the worker's
                 # state share it
@@ -481,7 +492,7 @@ class InputWorkerImpl:
                     "produce_cpu_s": time.thread_time() - t0_cpu,
                 }
                 if assignment is not None:
-                    item["step"] = assignment.pop_taken()
+                    item["step"] = number
                     item["idle_s"] = idle  # waited for this batch's number
                 if index < self.keys_until:
                     item["keys"] = sample_keys(batch, source.epoch,
@@ -514,7 +525,7 @@ class InputWorkerImpl:
         if assign is not None:
             self.assign(*assign)
         first = self._take(index)
-        if count == 1:
+        if count == 1 or first["kind"] == "need_numbers":
             return Reply(_packed(first))
         items = [first]
         nbytes = first.get("nbytes", 0)
@@ -546,6 +557,11 @@ class InputWorkerImpl:
             self._cond.notify_all()
         return Reply(_chunk_reply(index, items))
 
+    def _wake(self) -> None:
+        """The loader waits for a number with batches drawn ahead: wake a waiting ``fetch``."""
+        with self._cond:
+            self._cond.notify_all()
+
     def _take(self, index: int) -> dict:
         with self._cond:
             while True:
@@ -555,6 +571,10 @@ class InputWorkerImpl:
                     return item
                 if self._error is not None and index >= self._error["index"]:
                     return self._error
+                ahead = self._assignment.waiting_ahead if self._assignment is not None else 0
+                if ahead > self._reported_ahead:
+                    self._reported_ahead = ahead
+                    return {"kind": "need_numbers", "index": index, "drawn_ahead": ahead}
                 if index < self._next_index and index not in self._buffer:
                     return _error_reply(index, RuntimeError(
                         f"batch {index} was already delivered or never requested in order"),
@@ -567,11 +587,13 @@ class InputWorkerImpl:
         if self._assignment is not None:
             self._assignment.extend(send, numbers)
 
-    def assignment_mode(self, timeout_s: float = 600.0) -> tuple[str, str]:
-        """``(mode, why)`` once the dataloader is built: ``"dynamic"`` or ``"static"`` (or
-        ``"failed"``: building it raised, and ``fetch`` replies with the error)."""
-        self._mode_known.wait(timeout_s)
-        return self._mode or ("failed", "the dataloader was not built in time")
+    def assignment_mode(self, timeout_s: float = 600.0) -> tuple[str, str, int]:
+        """``(mode, why, draws_ahead)`` once the dataloader is built: ``"dynamic"`` or
+        ``"static"`` (or ``"failed"``: building it raised, and ``fetch`` replies with the
+        error), and the index batches the loader draws ahead of the one it yields."""
+        if not self._mode_known.wait(timeout_s):
+            return ("failed", f"the dataloader was not built within {timeout_s:.0f} s", 0)
+        return (*(self._mode or ("failed", "")), self._draws_ahead)
 
     def dump_stack(self) -> str:
         """The Python stacks of this worker's threads, producer first."""

@@ -257,6 +257,14 @@ class Source:
         self._rng: dict = {}
         self._it: Iterator | None = None
         self._first: Any = None  # a batch drawn ahead by _start_epoch, or _END
+        # parts that draw index batches and describe their position after the batches the
+        # loader produced (ShardedSampler): told of every batch, since a loader with worker
+        # processes draws ahead of what it yields
+        self._producers = [o for o in _candidates(loader)
+                           if callable(getattr(o, "track_production", None))
+                           and callable(getattr(o, "batch_produced", None))]
+        for o in self._producers:
+            o.track_production()
 
     # -- random state --------------------------------------------------------------------
     def _record_rng(self) -> None:
@@ -340,17 +348,24 @@ class Source:
                 # the shuffle is drawn when the first batch is asked for: draw it now, while
                 # the restored global state is in place
                 try:
-                    self._first = next(self._it)
+                    self._first = self._pull()
                 except StopIteration:
                     self._first = _END
         finally:
             if saved_rng is not None and not self.owns_global_rng:
                 torch.set_rng_state(user_rng)
 
+    def _pull(self) -> Any:
+        """The loader's next batch (raises StopIteration at the epoch's end)."""
+        batch = next(self._it)
+        for o in self._producers:
+            o.batch_produced()
+        return batch
+
     def _skip(self, skip: int) -> None:
         while skip:
             try:
-                next(self._it)
+                self._pull()
             except StopIteration:
                 # the epoch is shorter than the saved position: go on into the next epoch
                 if self.batch_in_epoch == 0:
@@ -374,7 +389,7 @@ class Source:
             try:
                 batch, self._first = self._first, None
                 if batch is None:
-                    batch = next(self._it)
+                    batch = self._pull()
                 elif batch is _END:
                     raise StopIteration
             except StopIteration:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import array
 import bisect
+import collections
 import hashlib
 import math
 import os
@@ -34,8 +35,8 @@ import torch
 
 from workers.context import AssignmentClosed, get_batch_assignment, get_worker_info
 
-__all__ = ["DistributedSampler", "ParquetDataset", "ShardedSampler", "dynamic_assignment_support",
-           "shard_iterable"]
+__all__ = ["DistributedSampler", "ParquetDataset", "ShardedSampler", "draws_ahead",
+           "dynamic_assignment_support", "shard_iterable"]
 
 
 def _slice_bounds(n: int, parts: int, part: int) -> tuple[int, int]:
@@ -106,6 +107,14 @@ class ShardedSampler:
     ones the saved run walked (a shuffle that cannot be drawn again), it raises instead of
     streaming a different order that would repeat some samples and skip others.
 
+    A loader may draw index batches *ahead* of the batches it yields (a torch ``DataLoader``
+    with ``num_workers > 0`` draws ``prefetch_factor * num_workers`` of them when its iterator
+    is created; a prefetching sampler wrapper draws its own). Once :meth:`track_production`
+    was called (:class:`workers.resume.Source` does, and calls :meth:`batch_produced` for
+    every batch the loader yields), ``state_dict()`` describes the position after the last
+    batch the loader *yielded*, not after the last index batch drawn, so a resume neither
+    skips the batches drawn ahead nor repeats any.
+
     >>> import torch
     >>> from torch.utils.data import BatchSampler, SequentialSampler
     >>> from workers.context import WorkerInfo, worker_context
@@ -137,6 +146,11 @@ class ShardedSampler:
         self._resume_from: int | None = None
         self._resume_digest: str | None = None
         self.skipped_epoch = False  # the last epoch yielded nothing on purpose (dynamic)
+        # production tracking (track_production): the states after the batches yielded and
+        # not yet produced by the loader, oldest first, and the state after the last produced
+        self._tracking = False
+        self._drawn: collections.deque = collections.deque()
+        self._produced_state: tuple[int, str | None] = (0, None)
 
     def _epoch_target(self):
         if callable(getattr(self.data_source, "set_epoch", None)):
@@ -178,7 +192,7 @@ class ShardedSampler:
         W, C, w, c = info.num_workers_per_csx, info.num_csx, info.local_worker_id, info.wse_id
         start = self._resume_from or 0
         expected, self._resume_from, self._resume_digest = self._resume_digest, None, None
-        self._next = start
+        self._start_iteration(start, expected)
         try:
             offset = self._offset(len(self.data_source), W)
         except TypeError:
@@ -194,8 +208,7 @@ class ShardedSampler:
             if index < start or (offset + index) % W != w:
                 continue
             part = self._slice(batch, index, C, c)
-            self._next = index + 1
-            self._digest = order.hexdigest()
+            self._yielded(index, order.hexdigest())
             yield part
         if expected is not None and index + 1 <= start:
             self._check_order(order.hexdigest(), expected, start)
@@ -233,7 +246,7 @@ class ShardedSampler:
         n = len(self.data_source)
         start = self._resume_from or 0
         expected, self._resume_from, self._resume_digest = self._resume_digest, None, None
-        self._next = start
+        self._start_iteration(start, expected)
         self.skipped_epoch = False
         order = hashlib.blake2b(digest_size=16)
         source = iter(self.data_source)
@@ -276,9 +289,33 @@ class ShardedSampler:
                 walked += 1
             part = self._slice(batch, index, C, c)
             assignment.take()
-            self._next = index + 1
-            self._digest = order.hexdigest()
+            self._yielded(index, order.hexdigest())
             yield part
+
+    def _yielded(self, index: int, digest: str) -> None:
+        """Record that global batch ``index`` was yielded (drawn) with order digest ``digest``."""
+        self._next = index + 1
+        self._digest = digest
+        if self._tracking:
+            self._drawn.append((self._next, digest))
+
+    def _start_iteration(self, start: int, expected: str | None) -> None:
+        """A new iteration (an epoch, or a resumed one) starts at global batch ``start``: every
+        batch drawn before was produced (a loader ends an epoch after yielding all it drew)."""
+        self._next = start
+        self._drawn.clear()
+        self._produced_state = (start, expected if start else None)
+
+    def track_production(self) -> None:
+        """From now on ``state_dict()`` describes the position after the last batch the
+        loader produced (reported with :meth:`batch_produced`), not after the last drawn."""
+        self._tracking = True
+
+    def batch_produced(self) -> None:
+        """The loader yielded the batch of the oldest index batch drawn and not yet produced
+        (loaders yield in the order they draw)."""
+        if self._drawn:
+            self._produced_state = self._drawn.popleft()
 
     def _check_order(self, digest: str, expected: str, start: int) -> None:
         if digest != expected:
@@ -300,9 +337,10 @@ class ShardedSampler:
             if self._resume_digest is not None:
                 state["order_digest"] = self._resume_digest
             return state
-        state = {"next_global_batch": self._next, "epoch": self.epoch}
-        if self._digest is not None and self._next:
-            state["order_digest"] = self._digest
+        nxt, digest = self._produced_state if self._tracking else (self._next, self._digest)
+        state = {"next_global_batch": nxt, "epoch": self.epoch}
+        if digest is not None and nxt:
+            state["order_digest"] = digest
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -316,9 +354,21 @@ class ShardedSampler:
             self.set_epoch(state["epoch"])
         self._resume_from = self._next = state["next_global_batch"]
         self._resume_digest = digest
+        self._drawn.clear()
+        self._produced_state = (self._next, digest)
 
     def __repr__(self) -> str:
         return f"ShardedSampler({self.data_source!r})"
+
+
+def _sharded_sampler_of(loader) -> ShardedSampler | None:
+    """The :class:`ShardedSampler` ``loader`` draws its batches from: the loader itself, its
+    ``batch_sampler`` or ``sampler``, or the ``sampler`` that such a part wraps (a user's
+    prefetching wrapper keeps the sampler it reads from as ``.sampler``, as torch's
+    ``BatchSampler`` does)."""
+    parts = [loader] + [getattr(loader, name, None) for name in ("batch_sampler", "sampler")]
+    parts += [getattr(p, "sampler", None) for p in parts[1:] if p is not None]
+    return next((p for p in parts if isinstance(p, ShardedSampler)), None)
 
 
 def dynamic_assignment_support(loader) -> tuple[bool, str]:
@@ -326,10 +376,13 @@ def dynamic_assignment_support(loader) -> tuple[bool, str]:
     workers dynamically, and why (or why not).
 
     They can when the loader draws its batches from a :class:`ShardedSampler` (the loader
-    itself, or its ``batch_sampler`` / ``sampler``) whose global batches have a length, or
-    reads them from a :class:`ParquetDataset` in its own process: then any worker can produce
-    any global batch. Iterable datasets and other samplers decide in the worker which batches
-    it yields, so they keep the round-robin (static) assignment."""
+    itself, its ``batch_sampler`` / ``sampler``, or a wrapper's ``.sampler``) whose global
+    batches have a length, and yields them in the order it draws them, or reads them from a
+    :class:`ParquetDataset` in its own process: then any worker can produce any global batch.
+    Iterable datasets and other samplers decide in the worker which batches it yields, and a
+    torch ``DataLoader(in_order=False)`` yields batches in the order its processes finish them,
+    so they keep the round-robin (static) assignment. Loaders that draw index batches ahead of
+    use take part: see :func:`draws_ahead`."""
     parquet = loader if isinstance(loader, ParquetDataset) else getattr(loader, "dataset", None)
     if isinstance(parquet, ParquetDataset):
         processes = getattr(loader, "num_workers", 0) or 0
@@ -338,8 +391,7 @@ def dynamic_assignment_support(loader) -> tuple[bool, str]:
                            f"{processes}, whose worker processes cannot be given batch "
                            "numbers; round-robin delivers the same sequence")
         return True, "the loader reads its global batches from a ParquetDataset"
-    parts = [loader] + [getattr(loader, name, None) for name in ("batch_sampler", "sampler")]
-    sampler = next((p for p in parts if isinstance(p, ShardedSampler)), None)
+    sampler = _sharded_sampler_of(loader)
     if sampler is None:
         return False, (f"the loader input_fn returned ({type(loader).__name__}) does not draw "
                        "its batches from a cstream ShardedSampler (an iterable dataset or "
@@ -349,7 +401,27 @@ def dynamic_assignment_support(loader) -> tuple[bool, str]:
     except TypeError:
         return False, (f"the ShardedSampler's data source ({type(sampler.data_source).__name__})"
                        " has no len(), so global batch numbers cannot be placed in epochs")
+    if getattr(loader, "in_order", True) is False and getattr(loader, "num_workers", 0):
+        return False, ("the torch DataLoader has in_order=False, so it yields batches in the "
+                       "order its worker processes finish them, not in the order it drew their "
+                       "global batch numbers; leave in_order=True for dynamic assignment")
     return True, "the loader draws its global batches from a ShardedSampler"
+
+
+def draws_ahead(loader) -> int:
+    """How many index batches ``loader`` draws beyond the batch it yields: a torch
+    ``DataLoader`` with ``num_workers = n > 0`` draws ``prefetch_factor * n`` when its
+    iterator is created (or re-armed, with ``persistent_workers``) and one more before it
+    yields each batch; one with ``num_workers=0`` draws none ahead. Under dynamic assignment
+    a worker must hold that many global batch numbers beyond the one it produces, or its
+    loader waits for numbers before it yields the batch the stream waits for. A sampler
+    wrapper's own read-ahead cannot be seen from outside: the input worker reports it when
+    its loader waits for a number with batches drawn and not yet yielded
+    (:class:`workers.context.BatchAssignment`)."""
+    n = getattr(loader, "num_workers", 0)
+    if not isinstance(loader, torch.utils.data.DataLoader) or not n:
+        return 0
+    return int(getattr(loader, "prefetch_factor", None) or 2) * int(n)
 
 
 # ---------------------------------------------------------------------------------------------

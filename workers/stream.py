@@ -140,17 +140,20 @@ _OWN_ERRORS = {cls.__name__: cls for cls in (EmptyDataLoaderError, ExhaustedIter
                                              ResumeError)}
 
 
-def input_error(wse_id: int, local_worker_id: int, num_workers: int, reply: dict) -> Exception:
+def input_error(wse_id: int, local_worker_id: int, num_workers: int, reply: dict,
+                global_batch: int | None = None) -> Exception:
     """The exception for a worker's error reply: the input side's own errors (an empty or
     used-up loader, a position that cannot be resumed) as themselves, naming the worker;
-    anything ``input_fn`` raised as :class:`InputWorkerError`."""
+    anything ``input_fn`` raised as :class:`InputWorkerError`, naming the global batch
+    (``global_batch``, 0-based: the step is one more) the failed batch was for, where the
+    stream knows it."""
     own = _OWN_ERRORS.get(reply.get("exc_type")) if reply.get("exc_module", "").startswith(
         "workers.") else None
     if own is not None:
         return own(f"CS-X {wse_id}, input worker {local_worker_id}: {reply['exc_message']}")
     return InputWorkerError(wse_id, local_worker_id, reply["exc_type"], reply["exc_message"],
                             reply.get("traceback", ""), reply.get("during", ""), num_workers,
-                            reply.get("index"))
+                            reply.get("index"), global_batch)
 
 
 def local_object_store_bytes() -> int | None:
@@ -506,6 +509,15 @@ class CsxInputStream:
             break
         wk.pending.popleft()
         wk.replies += 1
+        if reply["kind"] == "need_numbers":
+            # dynamic assignment: the worker's loader draws more batches ahead than it was
+            # granted numbers for; ask for batch ``index`` again once it has more
+            self._needs_numbers(wk, reply["drawn_ahead"])
+            if self.batches_per_fetch == 1:
+                wk.pending.appendleft((index, wk.actor.fetch.remote(index)))
+            else:
+                self._top_up(wk)
+            return True
         # this stream is each batch object's only reader: with zero_copy, no defensive copy
         items = unpack_reply(reply, copy=not self.zero_copy)
         received_unix = time.time()
@@ -536,9 +548,23 @@ class CsxInputStream:
         self._top_up(wk)
         return True
 
+    def _needs_numbers(self, wk: _Worker, drawn_ahead: int) -> None:
+        """A subclass's (dynamic assignment): ``wk``'s loader waits for a global batch number
+        with ``drawn_ahead`` batches drawn and not yet produced."""
+        raise RuntimeError(  # pragma: no cover (round-robin workers never wait for numbers)
+            f"CS-X {self.wse_id}, input worker {wk.info.local_worker_id} asked for global "
+            "batch numbers, but this stream assigns its batches round-robin")
+
+    def _global_batch(self, wk: _Worker, reply: dict) -> int | None:
+        """The global batch (0-based; step - 1) the worker's failed ``reply`` was for: the
+        round-robin formula, worker ``w``'s batch ``i`` is global batch ``i * W + w``."""
+        index = reply.get("index")
+        return None if index is None else index * self.num_workers + wk.info.local_worker_id
+
     def _raise_failure(self, wk: _Worker, reply: dict):
         self.close()
-        raise input_error(self.wse_id, wk.info.local_worker_id, self.num_workers, reply)
+        raise input_error(self.wse_id, wk.info.local_worker_id, self.num_workers, reply,
+                          self._global_batch(wk, reply))
 
     def _restart(self, wk: _Worker, cause: BaseException) -> None:
         wk.restarts += 1
@@ -571,8 +597,9 @@ class CsxInputStream:
         msg = (
             f"CS-X {self.wse_id}, input worker {w} is a straggler: it has delivered nothing for "
             f"{waited:.1f} s (straggler_timeout_s={self.cs_config.straggler_timeout_s}) while step "
-            f"{self._step} waits for its batch {wk.received}. The stream keeps waiting, since "
-            f"that step can only come from worker {w}. Its Python stack:\n{stack}"
+            f"{self._step + 1} (global batch {self._step}) waits for its batch {wk.received}. The "
+            f"stream keeps waiting, since that step can only come from worker {w}. Its Python "
+            f"stack:\n{stack}"
         )
         record = {"wse_id": self.wse_id, "local_worker_id": w, "waited_s": round(waited, 3),
                   "step": self._step, "worker_step": wk.received, "stack": stack}
