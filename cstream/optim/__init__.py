@@ -7,6 +7,7 @@ import inspect
 from typing import Any
 
 from cstream.optim import lr_scheduler
+from cstream.optim.muon import Muon
 from cstream.optim.optimizer import Optimizer
 from cstream.optim.optimizers import (
     ASGD, SGD, Adadelta, Adafactor, Adagrad, Adam, Adamax, AdamW, Lamb, Lion, NAdam, RAdam,
@@ -15,7 +16,7 @@ from cstream.optim.optimizers import (
 
 OPTIMIZERS = {cls.__name__: cls for cls in (
     SGD, Adam, AdamW, Adagrad, Adadelta, Adamax, ASGD, NAdam, RAdam, RMSprop, Rprop, Lamb, Lion,
-    Adafactor)}
+    Adafactor, Muon)}
 
 __all__ = ["Optimizer", "configure_lr_scheduler", "configure_optimizer", "lr_scheduler",
            *OPTIMIZERS]
