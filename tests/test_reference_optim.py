@@ -139,3 +139,83 @@ def test_the_state_dict_has_the_references_layout(case):
     assert ours_state.keys() == ref_state.keys()
     for i in ref_state:
         assert list(ours_state[i].items()) == list(ref_state[i].items()), i
+
+
+TRACED_CASES = list({c["name"]: c for c in CASES}.values())  # the last (richest) case of each
+
+
+@pytest.mark.parametrize("case", TRACED_CASES, ids=case_id)
+def test_every_step_equals_the_reference_traced_on_csx(case):
+    backend = cstorch.backend("CSX", in_process=True)
+    with backend.device:
+        model = make_model(case["bias"])
+    compiled = cstorch.compile(model, backend)
+    opt = getattr(cstorch.optim, case["name"])(model.parameters(), **kwargs_of(case))
+    weights = []
+
+    @cstorch.trace
+    def step(batch):
+        x, y = batch
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(compiled(x), y).backward()
+        opt.step()
+        return tuple(p.detach() * 1 for p in model.parameters())
+
+    @cstorch.step_closure
+    def record(*params):
+        weights.append([p.to("cpu").clone() for p in params])
+
+    data = batches()
+    for batch in cstorch.utils.data.DataExecutor(
+            cstorch.utils.data.DataLoader(lambda: data), num_steps=len(data)):
+        record(*step(batch))
+    backend.shutdown()
+    assert len(weights) == len(case["steps"])
+    for n, (ours, theirs) in enumerate(zip(weights, case["steps"]), 1):
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            assert_close(a, b, f"traced step {n}, parameter {i}")
+
+
+def test_every_signature_has_the_references_names_and_defaults():
+    import inspect
+
+    for name, params in FIXTURE["signatures"].items():
+        ours = [[n, None if p.default is inspect.Parameter.empty else repr(p.default)]
+                for n, p in inspect.signature(getattr(cstorch.optim, name).__init__)
+                .parameters.items() if n not in ("self", "params")]
+        assert ours == params, name
+
+
+# -- Muon: 2.10's step raises (docs/reference.md, Deviations); its Newton-Schulz function and
+# its first step (the momentum buffer still zero) with the call repaired are the reference
+def test_muon_newton_schulz_equals_the_reference():
+    from cstream.optim.muon import zeropower_via_newtonschulz5
+
+    for entry in FIXTURE["muon"]["newton_schulz"]:
+        G = torch.tensor(entry["G"]).reshape(entry["shape"])
+        X = zeropower_via_newtonschulz5(G, steps=entry["steps"])
+        assert X.dtype == torch.bfloat16
+        assert torch.equal(X.float(), torch.tensor(entry["X"]).reshape(entry["shape"]))
+
+
+@pytest.mark.parametrize("kwargs", list(FIXTURE["muon"]["first_step"]))
+def test_muons_first_step_equals_the_reference(kwargs):
+    model = make_model(bias=False)
+    opt = cstorch.optim.Muon(model.parameters(), **json.loads(kwargs))
+    ours = train_eagerly(opt, model, batches()[:1])[0]
+    for i, (a, b) in enumerate(zip(ours, FIXTURE["muon"]["first_step"][kwargs])):
+        assert_close(a, b, f"parameter {i}")
+
+
+def test_muon_keeps_its_momentum_buffer_and_refuses_1d_parameters():
+    model = make_model(bias=False)
+    opt = cstorch.optim.Muon(model.parameters(), momentum=0.9, nesterov=False)
+    first = train_eagerly(opt, model, batches()[:1])
+    buf = opt.state[model[0].weight]["momentum_buffer"]
+    torch.testing.assert_close(buf, 0.1 * model[0].weight.grad)
+    train_eagerly(opt, model, batches()[1:2])
+    assert not torch.equal(buf, 0.1 * model[0].weight.grad)  # 0.9 * old + 0.1 * new
+    assert first
+    with pytest.raises(ValueError, match=r"parameter 1 of group 0 has shape \(4,\).*another "
+                                         r"optimizer"):
+        cstorch.optim.Muon(make_model().parameters())

@@ -98,6 +98,7 @@ def make_data(seed=0, bias=True):
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    g = torch.Generator().manual_seed(seed + 1)  # the same batches with or without biases
     batches = [(torch.randn(5, 3, generator=g), torch.randn(5, 2, generator=g))
                for _ in range(STEPS)]
     return model, batches
