@@ -160,7 +160,7 @@ class GradScaler:
         """Every unscaled optimizer's gradients scaled to the global norm
         ``max_gradient_norm`` at most."""
         clip_coef = float(self._max_gradient_norm) / (self._global_norm() + 1e-6)
-        clip_coef = torch.where(clip_coef < 1, clip_coef, 1.0)
+        clip_coef = torch.clamp(clip_coef, max=1.0)
         grads = [p.grad for opt in self._unscaled.values() for p in _params(opt)
                  if p.grad is not None]
         for group, _ in group_tensors(grads):
@@ -217,9 +217,10 @@ class GradScaler:
         scale.mul_((1 + increase).float())
         overflows.mul_(1 - increase)
         steps.mul_(1 - increase)
-        scale.copy_(torch.where(scale < self._max_loss_scale, scale, self._max_loss_scale))
+        # clamp: torch.where with a number would put a constant tensor in the traced graph
+        scale.clamp_(max=self._max_loss_scale)
         self._non_clamped_loss_scale = scale.detach().clone()
-        scale.copy_(torch.where(self._min_loss_scale < scale, scale, self._min_loss_scale))
+        scale.clamp_(min=self._min_loss_scale)
 
 
 def _params(optimizer) -> list:
