@@ -437,6 +437,52 @@ def test_grad_scaler_calls_in_the_wrong_order_are_refused():
     scaler.update()
 
 
+def test_update_if_finite_keeps_an_extra_tensor_of_a_skipped_step_and_isfinite_tells():
+    class Counting(cstorch.optim.SGD):
+        """SGD that also counts its steps in a tensor outside ``state``."""
+
+        def __init__(self, params, lr):
+            super().__init__(params, lr=lr)
+            self.count = torch.zeros(())
+            self.seen = []
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            cstorch.amp.update_if_finite(self, self.count)
+            self.seen.append(bool(cstorch.amp.isfinite(self)))
+            self.count.add_(1)
+            return super().step(closure)
+
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = Counting([w], lr=0.1)
+    scaler = cstorch.amp.GradScaler("dynamic", init_scale=4.0)
+    for bad in (False, True, False):
+        loss = (w * torch.tensor([1.0, float("inf") if bad else 1.0])).sum()
+        cstorch.amp.optimizer_step(loss, opt, scaler)
+    assert opt.seen == [True, False, True]
+    assert float(opt.count) == 2.0          # the skipped step's count was undone
+    assert cstorch.amp.isfinite(opt) is True  # outside a step
+    opt.step()                               # no scaler: update_if_finite does nothing
+    assert float(opt.count) == 3.0
+
+
+def test_half_dtype_helpers_follow_the_reference_api():
+    try:
+        assert cstorch.amp.set_half_dtype("cbfloat16") == torch.float16
+        assert cstorch.amp.get_half_dtype_str() == "cbfloat16"
+        assert cstorch.amp.mixed_precision()
+        assert cstorch.amp.get_floating_point_dtype() == torch.float16
+        assert cstorch.amp.set_half_dtype(torch.bfloat16) == torch.bfloat16
+        cstorch.amp.enable_mixed_precision(False)
+        assert cstorch.amp.get_floating_point_dtype() == torch.float32
+        assert cstorch.amp.get_floating_point_dtype_str() == "float32"
+        with pytest.raises(ValueError, match="Invalid half dtype: 'float8'"):
+            cstorch.amp.set_half_dtype("float8")
+    finally:
+        cstorch.amp.set_half_dtype(torch.float16)
+        cstorch.amp.enable_mixed_precision(False)
+
+
 def test_float16_training_with_loss_scaling_avoids_the_underflow_of_the_unscaled_run():
     def train(scaler):
         torch.manual_seed(0)

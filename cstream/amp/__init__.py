@@ -12,7 +12,7 @@ import contextlib
 
 import torch
 
-from cstream.amp.grad_scaler import GradScaler, optimizer_step
+from cstream.amp.grad_scaler import GradScaler, isfinite, optimizer_step, update_if_finite
 
 _HALF_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "cbfloat16": torch.float16}
 _STATE = {"half": "float16", "enabled": False}
@@ -89,5 +89,5 @@ def disable_casts():
 
 __all__ = ["GradScaler", "autocast", "disable_casts", "enable_mixed_precision",
            "get_floating_point_dtype", "get_floating_point_dtype_str", "get_half_dtype",
-           "get_half_dtype_str", "is_cbfloat16_tensor", "mixed_precision", "optimizer_step",
-           "set_half_dtype", "use_bfloat16"]
+           "get_half_dtype_str", "is_cbfloat16_tensor", "isfinite", "mixed_precision",
+           "optimizer_step", "set_half_dtype", "update_if_finite", "use_bfloat16"]

@@ -181,8 +181,13 @@ class GradScaler:
         tensors += [t for s in optimizer.state.values() for t in s.values()
                     if isinstance(t, torch.Tensor)]
         saved = _copies(tensors)
-        out = optimizer.step(*args, **kwargs)
-        for t, old in zip(tensors, saved):
+        marked: list = []  # update_if_finite's (tensor, copy) pairs
+        optimizer._amp_conditional_step = (self.isfinite, marked)
+        try:
+            out = optimizer.step(*args, **kwargs)
+        finally:
+            del optimizer._amp_conditional_step
+        for t, old in [*zip(tensors, saved), *marked]:
             t.copy_(torch.where(self.isfinite, t, old))
         return out
 
@@ -221,6 +226,22 @@ class GradScaler:
         scale.clamp_(max=self._max_loss_scale)
         self._non_clamped_loss_scale = scale.detach().clone()
         scale.clamp_(min=self._min_loss_scale)
+
+
+def update_if_finite(optimizer, tensor: torch.Tensor) -> None:
+    """Inside ``optimizer.step()`` run by a dynamic :class:`GradScaler`: keep ``tensor``'s value
+    from now on only if the step's gradients are finite (its parameters and ``state`` are kept
+    that way already). Elsewhere it does nothing."""
+    active = getattr(optimizer, "_amp_conditional_step", None)
+    if active is not None:
+        active[1].append((tensor, tensor.clone()))
+
+
+def isfinite(optimizer):
+    """Inside ``optimizer.step()`` run by a dynamic :class:`GradScaler`: whether this step's
+    gradients are finite (a bool tensor); True elsewhere."""
+    active = getattr(optimizer, "_amp_conditional_step", None)
+    return True if active is None else active[0]
 
 
 def _params(optimizer) -> list:
