@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 import cstream
-from cstream.optim.optimizer import Optimizer
+from cstream.optim.optimizer import Optimizer, group_tensors
 
 
 def _check(name, value, low=0.0, high=None, owner="", high_inclusive=False):
@@ -48,6 +48,12 @@ def _signed_grad(p, maximize):
 
 def _with_grads(group):
     return [p for p in group["params"] if p.grad is not None]
+
+
+def _buckets(group) -> list[list]:
+    """The group's parameters that have gradients, grouped by (device, dtype): the unit of one
+    ``torch._foreach_*`` op."""
+    return [params for params, _ in group_tensors(_with_grads(group))]
 
 
 class SGD(Optimizer):
@@ -88,19 +94,28 @@ class SGD(Optimizer):
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
-            lr, momentum = group["lr"], group["momentum"]
-            for p in _with_grads(group):
-                grad = _signed_grad(p, group["maximize"])
-                grad = grad + p * group["weight_decay"]
-                if momentum != 0:
-                    buf = self.state[p]["momentum_buffer"]
-                    buf.mul_(momentum).add_(grad, alpha=1.0 - group["dampening"])
-                    if group["nesterov"]:
-                        grad.add_(buf, alpha=momentum)
-                    else:
-                        grad = buf
-                p.add_(-lr * grad)
+            for params in _buckets(group):
+                self._update(group, params)
         return loss
+
+    def _update(self, group, params):
+        """The update of ``params`` (one device and dtype, all with gradients): 2.10's
+        per-parameter arithmetic as one ``torch._foreach_*`` op per stage, so a traced step has
+        the same ops for any number of parameters."""
+        lr, momentum = group["lr"], group["momentum"]
+        grads = [p.grad for p in params]
+        if group["maximize"]:
+            grads = torch._foreach_neg(grads)
+        grads = torch._foreach_add(grads, torch._foreach_mul(params, group["weight_decay"]))
+        if momentum != 0:
+            bufs = [self.state[p]["momentum_buffer"] for p in params]
+            torch._foreach_mul_(bufs, momentum)
+            torch._foreach_add_(bufs, grads, alpha=1.0 - group["dampening"])
+            if group["nesterov"]:
+                torch._foreach_add_(grads, bufs, alpha=momentum)
+            else:
+                grads = bufs
+        torch._foreach_add_(params, torch._foreach_mul(grads, -lr))
 
 
 class _AdamBase(Optimizer):
@@ -138,34 +153,46 @@ class _AdamBase(Optimizer):
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
-            for p in _with_grads(group):
-                self._update(group, p, self.state[p])
+            for params in _buckets(group):
+                self._update(group, params, [self.state[p] for p in params])
         return loss
 
     @staticmethod
-    def _update(group, p, st):
+    def _update(group, params, states):
+        """The update of ``params`` (one device and dtype, all with gradients): 2.10's
+        per-parameter arithmetic as one ``torch._foreach_*`` op per stage."""
         beta1, beta2 = group["betas"]
-        grad = p.grad
+        grads = [p.grad for p in params]
         if group["l2_regularization_rate"] > 0.0:
-            grad = grad.add(p, alpha=group["l2_regularization_rate"])
-        exp_avg, exp_avg_sq = st["exp_avg"], st["exp_avg_sq"]
-        exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
-        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+            grads = torch._foreach_add(grads, params, alpha=group["l2_regularization_rate"])
+        exp_avgs = [st["exp_avg"] for st in states]
+        exp_avg_sqs = [st["exp_avg_sq"] for st in states]
+        torch._foreach_mul_(exp_avgs, beta1)
+        torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
         if group["amsgrad"]:
-            peak = st["max_exp_avg_sq"]
-            peak.copy_(torch.maximum(peak, exp_avg_sq))
-            denom = peak.sqrt().add_(group["eps"])
+            peaks = [st["max_exp_avg_sq"] for st in states]
+            torch._foreach_maximum_(peaks, exp_avg_sqs)
+            denom = torch._foreach_sqrt(peaks)
         else:
-            denom = exp_avg_sq.sqrt().add_(group["eps"])
-        update = exp_avg / denom
+            denom = torch._foreach_sqrt(exp_avg_sqs)
+        torch._foreach_add_(denom, group["eps"])
+        update = torch._foreach_div(exp_avgs, denom)
         if group["correct_bias"]:
-            b1p, b2p = st["beta1_power"], st["beta2_power"]
-            update *= torch.sqrt(1.0 - b2p) / (1.0 - b1p)
-            b1p *= beta1
-            b2p *= beta2
-        update.add_(p * group["weight_decay"])
-        update *= group["lr"]
-        p.sub_(update)
+            b1ps = [st["beta1_power"] for st in states]
+            b2ps = [st["beta2_power"] for st in states]
+            # 1 - x as -x + 1: the same float
+            bias_correction1 = torch._foreach_add(torch._foreach_neg(b1ps), 1.0)
+            bias_correction2 = torch._foreach_add(torch._foreach_neg(b2ps), 1.0)
+            step_size = torch._foreach_div(torch._foreach_sqrt(bias_correction2),
+                                           bias_correction1)
+            torch._foreach_mul_(update, step_size)
+            torch._foreach_mul_(b1ps, beta1)
+            torch._foreach_mul_(b2ps, beta2)
+        torch._foreach_add_(update, torch._foreach_mul(params, group["weight_decay"]))
+        torch._foreach_mul_(update, group["lr"])
+        torch._foreach_sub_(params, update)
 
     def load_state_dict(self, state_dict):
         """Also takes a state saved by torch's or HuggingFace's Adam/AdamW (a ``step`` count
