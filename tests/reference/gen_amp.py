@@ -18,7 +18,7 @@ import json
 
 import torch
 
-from gen_optim import f32
+from gen_optim import cpu_backend, f32
 
 FACTORS = {"ok": 1.0, "inf": float("inf"), "nan": float("nan"), "huge": 1e30}
 
@@ -118,7 +118,7 @@ def main(out):
     from cerebras.pytorch.amp._amp_state import _amp_state
     from cerebras.pytorch.amp.handle import NoOpHandle
 
-    cstorch.backend("CPU")
+    cpu_backend(cstorch)
     _amp_state.handle = NoOpHandle()
     model, batches = make_model()
     defaults = cstorch.amp.GradScaler("dynamic")

@@ -173,10 +173,18 @@ def muon_reference(cstorch) -> dict:
     return {"crash": crash, "newton_schulz": ns, "first_step": first}
 
 
+def cpu_backend(cstorch):
+    """The real package's CPU backend (one per process: a later module reuses it)."""
+    try:
+        return cstorch.backend("CPU")
+    except RuntimeError:
+        return cstorch.backend()
+
+
 def main(out):
     import cerebras.pytorch as cstorch
 
-    cstorch.backend("CPU")
+    cpu_backend(cstorch)
     model, batches = make_data()
     nobias, _ = make_data(bias=False)
     fixture = {
