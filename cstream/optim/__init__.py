@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import warnings
 from typing import Any
 
 from cstream.optim import lr_scheduler, scheduler, weight_decay_scheduler
+from cstream.optim.muon import Muon
 from cstream.optim.optimizer import Optimizer
 from cstream.optim.optimizers import (
     ASGD, SGD, Adadelta, Adafactor, Adagrad, Adam, Adamax, AdamW, Lamb, Lion, NAdam, RAdam,
@@ -15,7 +17,7 @@ from cstream.optim.optimizers import (
 
 OPTIMIZERS = {cls.__name__: cls for cls in (
     SGD, Adam, AdamW, Adagrad, Adadelta, Adamax, ASGD, NAdam, RAdam, RMSprop, Rprop, Lamb, Lion,
-    Adafactor)}
+    Adafactor, Muon)}
 
 __all__ = ["Optimizer", "configure_lr_scheduler", "configure_optimizer", "lr_scheduler", "scheduler",
            "weight_decay_scheduler",
@@ -35,14 +37,29 @@ def _check_kwargs(cls, kwargs: dict, what: str, skip=("self", "optimizer", "para
                 f"{', '.join(valid)}.")
 
 
+SCHEDULED_LR_PLACEHOLDER = 0.1
+"""The ``lr`` an optimizer gets from :func:`configure_optimizer` when ``learning_rate`` is a
+scheduler configuration: the scheduler sets the rate before the first step."""
+
+NOT_OPTIMIZER_KEYS = frozenset({
+    "max_gradient_norm", "max_gradient_value", "max_gradient_val", "loss_scaling_factor",
+    "initial_loss_scale", "steps_per_increase", "min_loss_scale", "max_loss_scale",
+    "log_summaries", "adjust_learning_rate", "grad_accum_steps"})
+"""Keys of a Model Zoo ``optimizer:`` section that other parts of the run read (loss scaling,
+clipping, summaries): :func:`configure_optimizer` leaves them out, with a warning."""
+
+
 def configure_optimizer(optimizer_type: str, params, **kwargs: Any) -> Optimizer:
-    """Build an optimizer from its name (case-insensitive) and keyword arguments.
+    """Build an optimizer from its name (case-insensitive) and keyword arguments, as the Model
+    Zoo calls it with its ``optimizer:`` section: ``learning_rate`` stands for ``lr`` (a number;
+    a scheduler configuration gives :data:`SCHEDULED_LR_PLACEHOLDER`, which the scheduler
+    replaces), and :data:`NOT_OPTIMIZER_KEYS` are left out.
 
     >>> import torch, cstream
     >>> opt = cstream.optim.configure_optimizer("sgd", [torch.nn.Parameter(torch.ones(1))],
-    ...                                         lr=0.1, momentum=0.5)
-    >>> type(opt).__name__
-    'SGD'
+    ...                                         learning_rate=0.1, momentum=0.5)
+    >>> type(opt).__name__, opt.param_groups[0]["lr"]
+    ('SGD', 0.1)
     """
     by_lower = {k.lower(): v for k, v in OPTIMIZERS.items()}
     cls = by_lower.get(str(optimizer_type).lower())
@@ -50,6 +67,19 @@ def configure_optimizer(optimizer_type: str, params, **kwargs: Any) -> Optimizer
         raise ValueError(
             f"unknown optimizer_type {optimizer_type!r}; choose one of "
             f"{', '.join(sorted(OPTIMIZERS))} (case-insensitive).")
+    if "learning_rate" in kwargs:
+        if "lr" in kwargs:
+            raise ValueError("configure_optimizer: give learning_rate or lr (the same "
+                             f"argument), not both (got {kwargs['learning_rate']!r} and "
+                             f"{kwargs['lr']!r}).")
+        rate = kwargs.pop("learning_rate")
+        numeric = isinstance(rate, (int, float, str)) and not isinstance(rate, bool)
+        kwargs["lr"] = float(rate) if numeric else SCHEDULED_LR_PLACEHOLDER
+    unused = sorted(NOT_OPTIMIZER_KEYS & set(kwargs))
+    if unused:
+        warnings.warn(f"configure_optimizer: {', '.join(unused)} configure other parts of the "
+                      f"run, not the {cls.__name__} optimizer; left out.", stacklevel=2)
+        kwargs = {k: v for k, v in kwargs.items() if k not in NOT_OPTIMIZER_KEYS}
     _check_kwargs(cls, kwargs, "optimizer")
     return cls(params, **kwargs)
 

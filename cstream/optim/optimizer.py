@@ -1,9 +1,13 @@
 """The base class of cstream's traceable optimizers.
 
 A Cerebras-compliant optimizer creates every state tensor in :meth:`Optimizer.preinitialize`
-(with cstream's creation ops, so the state is lazy on the CSX backend), keeps each group's learning
-rate as a 0-d tensor the schedulers write, and updates state only in place, with tensor ops: no
-Python branches on tensor values, no ``.item()``. Then the whole step traces into a static graph.
+(with cstream's creation ops, so the state is lazy on the CSX backend) and updates state only in
+place, with tensor ops: no Python branches on tensor values, no ``.item()``. Then the whole step
+traces into a static graph.
+
+A group's ``lr`` is the number the user gave (as in ``cerebras.pytorch``, and so in its
+``state_dict()``) until a learning-rate scheduler sets it to a 0-d tensor; every optimizer's step
+takes either (:meth:`Optimizer.lr_tensor` is the scheduler's side of that contract).
 """
 
 from __future__ import annotations
@@ -42,12 +46,33 @@ def _wrap_step(step: Callable) -> Callable:
     return wrapper
 
 
+class _NumberLR(float):
+    """A group's ``lr`` number that also takes a scheduler's in-place write: ``copy_(value)``
+    puts the tensor of :meth:`Optimizer.lr_tensor` in the group and writes into it. A float in
+    every other respect (``state_dict()`` gives a plain float)."""
+
+    def __new__(cls, value, optimizer, group):
+        self = super().__new__(cls, value)
+        self._optimizer, self._group = optimizer, group
+        return self
+
+    def copy_(self, value):
+        return self._optimizer.lr_tensor(self._group).copy_(value)
+
+    def __reduce__(self):
+        return float, (float(self),)
+
+    def __deepcopy__(self, memo):
+        return float(self)
+
+
 class Optimizer(ABC):
     """Base class: ``Optimizer(params, defaults, enable_global_step=False)``.
 
     Subclasses implement :meth:`preinitialize` (create state), :meth:`step` (update in place) and
-    :meth:`state_names_to_sparsify`. ``param_groups[i]["lr"]`` is a 0-d tensor; with
-    ``enable_global_step`` every parameter gets a ``"step"`` state tensor.
+    :meth:`state_names_to_sparsify`. With ``enable_global_step`` every parameter gets a float32
+    ``"step"`` state tensor (after the state :meth:`preinitialize` creates), which
+    :meth:`increment_global_step` advances.
     """
 
     def __init_subclass__(cls, **kwargs):
@@ -88,11 +113,30 @@ class Optimizer(ABC):
         for name, value in self.defaults.items():
             group.setdefault(name, value)
         lr = group.get("lr")
+        if lr is not None and not isinstance(lr, torch.Tensor) and (
+                isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr < 0):
+            raise ValueError(f"{type(self).__name__}: lr must be a number >= 0, got {lr!r}.")
         if lr is not None and not isinstance(lr, torch.Tensor):
-            if isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr < 0:
-                raise ValueError(f"{type(self).__name__}: lr must be a number >= 0, got {lr!r}.")
-            group["lr"] = cstream.full((), float(lr), dtype=torch.float32)
+            group["lr"] = _NumberLR(lr, self, group)
         self.param_groups.append(group)
+
+    def lr_tensor(self, group: dict) -> torch.Tensor:
+        """The group's ``lr`` as a float32 0-d tensor that stays in the group: a number is
+        replaced by a tensor (made with cstream's creation ops) holding it. A scheduler calls
+        this once and writes each new rate into the tensor in place."""
+        lr = group["lr"]
+        if not isinstance(lr, torch.Tensor):
+            lr = group["lr"] = cstream.full((), float(lr), dtype=torch.float32)
+        return lr
+
+    def increment_global_step(self, p: torch.Tensor) -> torch.Tensor:
+        """Add one to ``p``'s ``"step"`` state and return it (float32)."""
+        if "step" not in self.state[p]:
+            raise RuntimeError(
+                f"{type(self).__name__}: no global step in the state; pass "
+                "enable_global_step=True to Optimizer.__init__ to create it.")
+        self.state[p]["step"].add_(1.0)
+        return self.state[p]["step"]
 
     # -- the contract -------------------------------------------------------------------------
     @abstractmethod
@@ -111,11 +155,11 @@ class Optimizer(ABC):
         if self._preinitialized:
             return
         self._preinitialized = True
+        self.preinitialize()
         if self.enable_global_step:
             for group in self.param_groups:
                 for p in group["params"]:
                     self.state[p]["step"] = cstream.zeros((), dtype=torch.float32)
-        self.preinitialize()
         self._state_keys = {id(p): set(s) for p, s in self.state.items()}
 
     def _check_state_keys(self) -> None:
@@ -149,7 +193,8 @@ class Optimizer(ABC):
         self._ensure_preinitialized()
         index, groups = {}, []
         for group in self.param_groups:
-            packed = {k: v for k, v in group.items() if k != "params"}
+            packed = {k: float(v) if isinstance(v, _NumberLR) else v
+                      for k, v in group.items() if k != "params"}
             packed["params"] = []
             for p in group["params"]:
                 index.setdefault(id(p), len(index))
@@ -177,6 +222,7 @@ class Optimizer(ABC):
             raise ValueError(
                 f"loaded state has {len(saved_ids)} parameters, the optimizer has {len(params)}.")
         by_id = dict(zip(saved_ids, params))
+        self._check_loaded_state_names(state_dict["state"], by_id, saved_ids)
         with torch.no_grad():
             for group, saved in zip(self.param_groups, groups):
                 for k, v in saved.items():
@@ -184,16 +230,29 @@ class Optimizer(ABC):
                         continue
                     if isinstance(group.get(k), torch.Tensor):
                         group[k].copy_(torch.as_tensor(v, dtype=group[k].dtype))
+                    elif k == "lr" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                        group[k] = _NumberLR(v, self, group)
                     else:
                         group[k] = v
             for i, saved in state_dict["state"].items():
-                p = by_id[int(i)]
+                current = self.state[by_id[int(i)]]
                 for name, value in saved.items():
-                    current = self.state[p].get(name)
-                    if isinstance(current, torch.Tensor):
-                        current.copy_(torch.as_tensor(value, dtype=current.dtype))
-                    else:
-                        self.state[p][name] = value
+                    current[name].copy_(torch.as_tensor(value, dtype=current[name].dtype))
+
+    def _check_loaded_state_names(self, saved_state: dict, by_id: dict, saved_ids: list) -> None:
+        for i, saved in saved_state.items():
+            p = by_id.get(int(i))
+            if p is None:
+                raise ValueError(
+                    f"loaded state has an entry for parameter {i}, which none of its "
+                    f"param_groups lists (they list {saved_ids}).")
+            have = set(self.state.get(p, {}))
+            if set(saved) != have:
+                position = saved_ids.index(int(i))
+                raise ValueError(
+                    f"{type(self).__name__}.load_state_dict: the state of parameter {position} "
+                    f"holds {sorted(saved)}, this optimizer keeps {sorted(have)} for it; load "
+                    f"a state saved by the same optimizer class with the same options.")
 
     def __getattr__(self, name: str):
         import difflib

@@ -1,23 +1,64 @@
-"""Traceable optimizers, numerically matching their ``torch.optim`` counterparts."""
+"""Traceable optimizers with the update rules, defaults and state layout of ``cerebras.pytorch``
+2.10.
+
+Each ``step`` follows the real package's arithmetic op for op, in float32, so trajectories agree
+to the last bits (``tests/test_reference_optim.py`` checks them against the reference run). Its
+constants that the real package keeps as float32 tensors (``torch.tensor(beta2)``) are float32
+here too: :func:`_f32` rounds a Python number the same way before it enters an op, so no value is
+read from a tensor inside a step (tracing forbids it).
+"""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 import cstream
 from cstream.optim.optimizer import Optimizer, group_tensors
-from executor.engine.decompositions import fused_adam_stages_, fused_adamw_stages_
 
 
-def _check(name, value, low=0.0, high=None, owner=""):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low or (
-            high is not None and value >= high):
-        rng = f">= {low}" + (f" and < {high}" if high is not None else "")
+def _check(name, value, low=0.0, high=None, owner="", high_inclusive=False):
+    bad = isinstance(value, bool) or not isinstance(value, (int, float)) or value < low
+    if high is not None and not bad:
+        bad = value > high if high_inclusive else value >= high
+    if bad:
+        rng = f">= {low}" + ("" if high is None else
+                             f" and {'<=' if high_inclusive else '<'} {high}")
         raise ValueError(f"{owner}: {name} must be a number {rng}, got {value!r}.")
 
 
+def _check_betas(betas, owner):
+    _check("betas[0]", betas[0], 0.0, 1.0, owner)
+    _check("betas[1]", betas[1], 0.0, 1.0, owner)
+
+
+def _f32(x: float) -> float:
+    """``x`` rounded to float32 (the value ``torch.tensor(x)`` holds), as a Python float."""
+    return float(np.float32(x))
+
+
+def _one_minus_f32(x: float) -> float:
+    """``1.0 - torch.tensor(x)`` computed in float32, as a Python float."""
+    return float(np.float32(1.0) - np.float32(x))
+
+
+def _signed_grad(p, maximize):
+    return -p.grad if maximize else p.grad
+
+
+def _with_grads(group):
+    return [p for p in group["params"] if p.grad is not None]
+
+
+def _buckets(group) -> list[list]:
+    """The group's parameters that have gradients, grouped by (device, dtype): the unit of one
+    ``torch._foreach_*`` op."""
+    return [params for params, _ in group_tensors(_with_grads(group))]
+
+
 class SGD(Optimizer):
-    """SGD with momentum, dampening, Nesterov and weight decay (``torch.optim.SGD``'s rule).
+    """SGD with momentum, dampening, Nesterov and weight decay. The momentum buffer starts at zero
+    and every step makes it ``buf * momentum + grad * (1 - dampening)`` (the first step too).
 
     >>> import torch, cstream
     >>> w = torch.nn.Parameter(torch.ones(2))
@@ -27,13 +68,15 @@ class SGD(Optimizer):
     tensor([0.9000, 0.9000])
     """
 
-    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
-                 nesterov=False, maximize=False):
+    def __init__(self, params, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False,
+                 maximize=False):
         for n, v in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay),
                      ("dampening", dampening)):
             _check(n, v, owner="SGD")
         if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError("SGD: nesterov=True needs momentum > 0 and dampening = 0.")
+            raise ValueError(
+                f"SGD: nesterov=True needs momentum > 0 and dampening = 0; momentum was "
+                f"{momentum} and dampening {dampening}.")
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
                                       weight_decay=weight_decay, nesterov=nesterov,
                                       maximize=maximize))
@@ -43,8 +86,6 @@ class SGD(Optimizer):
             if group["momentum"] != 0:
                 for p in group["params"]:
                     self.state[p]["momentum_buffer"] = cstream.zeros_like(p)
-                    # the first step copies the gradient into the buffer (torch's rule)
-                    self.state[p]["initialized"] = cstream.zeros((), dtype=torch.float32)
 
     def state_names_to_sparsify(self):
         return ["momentum_buffer"]
@@ -53,67 +94,57 @@ class SGD(Optimizer):
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
-            for params in _buckets(group["params"]):
+            for params in _buckets(group):
                 self._update(group, params)
         return loss
 
     def _update(self, group, params):
-        """One multi-tensor update of ``params`` (same dtype and device, all with gradients):
-        torch's single-tensor arithmetic, one ``torch._foreach_*`` op per stage."""
-        lr, wd, mom = group["lr"], group["weight_decay"], group["momentum"]
-        damp, nesterov = group["dampening"], group["nesterov"]
+        """The update of ``params`` (one device and dtype, all with gradients): 2.10's
+        per-parameter arithmetic as one ``torch._foreach_*`` op per stage, so a traced step has
+        the same ops for any number of parameters."""
+        lr, momentum = group["lr"], group["momentum"]
         grads = [p.grad for p in params]
         if group["maximize"]:
             grads = torch._foreach_neg(grads)
-        if wd != 0:
-            grads = torch._foreach_add(grads, params, alpha=wd)
-        if mom != 0:
-            states = [self.state[p] for p in params]
-            bufs = [st["momentum_buffer"] for st in states]
-            seen = [st["initialized"] for st in states]
-            # torch's rule: the first step copies the gradient into the buffer, later steps
-            # make it buf * momentum + grad * (1 - dampening). With s = 1 once seen, else 0,
-            # both are buf * (momentum * s) + grad * (1 - dampening * s) (the buffer starts at
-            # zero), the factors rounded from float64 as torch rounds its Python floats
-            s = torch.stack(seen).to(torch.float64)
-            dtype = params[0].dtype
-            keep = (s * mom).to(dtype).unbind()
-            take = (1 - s * damp).to(dtype).unbind()
-            torch._foreach_mul_(bufs, keep)
-            torch._foreach_add_(bufs, torch._foreach_mul(grads, take))
-            torch._foreach_zero_(seen)
-            torch._foreach_add_(seen, 1.0)
-            grads = torch._foreach_add(grads, torch._foreach_mul(bufs, mom)) if nesterov else bufs
-        # one rounding, as torch's add_(alpha=-lr)
-        torch._foreach_addcmul_(params, grads, [lr] * len(params), value=-1)
+        grads = torch._foreach_add(grads, torch._foreach_mul(params, group["weight_decay"]))
+        if momentum != 0:
+            bufs = [self.state[p]["momentum_buffer"] for p in params]
+            torch._foreach_mul_(bufs, momentum)
+            torch._foreach_add_(bufs, grads, alpha=1.0 - group["dampening"])
+            if group["nesterov"]:
+                torch._foreach_add_(grads, bufs, alpha=momentum)
+            else:
+                grads = bufs
+        torch._foreach_add_(params, torch._foreach_mul(grads, -lr))
 
 
-class Adam(Optimizer):
-    """Adam (``torch.optim.Adam``'s rule), with ``amsgrad`` and L2 ``weight_decay``."""
+class _AdamBase(Optimizer):
+    """Adam and AdamW: bias correction through ``beta1_power`` / ``beta2_power`` state (``beta**t``
+    kept by multiplying each step), ``eps`` added to ``sqrt(v)`` before the correction:
+    ``p -= lr * (m / (sqrt(v) + eps) * sqrt(1 - beta2**t) / (1 - beta1**t) + wd * p)``."""
 
-    decoupled = False
-
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 amsgrad=False, maximize=False):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
+                 l2_regularization_rate=0.0, correct_bias=True, amsgrad=False):
         name = type(self).__name__
         _check("lr", lr, owner=name)
+        _check_betas(betas, name)
         _check("eps", eps, owner=name)
-        _check("betas[0]", betas[0], 0.0, 1.0, name)
-        _check("betas[1]", betas[1], 0.0, 1.0, name)
-        _check("weight_decay", weight_decay, owner=name)
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
-                                      weight_decay=weight_decay, amsgrad=amsgrad,
-                                      maximize=maximize))
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                      l2_regularization_rate=l2_regularization_rate,
+                                      correct_bias=correct_bias, amsgrad=amsgrad))
 
     def preinitialize(self):
         for group in self.param_groups:
+            beta1, beta2 = group["betas"]
             for p in group["params"]:
                 st = self.state[p]
-                st["step"] = cstream.zeros((), dtype=torch.float32)
                 st["exp_avg"] = cstream.zeros_like(p)
                 st["exp_avg_sq"] = cstream.zeros_like(p)
                 if group["amsgrad"]:
                     st["max_exp_avg_sq"] = cstream.zeros_like(p)
+                if group["correct_bias"]:
+                    st["beta1_power"] = cstream.full((), beta1, dtype=torch.float32)
+                    st["beta2_power"] = cstream.full((), beta2, dtype=torch.float32)
 
     def state_names_to_sparsify(self):
         return ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"]
@@ -122,83 +153,120 @@ class Adam(Optimizer):
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
-            for params in _buckets(group["params"]):
-                self._update(group, params)
+            for params in _buckets(group):
+                self._update(group, params, [self.state[p] for p in params])
         return loss
 
-    def _update(self, group, params):
-        """One update of ``params`` (same dtype and device, all with gradients).
+    @staticmethod
+    def _update(group, params, states):
+        """The update of ``params`` (one device and dtype, all with gradients): 2.10's
+        per-parameter arithmetic as one ``torch._foreach_*`` op per stage."""
+        beta1, beta2 = group["betas"]
+        grads = [p.grad for p in params]
+        if group["l2_regularization_rate"] > 0.0:
+            grads = torch._foreach_add(grads, params, alpha=group["l2_regularization_rate"])
+        exp_avgs = [st["exp_avg"] for st in states]
+        exp_avg_sqs = [st["exp_avg_sq"] for st in states]
+        torch._foreach_mul_(exp_avgs, beta1)
+        torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
+        if group["amsgrad"]:
+            peaks = [st["max_exp_avg_sq"] for st in states]
+            torch._foreach_maximum_(peaks, exp_avg_sqs)
+            denom = torch._foreach_sqrt(peaks)
+        else:
+            denom = torch._foreach_sqrt(exp_avg_sqs)
+        torch._foreach_add_(denom, group["eps"])
+        update = torch._foreach_div(exp_avgs, denom)
+        if group["correct_bias"]:
+            b1ps = [st["beta1_power"] for st in states]
+            b2ps = [st["beta2_power"] for st in states]
+            # 1 - x as -x + 1: the same float
+            bias_correction1 = torch._foreach_add(torch._foreach_neg(b1ps), 1.0)
+            bias_correction2 = torch._foreach_add(torch._foreach_neg(b2ps), 1.0)
+            step_size = torch._foreach_div(torch._foreach_sqrt(bias_correction2),
+                                           bias_correction1)
+            torch._foreach_mul_(update, step_size)
+            torch._foreach_mul_(b1ps, beta1)
+            torch._foreach_mul_(b2ps, beta2)
+        torch._foreach_add_(update, torch._foreach_mul(params, group["weight_decay"]))
+        torch._foreach_mul_(update, group["lr"])
+        torch._foreach_sub_(params, update)
 
-        Parameters the fused kernel suits (:func:`_fused_suits`) are updated by one
-        ``torch._fused_adam_`` (``_fused_adamw_``) call: a traced step replays it as a single
-        op, and inductor rewrites it into multi-tensor stages it fuses
-        (:mod:`executor.engine.decompositions`). The others go through those stages here, one
-        ``torch._foreach_*`` op each.
-        """
-        (beta1, beta2) = group["betas"]
-        hyper = dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                     weight_decay=group["weight_decay"], amsgrad=group["amsgrad"],
-                     maximize=group["maximize"])
-        torch._foreach_add_([self.state[p]["step"] for p in params], 1)
-        fused = [p for p in params if _fused_suits(p)]
-        staged = [p for p in params if not _fused_suits(p)]
-        kernels = ((torch._fused_adamw_, fused_adamw_stages_) if self.decoupled
-                   else (torch._fused_adam_, fused_adam_stages_))
-        for part, update in zip((fused, staged), kernels):
-            if not part:
+    def load_state_dict(self, state_dict):
+        """Also takes a state saved by torch's or HuggingFace's Adam/AdamW (a ``step`` count
+        instead of the beta powers): ``beta**step`` is what the count stands for."""
+        groups = state_dict["param_groups"]
+        for index, saved in state_dict["state"].items():
+            if "step" not in saved or "beta1_power" in saved:
                 continue
-            states = [self.state[p] for p in part]
-            update(part, [p.grad for p in part], [st["exp_avg"] for st in states],
-                   [st["exp_avg_sq"] for st in states],
-                   [st["max_exp_avg_sq"] for st in states] if group["amsgrad"] else [],
-                   [st["step"] for st in states], **hyper)
+            saved = state_dict["state"][index] = dict(saved)
+            step = float(saved.pop("step"))
+            group = next((g for g in groups if index in g["params"]), None)
+            if group is not None and group.get("correct_bias", True):
+                beta1, beta2 = group["betas"]
+                saved["beta1_power"] = torch.tensor(beta1 ** step, dtype=torch.float32)
+                saved["beta2_power"] = torch.tensor(beta2 ** step, dtype=torch.float32)
+        super().load_state_dict(state_dict)
 
 
-FUSED_MIN_NUMEL_CPU = 32768
-"""A CPU parameter with fewer elements is updated by multi-tensor stages, not the fused kernel:
-the fused kernel starts a parallel region for every tensor however small, and each one stalls
-the step when a thread waits for a core another process holds; a stage over small tensors runs
-on the calling thread. torch's own grain size for splitting an op among threads."""
+class AdamW(_AdamBase):
+    """AdamW: decoupled weight decay (``weight_decay * p`` added to the update); ``correct_bias``
+    False drops the bias correction (BERT's variant)."""
 
-
-def _fused_suits(p: torch.Tensor) -> bool:
-    if p.device.type == "cuda":
-        return True
-    return p.device.type == "cpu" and p.numel() >= FUSED_MIN_NUMEL_CPU
-
-
-def _buckets(params) -> list[list]:
-    """The parameters that have gradients, grouped by (device, dtype)."""
-    return [group for group, _ in group_tensors([p for p in params if p.grad is not None])]
-
-
-class AdamW(Adam):
-    """AdamW: Adam with decoupled weight decay (``torch.optim.AdamW``'s rule)."""
-
-    decoupled = True
-
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 amsgrad=False, maximize=False):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
+                 correct_bias=True, amsgrad=False):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                         amsgrad=amsgrad, maximize=maximize)
+                         l2_regularization_rate=0.0, correct_bias=correct_bias,
+                         amsgrad=amsgrad)
+
+    def load_state_dict(self, state_dict):
+        groups = [dict(g, l2_regularization_rate=0.0) for g in state_dict["param_groups"]]
+        super().load_state_dict(dict(state_dict, param_groups=groups))
+
+
+class Adam(_AdamBase):
+    """Adam: ``weight_decay`` is an L2 penalty added to the gradient (kept in the group as
+    ``l2_regularization_rate``; the group's ``weight_decay`` is 0.0)."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
+                 amsgrad=False):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=0.0,
+                         l2_regularization_rate=weight_decay, correct_bias=True,
+                         amsgrad=amsgrad)
+        for group in self.param_groups:
+            self._as_l2(group)
+
+    @staticmethod
+    def _as_l2(group):
+        """The group's ``weight_decay`` moved to ``l2_regularization_rate`` (in place)."""
+        group.setdefault("l2_regularization_rate", group.pop("weight_decay", 0.0))
+        group["weight_decay"] = 0.0
+        group["correct_bias"] = True
+        return group
+
+    def load_state_dict(self, state_dict):
+        groups = [self._as_l2(dict(g)) for g in state_dict["param_groups"]]
+        super().load_state_dict(dict(state_dict, param_groups=groups))
 
 
 class Adagrad(Optimizer):
-    """Adagrad (``torch.optim.Adagrad``'s rule)."""
+    """Adagrad: ``p -= lr * g / (1 + (t - 1) * lr_decay) / (sqrt(sum g**2) + eps)``."""
 
-    def __init__(self, params, lr=1e-2, lr_decay=0.0, weight_decay=0.0,
-                 initial_accumulator_value=0.0, eps=1e-10):
+    def __init__(self, params, lr=1e-2, lr_decay=0, weight_decay=0, initial_accumulator_value=0,
+                 eps=1e-6, maximize=False):
         for n, v in (("lr", lr), ("lr_decay", lr_decay), ("weight_decay", weight_decay),
-                     ("eps", eps), ("initial_accumulator_value", initial_accumulator_value)):
+                     ("initial_accumulator_value", initial_accumulator_value), ("eps", eps)):
             _check(n, v, owner="Adagrad")
-        super().__init__(params, dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
+        super().__init__(params, dict(lr=lr, lr_decay=lr_decay, eps=eps,
+                                      weight_decay=weight_decay,
                                       initial_accumulator_value=initial_accumulator_value,
-                                      eps=eps))
+                                      maximize=maximize), enable_global_step=True)
 
     def preinitialize(self):
         for group in self.param_groups:
             for p in group["params"]:
-                self.state[p]["step"] = cstream.zeros((), dtype=torch.float32)
                 self.state[p]["sum"] = cstream.full_like(p, group["initial_accumulator_value"])
 
     def state_names_to_sparsify(self):
@@ -208,36 +276,33 @@ class Adagrad(Optimizer):
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad, st = p.grad, self.state[p]
-                st["step"].add_(1)
-                if group["weight_decay"] != 0:
-                    grad = grad.add(p, alpha=group["weight_decay"])
-                clr = group["lr"] / (1 + (st["step"] - 1) * group["lr_decay"])
-                st["sum"].addcmul_(grad, grad, value=1)
-                std = st["sum"].sqrt().add_(group["eps"])
-                p.addcmul_(grad / std, clr, value=-1)
+            for p in _with_grads(group):
+                state_sum = self.state[p]["sum"]
+                global_step = self.increment_global_step(p)
+                grad = _signed_grad(p, group["maximize"])
+                grad = grad + p * group["weight_decay"]
+                state_sum.addcmul_(grad, grad, value=1.0)
+                std = state_sum.sqrt().add_(group["eps"])
+                grad.div_(1.0 + (global_step - 1.0) * group["lr_decay"])
+                p.addcdiv_(-group["lr"] * grad, std)
         return loss
 
 
 class RMSprop(Optimizer):
-    """RMSprop (``torch.optim.RMSprop``'s rule), with momentum and ``centered``."""
+    """RMSprop, with momentum and ``centered``."""
 
-    def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0,
+    def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0, momentum=0,
                  centered=False):
-        for n, v in (("lr", lr), ("alpha", alpha), ("eps", eps), ("weight_decay", weight_decay),
-                     ("momentum", momentum)):
+        for n, v in (("lr", lr), ("eps", eps), ("momentum", momentum),
+                     ("weight_decay", weight_decay), ("alpha", alpha)):
             _check(n, v, owner="RMSprop")
-        super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay,
-                                      momentum=momentum, centered=centered))
+        super().__init__(params, dict(lr=lr, momentum=momentum, alpha=alpha, eps=eps,
+                                      centered=centered, weight_decay=weight_decay))
 
     def preinitialize(self):
         for group in self.param_groups:
             for p in group["params"]:
                 st = self.state[p]
-                st["step"] = cstream.zeros((), dtype=torch.float32)
                 st["square_avg"] = cstream.zeros_like(p)
                 if group["momentum"] > 0:
                     st["momentum_buffer"] = cstream.zeros_like(p)
@@ -251,40 +316,36 @@ class RMSprop(Optimizer):
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
-            alpha = group["alpha"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad, st = p.grad, self.state[p]
-                st["step"].add_(1)
-                if group["weight_decay"] != 0:
-                    grad = grad.add(p, alpha=group["weight_decay"])
-                sq = st["square_avg"]
-                sq.mul_(alpha).addcmul_(grad, grad, value=1 - alpha)
+            lr, alpha, eps = group["lr"], group["alpha"], group["eps"]
+            for p in _with_grads(group):
+                st = self.state[p]
+                grad = p.grad + p * group["weight_decay"]
+                square_avg = st["square_avg"]
+                square_avg.mul_(alpha).addcmul_(grad, grad, value=1.0 - alpha)
                 if group["centered"]:
-                    ga = st["grad_avg"]
-                    ga.lerp_(grad, 1 - alpha)
-                    avg = sq.addcmul(ga, ga, value=-1).sqrt_().add_(group["eps"])
+                    grad_avg = st["grad_avg"]
+                    grad_avg.mul_(alpha).add_(grad, alpha=1 - alpha)
+                    avg = square_avg.addcmul(grad_avg, grad_avg, value=-1.0).sqrt_().add_(eps)
                 else:
-                    avg = sq.sqrt().add_(group["eps"])
-                if group["momentum"] > 0:
+                    avg = square_avg.sqrt().add_(eps)
+                if group["momentum"] > 0.0:
                     buf = st["momentum_buffer"]
                     buf.mul_(group["momentum"]).addcdiv_(grad, avg)
-                    p.addcmul_(buf, group["lr"], value=-1)
+                    p.add_(-lr * buf)
                 else:
-                    p.addcmul_(grad / avg, group["lr"], value=-1)
+                    p.addcdiv_(-lr * grad, avg)
         return loss
 
 
 class Lion(Optimizer):
-    """Lion (Chen et al. 2023): ``p -= lr * (sign(b1*m + (1-b1)*g) + wd*p)``, then
-    ``m = b2*m + (1-b2)*g``."""
+    """Lion (Chen et al. 2023): ``p *= 1 - lr * wd``; ``p -= lr * sign(b1*m + (1-b1)*g)``;
+    then ``m = b2*m + (1-b2)*g``."""
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0):
         _check("lr", lr, owner="Lion")
-        _check("betas[0]", betas[0], 0.0, 1.0, "Lion")
-        _check("betas[1]", betas[1], 0.0, 1.0, "Lion")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
+        _check_betas(betas, "Lion")
+        _check("weight_decay", weight_decay, owner="Lion")
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
 
     def preinitialize(self):
         for group in self.param_groups:
@@ -298,28 +359,26 @@ class Lion(Optimizer):
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
             lr = group["lr"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                m = self.state[p]["exp_avg"]
-                update = torch.sign(m * beta1 + p.grad * (1 - beta1))
-                if group["weight_decay"] != 0:
-                    p.mul_(1 - lr * group["weight_decay"])
-                p.sub_(update * lr)
-                m.lerp_(p.grad, 1 - beta2)
+            beta1, beta2 = group["betas"]
+            for p in _with_grads(group):
+                exp_avg = self.state[p]["exp_avg"]
+                p.mul_(1 - lr * group["weight_decay"])
+                update = exp_avg.mul(beta1).add(p.grad, alpha=1 - beta1).sign_()
+                p.add_(-lr * update)
+                exp_avg.mul_(beta2).add_(p.grad, alpha=1 - beta2)
         return loss
 
 
 class Adadelta(Optimizer):
-    """Adadelta (``torch.optim.Adadelta``'s rule)."""
+    """Adadelta."""
 
-    def __init__(self, params, lr=1.0, rho=0.9, eps=1e-6, weight_decay=0.0):
+    def __init__(self, params, lr=1.0, rho=0.9, eps=1e-6, weight_decay=0, maximize=False):
         for n, v in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
             _check(n, v, owner="Adadelta")
-        _check("rho", rho, 0.0, 1.0000001, "Adadelta")
-        super().__init__(params, dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay))
+        _check("rho", rho, 0.0, 1.0, "Adadelta", high_inclusive=True)
+        super().__init__(params, dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay,
+                                      maximize=maximize))
 
     def preinitialize(self):
         for group in self.param_groups:
@@ -335,38 +394,37 @@ class Adadelta(Optimizer):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
             rho, eps = group["rho"], group["eps"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad, st = p.grad, self.state[p]
-                if group["weight_decay"] != 0:
-                    grad = grad.add(p, alpha=group["weight_decay"])
-                sq, acc = st["square_avg"], st["acc_delta"]
-                sq.mul_(rho).addcmul_(grad, grad, value=1 - rho)
-                std = sq.add(eps).sqrt_()
-                delta = acc.add(eps).sqrt_().div_(std).mul_(grad)
-                acc.mul_(rho).addcmul_(delta, delta, value=1 - rho)
-                p.addcmul_(delta, group["lr"], value=-1)
+            for p in _with_grads(group):
+                st = self.state[p]
+                square_avg, acc_delta = st["square_avg"], st["acc_delta"]
+                grad = _signed_grad(p, group["maximize"])
+                grad = grad + p * group["weight_decay"]
+                square_avg.mul_(rho).addcmul_(grad, grad, value=1 - rho)
+                std = square_avg.add(eps).sqrt_()
+                delta = acc_delta.add(eps).sqrt_().div_(std).mul_(grad)
+                acc_delta.mul_(rho).addcmul_(delta, delta, value=1 - rho)
+                p.add_(-group["lr"] * delta)
         return loss
 
 
 class Adamax(Optimizer):
-    """Adamax (``torch.optim.Adamax``'s rule)."""
+    """Adamax, its bias correction through a ``beta1_power`` state (``beta1**t``)."""
 
-    def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
+                 maximize=False):
         _check("lr", lr, owner="Adamax")
-        _check("betas[0]", betas[0], 0.0, 1.0, "Adamax")
-        _check("betas[1]", betas[1], 0.0, 1.0, "Adamax")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
-                                      weight_decay=weight_decay))
+        _check_betas(betas, "Adamax")
+        _check("eps", eps, owner="Adamax")
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                      maximize=maximize))
 
     def preinitialize(self):
         for group in self.param_groups:
             for p in group["params"]:
                 st = self.state[p]
-                st["step"] = cstream.zeros((), dtype=torch.float32)
                 st["exp_avg"] = cstream.zeros_like(p)
                 st["exp_inf"] = cstream.zeros_like(p)
+                st["beta1_power"] = cstream.full((), group["betas"][0], dtype=torch.float32)
 
     def state_names_to_sparsify(self):
         return ["exp_avg", "exp_inf"]
@@ -376,36 +434,37 @@ class Adamax(Optimizer):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad, st = p.grad, self.state[p]
-                st["step"].add_(1)
-                if group["weight_decay"] != 0:
-                    grad = grad.add(p, alpha=group["weight_decay"])
-                st["exp_avg"].lerp_(grad, 1 - beta1)
-                norm_buf = torch.cat([st["exp_inf"].mul(beta2).unsqueeze(0),
-                                      grad.abs().add(group["eps"]).unsqueeze(0)], 0)
-                st["exp_inf"].copy_(torch.amax(norm_buf, 0))
-                bias_correction = 1 - torch.pow(beta1, st["step"].to(torch.float64))
-                clr = (group["lr"].to(torch.float64) / bias_correction).to(p.dtype)
-                p.addcmul_(st["exp_avg"] / st["exp_inf"], clr, value=-1)
+            for p in _with_grads(group):
+                grad = _signed_grad(p, group["maximize"])
+                grad = grad + p * group["weight_decay"]
+                st = self.state[p]
+                exp_avg, exp_inf = st["exp_avg"], st["exp_inf"]
+                exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+                exp_inf.copy_(torch.maximum(exp_inf.mul(beta2), grad.abs().add_(group["eps"])))
+                update = exp_avg / exp_inf
+                update.div_(1.0 - st["beta1_power"])
+                st["beta1_power"] *= beta1
+                update *= group["lr"]
+                p.sub_(update)
         return loss
 
 
 class ASGD(Optimizer):
-    """Averaged SGD (``torch.optim.ASGD``'s rule)."""
+    """Averaged SGD: ``eta`` (the step's rate), ``mu`` (the averaging weight) and ``ax`` (the
+    average) as state, all updated by tensor ops."""
 
-    def __init__(self, params, lr=1e-2, lambd=1e-4, alpha=0.75, t0=1e6, weight_decay=0.0):
+    def __init__(self, params, lr=1e-2, lambd=1e-4, alpha=0.75, t0=1e6, weight_decay=0,
+                 maximize=False):
         _check("lr", lr, owner="ASGD")
+        _check("weight_decay", weight_decay, owner="ASGD")
         super().__init__(params, dict(lr=lr, lambd=lambd, alpha=alpha, t0=t0,
-                                      weight_decay=weight_decay))
+                                      weight_decay=weight_decay, maximize=maximize),
+                         enable_global_step=True)
 
     def preinitialize(self):
         for group in self.param_groups:
             for p in group["params"]:
                 st = self.state[p]
-                st["step"] = cstream.zeros((), dtype=torch.float32)
                 st["eta"] = cstream.full((), float(group["lr"]), dtype=torch.float32)
                 st["mu"] = cstream.ones((), dtype=torch.float32)
                 st["ax"] = cstream.zeros_like(p)
@@ -417,144 +476,140 @@ class ASGD(Optimizer):
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
-            lambd, alpha, t0 = group["lambd"], group["alpha"], group["t0"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad, st = p.grad, self.state[p]
-                st["step"].add_(1)
-                if group["weight_decay"] != 0:
-                    grad = grad.add(p, alpha=group["weight_decay"])
-                eta = st["eta"]
+            lambd, lr, t0 = group["lambd"], group["lr"], group["t0"]
+            for p in _with_grads(group):
+                st = self.state[p]
+                grad = _signed_grad(p, group["maximize"])
+                mu, ax, eta = st["mu"], st["ax"], st["eta"]
+                step = self.increment_global_step(p)
+                grad = grad + p * group["weight_decay"]
                 p.mul_(1 - lambd * eta)
-                p.addcmul_(grad, eta, value=-1)
-                mu = st["mu"]
-                ax = st["ax"]
-                ax.copy_(torch.where(mu != 1, ax + (p - ax) * mu, p))
-                step = st["step"].to(torch.float64)
-                lr = group["lr"].to(torch.float64)
-                eta.copy_((lr / torch.pow(1 + lambd * lr * step, alpha)).to(torch.float32))
-                mu.copy_((1 / torch.clamp(step - t0, min=1.0)).to(torch.float32))
+                p.add_(grad * eta.neg())
+                ax.copy_(torch.where(mu == 1, p, ax.add(p.sub(ax).mul(mu))))
+                alpha = torch.full_like(step, group["alpha"])
+                eta.copy_(lr / torch.pow(1 + lambd * lr * step, alpha))
+                mu.copy_(1 / torch.clamp(step - t0, min=1.0))
         return loss
 
 
-class _MomentsOptimizer(Optimizer):
-    """Shared by the Adam-like optimizers: a step counter and first and second moments."""
+class NAdam(Optimizer):
+    """NAdam (momentum decay ``mu_t = b1 * (1 - 0.5 * 0.96**(t * momentum_decay))``), with
+    ``mu_product`` state. As 2.10 does, the momentum term divides by
+    ``1 - mu_product * mu_t * mu_{t+1}`` (``mu_product`` already holds ``mu_t``)."""
 
-    def __init__(self, params, lr, betas, eps, weight_decay, **extra):
-        name = type(self).__name__
-        _check("lr", lr, owner=name)
-        _check("betas[0]", betas[0], 0.0, 1.0, name)
-        _check("betas[1]", betas[1], 0.0, 1.0, name)
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
-                                      weight_decay=weight_decay, **extra))
+    def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
+                 momentum_decay=4e-3):
+        for n, v in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay),
+                     ("momentum_decay", momentum_decay)):
+            _check(n, v, owner="NAdam")
+        _check_betas(betas, "NAdam")
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                      momentum_decay=momentum_decay), enable_global_step=True)
 
     def preinitialize(self):
         for group in self.param_groups:
             for p in group["params"]:
-                st = self.state[p]
-                st["step"] = cstream.zeros((), dtype=torch.float32)
-                st["exp_avg"] = cstream.zeros_like(p)
-                st["exp_avg_sq"] = cstream.zeros_like(p)
+                self.state[p]["mu_product"] = cstream.ones((), dtype=torch.float32)
+                self.state[p]["exp_avg"] = cstream.zeros_like(p)
+                self.state[p]["exp_avg_sq"] = cstream.zeros_like(p)
 
     def state_names_to_sparsify(self):
         return ["exp_avg", "exp_avg_sq"]
 
-
-class NAdam(_MomentsOptimizer):
-    """NAdam (``torch.optim.NAdam``'s rule)."""
-
-    def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 momentum_decay=4e-3):
-        super().__init__(params, lr, betas, eps, weight_decay, momentum_decay=momentum_decay)
-
-    def preinitialize(self):
-        super().preinitialize()
-        for group in self.param_groups:
-            for p in group["params"]:
-                self.state[p]["mu_product"] = cstream.ones((), dtype=torch.float64)
-
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad, st = p.grad, self.state[p]
-                st["step"].add_(1)
-                step = st["step"].to(torch.float64)
-                if group["weight_decay"] != 0:
-                    grad = grad.add(p, alpha=group["weight_decay"])
-                bias_correction2 = 1 - torch.pow(beta2, step)
-                mu = beta1 * (1.0 - 0.5 * torch.pow(0.96, step * group["momentum_decay"]))
-                mu_next = beta1 * (1.0 - 0.5 * torch.pow(0.96, (step + 1)
-                                                         * group["momentum_decay"]))
-                st["mu_product"].mul_(mu)
-                mu_product = st["mu_product"]
-                st["exp_avg"].lerp_(grad, 1 - beta1)
-                st["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                denom = st["exp_avg_sq"].div(bias_correction2.to(p.dtype)).sqrt().add_(group["eps"])
-                lr = group["lr"].to(torch.float64)
-                c1 = (lr * (1.0 - mu) / (1.0 - mu_product)).to(p.dtype)
-                c2 = (lr * mu_next / (1.0 - mu_product * mu_next)).to(p.dtype)
-                p.addcmul_(grad / denom, c1, value=-1)
-                p.addcmul_(st["exp_avg"] / denom, c2, value=-1)
+            decay, eps, lr = group["momentum_decay"], group["eps"], group["lr"]
+            for p in _with_grads(group):
+                st = self.state[p]
+                exp_avg, exp_avg_sq, mu_product = st["exp_avg"], st["exp_avg_sq"], st["mu_product"]
+                global_step = self.increment_global_step(p)
+                bias_correction2 = 1 - torch.full_like(global_step, beta2).pow(global_step)
+                grad = p.grad + p * group["weight_decay"]
+                base = torch.full_like(global_step, 0.96)
+                mu = beta1 * (1.0 - 0.5 * base.pow(global_step * decay))
+                mu_next = beta1 * (1.0 - 0.5 * base.pow((global_step + 1) * decay))
+                mu_product *= mu
+                mu_product_next = mu_product * mu * mu_next
+                exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+                exp_avg_sq.mul_(_f32(beta2)).addcmul_(grad, grad, value=_one_minus_f32(beta2))
+                denom = exp_avg_sq.div(bias_correction2).sqrt().add_(eps)
+                update = ((mu_next * exp_avg) / (1.0 - mu_product_next)
+                          + (grad * (1.0 - mu)) / (1.0 - mu_product))
+                update *= -lr
+                p.addcdiv_(update, denom)
         return loss
 
 
-class RAdam(_MomentsOptimizer):
-    """RAdam (``torch.optim.RAdam``'s rule): the rectification chosen with ``torch.where``."""
+class RAdam(Optimizer):
+    """RAdam: the rectified adaptive step where ``rho_t > 5``, plain momentum SGD before."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
-        super().__init__(params, lr, betas, eps, weight_decay)
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0):
+        for n, v in (("lr", lr), ("weight_decay", weight_decay), ("eps", eps)):
+            _check(n, v, owner="RAdam")
+        _check_betas(betas, "RAdam")
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay),
+                         enable_global_step=True)
+
+    def preinitialize(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["exp_avg"] = cstream.zeros_like(p)
+                self.state[p]["exp_avg_sq"] = cstream.zeros_like(p)
+
+    def state_names_to_sparsify(self):
+        return ["exp_avg", "exp_avg_sq"]
 
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad, st = p.grad, self.state[p]
-                st["step"].add_(1)
-                step = st["step"].to(torch.float64)
-                if group["weight_decay"] != 0:
-                    grad = grad.add(p, alpha=group["weight_decay"])
-                st["exp_avg"].lerp_(grad, 1 - beta1)
-                st["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                bias_correction1 = 1 - torch.pow(beta1, step)
-                bias_correction2 = 1 - torch.pow(beta2, step)
-                bias_corrected_exp_avg = st["exp_avg"] / bias_correction1.to(p.dtype)
-                rho_inf = 2 / (1 - beta2) - 1
-                rho_t = rho_inf - 2 * step * torch.pow(beta2, step) / bias_correction2
-                rect = torch.sqrt(torch.clamp((rho_t - 4) * (rho_t - 2) * rho_inf, min=0.0)
-                                  / ((rho_inf - 4) * (rho_inf - 2) * rho_t))
-                adaptive = (st["exp_avg_sq"].sqrt().add_(group["eps"])).reciprocal_().mul_(
-                    bias_correction2.sqrt().to(p.dtype))
-                rectified = bias_corrected_exp_avg * group["lr"] * adaptive * rect.to(p.dtype)
-                plain = bias_corrected_exp_avg * group["lr"]
-                p.sub_(torch.where(rho_t > 5.0, rectified, plain))
+            beta1, beta2 = (_f32(b) for b in group["betas"])
+            # 2 / (1 - beta2) - 1 with beta2 a float32 tensor, as 2.10 computes it
+            rho_inf = np.float32(2) / (np.float32(1) - np.float32(beta2)) - np.float32(1)
+            rho_den = float((rho_inf - np.float32(4)) * (rho_inf - np.float32(2)))
+            rho_inf = float(rho_inf)
+            for p in _with_grads(group):
+                st = self.state[p]
+                global_step = self.increment_global_step(p)
+                grad = p.grad + p * group["weight_decay"]
+                beta2t = torch.full_like(global_step, beta2).pow(global_step)
+                bias_correction1 = 1 - torch.full_like(global_step, beta1).pow(global_step)
+                bias_correction2 = 1 - beta2t
+                st["exp_avg"].mul_(beta1).add_(grad, alpha=_one_minus_f32(beta1))
+                st["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=_one_minus_f32(beta2))
+                update = st["exp_avg"] / bias_correction1
+                rho_t = rho_inf - 2 * global_step * beta2t / bias_correction2
+                rectified = rho_t > 5.0
+                one = torch.ones_like(rho_t)
+                rect = torch.where(rectified, torch.sqrt(
+                    (rho_t - 4.0) * (rho_t - 2.0) * rho_inf
+                    / (rho_den * rho_t)), one)
+                adaptive = torch.where(rectified, torch.sqrt(bias_correction2)
+                                       / st["exp_avg_sq"].sqrt().add_(group["eps"]), one)
+                update *= rect
+                update *= adaptive
+                update *= group["lr"]
+                p.sub_(update)
         return loss
 
 
 class Rprop(Optimizer):
-    """Rprop (``torch.optim.Rprop``'s rule), sign logic with ``torch.where``."""
+    """Rprop: each element's step size grows by ``etas[1]`` while its gradient keeps its sign and
+    shrinks by ``etas[0]`` when it flips (that element then skips the step), within
+    ``step_sizes``; the step is ``sign(grad) * step_size``."""
 
-    def __init__(self, params, lr=1e-2, etas=(0.5, 1.2), step_sizes=(1e-6, 50.0)):
+    def __init__(self, params, lr=1e-3, etas=(0.5, 1.2), step_sizes=(1e-6, 50.0)):
         _check("lr", lr, owner="Rprop")
-        super().__init__(params, dict(lr=lr, etas=tuple(etas), step_sizes=tuple(step_sizes)))
+        super().__init__(params, dict(lr=lr, etas=etas, step_sizes=step_sizes))
 
     def preinitialize(self):
         for group in self.param_groups:
             for p in group["params"]:
-                st = self.state[p]
-                st["step"] = cstream.zeros((), dtype=torch.float32)
-                st["prev"] = cstream.zeros_like(p)
-                st["step_size"] = cstream.zeros_like(p)
-                st["initialized"] = cstream.zeros((), dtype=torch.float32)
+                self.state[p]["prev"] = cstream.zeros_like(p)
+                self.state[p]["step_size"] = cstream.full_like(p, float(group["lr"]))
 
     def state_names_to_sparsify(self):
         return ["prev", "step_size"]
@@ -563,82 +618,41 @@ class Rprop(Optimizer):
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
-            etaminus, etaplus = group["etas"]
-            lo, hi = group["step_sizes"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad, st = p.grad, self.state[p]
-                st["step"].add_(1)
-                # the first step starts every step size at lr (torch fills it on first use)
-                first = st["initialized"] == 0
-                st["step_size"].copy_(torch.where(first, torch.zeros_like(p) + group["lr"],
-                                                  st["step_size"]))
-                st["initialized"].fill_(1.0)
-                sign = (grad * st["prev"]).sign()
-                factor = torch.where(sign > 0, torch.full_like(p, etaplus),
-                                     torch.where(sign < 0, torch.full_like(p, etaminus),
-                                                 torch.ones_like(p)))
-                st["step_size"].mul_(factor).clamp_(lo, hi)
-                grad = torch.where(sign < 0, torch.zeros_like(grad), grad)
-                p.addcmul_(grad.sign(), st["step_size"], value=-1)
-                st["prev"].copy_(grad)
+            lo, hi = (_f32(s) for s in group["step_sizes"])
+            etaminus, etaplus = (_f32(e) for e in group["etas"])
+            for p in _with_grads(group):
+                st = self.state[p]
+                prev, prev_step_size = st["prev"], st["step_size"]
+                multiplier = p.grad.mul(prev)
+                multiplier = torch.where(multiplier > 0, etaplus, multiplier)
+                multiplier = torch.where(multiplier < 0, etaminus, multiplier)
+                multiplier = torch.where(multiplier == 0, 1.0, multiplier)
+                step_size = torch.clamp(prev_step_size.mul(multiplier), min=lo, max=hi)
+                grad = p.grad.mul(torch.where(multiplier == etaminus, 0.0, 1.0))
+                p.sub_(torch.sign(grad).mul(step_size))
+                prev.copy_(grad)
+                prev_step_size.copy_(step_size)
         return loss
 
 
-class Lamb(_MomentsOptimizer):
-    """LAMB (You et al. 2019): Adam's update scaled by the trust ratio ``||w|| / ||update||``."""
+class Lamb(Optimizer):
+    """LAMB (You et al. 2019) as 2.10 runs it: no bias correction; the Adam step
+    ``m / (sqrt(v) + eps) + wd * p`` scaled by the trust ratio ``min(||p||, 10) / ||step||``
+    (1 where either norm is 0, or always with ``adam=True``)."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0):
-        super().__init__(params, lr, betas, eps, weight_decay)
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad, st = p.grad, self.state[p]
-                st["step"].add_(1)
-                step = st["step"]
-                st["exp_avg"].mul_(beta1).add_(grad * (1 - beta1))
-                st["exp_avg_sq"].mul_(beta2).add_(grad * grad * (1 - beta2))
-                m_hat = st["exp_avg"] / (1 - torch.pow(beta1, step))
-                v_hat = st["exp_avg_sq"] / (1 - torch.pow(beta2, step))
-                update = m_hat / (v_hat.sqrt() + group["eps"]) + group["weight_decay"] * p
-                w_norm, u_norm = p.norm(), update.norm()
-                trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm,
-                                    torch.ones_like(w_norm))
-                p.sub_(update * (group["lr"] * trust))
-        return loss
-
-
-class Adafactor(Optimizer):
-    """Adafactor (Shazeer & Stern 2018) with factored second moments for matrices, relative
-    step size off: ``lr`` given, ``beta2_t = 1 - t ** decay_rate``, update clipping by RMS."""
-
-    def __init__(self, params, lr=1e-2, eps=(1e-30, 1e-3), clip_threshold=1.0, decay_rate=-0.8,
-                 beta1=None, weight_decay=0.0, scale_parameter=True):
-        _check("lr", lr, owner="Adafactor")
-        super().__init__(params, dict(lr=lr, eps=tuple(eps), clip_threshold=clip_threshold,
-                                      decay_rate=decay_rate, beta1=beta1,
-                                      weight_decay=weight_decay, scale_parameter=scale_parameter))
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0,
+                 adam=False):
+        _check("lr", lr, owner="Lamb")
+        _check("eps", eps, owner="Lamb")
+        _check_betas(betas, "Lamb")
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                      adam=adam))
 
     def preinitialize(self):
         for group in self.param_groups:
             for p in group["params"]:
-                st = self.state[p]
-                st["step"] = cstream.zeros((), dtype=torch.float32)
-                if p.dim() >= 2:
-                    st["exp_avg_sq_row"] = cstream.zeros(p.shape[:-1], dtype=p.dtype)
-                    st["exp_avg_sq_col"] = cstream.zeros(p.shape[:-2] + p.shape[-1:],
-                                                         dtype=p.dtype)
-                else:
-                    st["exp_avg_sq"] = cstream.zeros_like(p)
-                if group["beta1"] is not None:
-                    st["exp_avg"] = cstream.zeros_like(p)
+                self.state[p]["exp_avg"] = cstream.zeros_like(p)
+                self.state[p]["exp_avg_sq"] = cstream.zeros_like(p)
 
     def state_names_to_sparsify(self):
         return ["exp_avg", "exp_avg_sq"]
@@ -647,35 +661,114 @@ class Adafactor(Optimizer):
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
-            eps1, eps2 = group["eps"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad, st = p.grad, self.state[p]
-                st["step"].add_(1)
-                beta2t = 1.0 - torch.pow(st["step"], group["decay_rate"])
-                sq = grad * grad + eps1
-                if p.dim() >= 2:
-                    row, col = st["exp_avg_sq_row"], st["exp_avg_sq_col"]
-                    row.mul_(beta2t).add_(sq.mean(-1) * (1 - beta2t))
-                    col.mul_(beta2t).add_(sq.mean(-2) * (1 - beta2t))
-                    r = (row / row.mean(-1, keepdim=True)).rsqrt().unsqueeze(-1)
-                    c = col.unsqueeze(-2).rsqrt()
-                    update = grad * r * c
+            beta1, beta2 = group["betas"]
+            for p in _with_grads(group):
+                st = self.state[p]
+                st["exp_avg"].mul_(beta1).add_(p.grad, alpha=1 - beta1)
+                st["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                weight_norm = p.pow(2).sum().sqrt().clamp(0, 10).to(torch.float)
+                adam_step = st["exp_avg"] / st["exp_avg_sq"].sqrt().add(group["eps"])
+                adam_step = adam_step + p * group["weight_decay"]
+                if group["adam"]:
+                    trust_ratio = 1
                 else:
-                    v = st["exp_avg_sq"]
-                    v.mul_(beta2t).add_(sq * (1 - beta2t))
-                    update = grad * v.rsqrt()
-                rms = update.pow(2).mean().sqrt()
-                update = update / torch.clamp(rms / group["clip_threshold"], min=1.0)
-                lr = group["lr"]
-                if group["scale_parameter"]:
-                    lr = lr * torch.clamp(p.pow(2).mean().sqrt(), min=eps2)
-                if group["beta1"] is not None:
-                    m = st["exp_avg"]
-                    m.mul_(group["beta1"]).add_(update * (1 - group["beta1"]))
-                    update = m
-                if group["weight_decay"] != 0:
-                    p.mul_(1 - group["weight_decay"] * lr)
-                p.sub_(update * lr)
+                    adam_norm = adam_step.pow(2).sum().sqrt().to(torch.float)
+                    one = torch.ones_like(weight_norm)
+                    trust_ratio = torch.where(
+                        weight_norm > 0,
+                        torch.where(adam_norm > 0, weight_norm / adam_norm, one), one)
+                p.sub_(adam_step.mul(trust_ratio) * group["lr"])
         return loss
+
+
+class Adafactor(Optimizer):
+    """Adafactor (Shazeer & Stern 2018): factored second moments for matrices,
+    ``beta2_t = 1 - t ** decay_rate``, update clipping by RMS, the rate scaled by the weights'
+    RMS (``scale_parameter``). ``lr`` is required: 2.10 has no relative step
+    (``relative_step=True`` and ``warmup_init=True`` are refused, as there)."""
+
+    def __init__(self, params, lr, eps=(1e-30, 1e-3), clip_threshold=1.0, decay_rate=-0.8,
+                 beta1=None, weight_decay=0.0, scale_parameter=True, relative_step=False,
+                 warmup_init=False):
+        if lr is not None and relative_step:
+            raise ValueError("Adafactor: cannot combine a manual lr with relative_step=True; "
+                             "relative steps are not supported: give lr.")
+        if warmup_init and not relative_step:
+            raise ValueError("Adafactor: warmup_init=True is not supported (it needs "
+                             "relative_step=True, which is not supported either).")
+        if relative_step:
+            raise ValueError("Adafactor: relative_step=True is not supported; give lr.")
+        if (not isinstance(eps, (tuple, list)) or len(eps) != 2
+                or not all(isinstance(x, float) for x in eps)):
+            raise ValueError(f"Adafactor: eps must be a tuple or list of two floats, got {eps!r}.")
+        _check("clip_threshold", clip_threshold, owner="Adafactor")
+        if beta1 is not None:
+            _check("beta1", beta1, 0.0, 1.0, "Adafactor")
+        super().__init__(params, dict(lr=lr, eps=eps, clip_threshold=clip_threshold,
+                                      decay_rate=decay_rate, beta1=beta1,
+                                      weight_decay=weight_decay, scale_parameter=scale_parameter,
+                                      relative_step=relative_step, warmup_init=warmup_init),
+                         enable_global_step=True)
+
+    def preinitialize(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                st = self.state[p]
+                if group["beta1"] is not None:
+                    st["exp_avg"] = cstream.zeros_like(p)
+                if p.dim() >= 2:
+                    st["exp_avg_sq_row"] = cstream.zeros(p.shape[:-1])
+                    st["exp_avg_sq_col"] = cstream.zeros(p.shape[:-2] + p.shape[-1:])
+                else:
+                    st["exp_avg_sq"] = cstream.zeros_like(p)
+
+    def state_names_to_sparsify(self):
+        return ["exp_avg", "exp_avg_sq"]
+
+    @staticmethod
+    def _rms(tensor):
+        return tensor.square().mean().sqrt()
+
+    @staticmethod
+    def _lr(group, rms):
+        if group["lr"] is None:
+            raise ValueError("Adafactor: the group has no learning rate; pass lr to the "
+                             "constructor or set it with a learning rate scheduler.")
+        scale = 1.0
+        if group["scale_parameter"]:
+            scale = torch.maximum(rms, torch.full_like(rms, group["eps"][1]))
+        return scale * group["lr"]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            for p in _with_grads(group):
+                self._update(group, p, self.state[p])
+        return loss
+
+    def _update(self, group, p, st):
+        grad = p.grad
+        global_step = self.increment_global_step(p)
+        lr = self._lr(group, self._rms(p))
+        beta2t = 1.0 - torch.pow(global_step, torch.full_like(global_step, group["decay_rate"]))
+        update = grad ** 2 + group["eps"][0]
+        if "exp_avg_sq_row" in st:
+            row, col = st["exp_avg_sq_row"], st["exp_avg_sq_col"]
+            row.mul_(beta2t).add_(update.mean(dim=-1).mul(1.0 - beta2t))
+            col.mul_(beta2t).add_(update.mean(dim=-2).mul(1.0 - beta2t))
+            r_factor = (row / row.mean(dim=-1, keepdim=True)).rsqrt().unsqueeze(-1)
+            update = torch.mul(r_factor, col.rsqrt().unsqueeze(-2))
+            update.mul_(grad)
+        else:
+            v = st["exp_avg_sq"]
+            v.mul_(beta2t).add_(update.mul(1.0 - beta2t))
+            update = v.rsqrt().mul_(grad)
+        rms = self._rms(update) / group["clip_threshold"]
+        update.div_(torch.maximum(rms, torch.ones_like(rms)))
+        update.mul_(lr)
+        if "exp_avg" in st:
+            st["exp_avg"].mul_(group["beta1"]).add_(update.mul(1 - group["beta1"]))
+            update = st["exp_avg"]
+        p.sub_(p.mul(group["weight_decay"] * lr))
+        p.sub_(update)

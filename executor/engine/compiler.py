@@ -34,7 +34,6 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_unflatten
 
-from executor.engine.decompositions import decomposed
 
 log = logging.getLogger("cstream.compile")
 COMPILERS = ("auto", "fx", "inductor")
@@ -140,7 +139,6 @@ def functionalize(gm: torch.fx.GraphModule, example: tuple):
     """A pure, flat graph ``(*state, *batch, *consts) -> (*changed_state, *outputs)``."""
     state, batch, consts = example
     ns, nb = len(state), len(batch)
-    gm = decomposed(gm)
 
     def wrapper(*flat):
         st = [s.clone() for s in flat[:ns]]
