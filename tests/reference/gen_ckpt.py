@@ -27,9 +27,9 @@ import collections
 import json
 import math
 import pathlib
-import tempfile
 
 import torch
+from realpkg import cpu_backend
 from records import record
 
 import cerebras.pytorch as cstorch
@@ -83,8 +83,7 @@ def write_real_state(out: pathlib.Path) -> None:
 def _train(out: pathlib.Path, name: str, optimizer: str, steps: int, save_at: int) -> dict:
     """A small run on the real CPU backend; saves model (+ optimizer, scheduler) after `save_at`."""
     torch.manual_seed(0)
-    backend = cstorch.current_backend(raise_exception=False, raise_warning=False) or \
-        cstorch.backend("CPU", artifact_dir=tempfile.mkdtemp())  # one per process; logs not here
+    backend = cpu_backend(cstorch)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
     compiled = cstorch.compile(model, backend)
     if optimizer == "sgd":

@@ -14,6 +14,8 @@ import json
 import numpy as np
 import torch
 
+from realpkg import cpu_backend
+
 STEPS, K = 7, 4
 
 CASES = [
@@ -171,14 +173,6 @@ def muon_reference(cstorch) -> dict:
     finally:
         muon._zeropower_via_newtonschulz5 = plain
     return {"crash": crash, "newton_schulz": ns, "first_step": first}
-
-
-def cpu_backend(cstorch):
-    """The real package's CPU backend (one per process: a later module reuses it)."""
-    try:
-        return cstorch.backend("CPU")
-    except RuntimeError:
-        return cstorch.backend()
 
 
 def main(out):

@@ -22,6 +22,8 @@ import warnings
 
 import torch
 
+from realpkg import cpu_backend
+
 STEPS = 40
 SAVE_AT = 20
 
@@ -275,7 +277,7 @@ def compact_json(fixture: dict) -> str:
 def main(out: pathlib.Path) -> None:
     import cerebras.pytorch as cstorch
 
-    cstorch.backend("CPU")
+    cpu_backend(cstorch)
     warnings.simplefilter("ignore")
     cases = {name: run_case(cstorch, spec) for name, spec in CASES.items()}
     fixture = {"cerebras_pytorch": cstorch.__version__, "steps": STEPS, "save_at": SAVE_AT,
