@@ -739,7 +739,7 @@ def test_an_input_worker_reading_parquet_in_torch_processes_keeps_round_robin_an
         worker.stop(join_s=10)
     assert mode == ("static", "the ParquetDataset is read by a torch DataLoader with "
                     "num_workers=2, whose worker processes cannot be given batch numbers; "
-                    "round-robin delivers the same sequence")
+                    "round-robin delivers the same sequence", 0)
     # global batches 1, 3, 5, 7 of each epoch (8 an epoch), in order
     assert got == [[2, 3], [6, 7], [10, 11], [14, 15], [2, 3], [6, 7]]
 
