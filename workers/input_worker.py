@@ -37,6 +37,7 @@ from workers.duplicates import content_digest, sample_keys
 from workers.errors import user_traceback
 from workers.resume import Source, check_position, start_position
 from workers.sharding import dynamic_assignment_support
+from workers.stall import thread_stacks
 
 # ---------------------------------------------------------------------------------------------
 # Transport: torch tensors <-> numpy arrays
@@ -585,6 +586,12 @@ class InputWorkerImpl:
             out.append(f'Thread "{t.name}":\n' + "".join(traceback.format_stack(frames[t.ident])))
         return "\n".join(out)
 
+    def thread_stacks(self) -> dict:
+        """``{"pid", "threads"}``: the Python stacks of this worker's threads
+        (:func:`workers.stall.thread_stacks`; threads running user code first), for the
+        diagnosis of an input stall."""
+        return {"pid": _pid(), "threads": thread_stacks(skip={threading.get_ident()})}
+
     def stats(self) -> dict:
         with self._cond:
             return {"produced": self.produced, "buffered": len(self._buffer),
@@ -620,8 +627,8 @@ _CONTROL = "control"
 @ray.remote(concurrency_groups={_CONTROL: 1})
 class InputWorker(InputWorkerImpl):
     """The Ray actor of one input worker (see :class:`InputWorkerImpl`). ``dump_stack``,
-    ``stats`` and ``pid`` run in their own concurrency group, so they answer while ``fetch``
-    calls wait for the producer.
+    ``thread_stacks``, ``stats`` and ``pid`` run in their own concurrency group, so they answer
+    while ``fetch`` calls wait for a producer that is stuck in ``input_fn``.
 
     Created with no arguments, the actor is a worker started ahead
     (:func:`workers.stream.start_workers_ahead`): its process starts and imports what the
@@ -640,6 +647,10 @@ class InputWorker(InputWorkerImpl):
     @ray.method(concurrency_group=_CONTROL)
     def dump_stack(self) -> str:
         return InputWorkerImpl.dump_stack(self)
+
+    @ray.method(concurrency_group=_CONTROL)
+    def thread_stacks(self) -> dict:
+        return InputWorkerImpl.thread_stacks(self)
 
     @ray.method(concurrency_group=_CONTROL)
     def stats(self) -> dict:

@@ -6,6 +6,8 @@ to get exactly the worker sharding and round-robin order of the distributed inpu
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ from workers.duplicates import WorkerKeys, content_digest, sample_keys
 from workers.errors import InputWorkerError, user_traceback
 from workers.input_worker import batch_nbytes, pack_batch
 from workers.resume import ResumeError, Source, check_position, start_position
+from workers.stall import thread_stacks
 
 
 @dataclass
@@ -87,7 +90,10 @@ class LocalInputStream:
             wk.position = pos
             self._workers.append(wk)
         self._step = sum(wk.consumed for wk in self._workers)
+        self._first_step = self._step  # global batch number of this run's first step
         self._peeked = None
+        self._slowest_s: Optional[float] = None  # the slowest batch delivered
+        self._producer: Optional[int] = None  # the thread that last ran input_fn
 
     def _error(self, info: WorkerInfo, batch: int, exc: BaseException, during: str):
         if isinstance(exc, (EmptyDataLoaderError, ResumeError)):
@@ -96,6 +102,7 @@ class LocalInputStream:
                                 user_traceback(exc), during, self.num_workers, batch)
 
     def _produce(self, wk: _LocalWorker):
+        self._producer = threading.get_ident()
         t0, t0_cpu = time.time(), time.thread_time()
         with worker_context(wk.info):
             try:
@@ -143,7 +150,24 @@ class LocalInputStream:
         wk.consumed += 1
         wk.position = position
         self._step += 1
+        cost = produced[1] - produced[0]
+        if self._slowest_s is None or cost > self._slowest_s:
+            self._slowest_s = cost
         return batch, info
+
+    def slowest_batch_s(self) -> Optional[float]:
+        """The longest a worker took to produce a batch this stream delivered (None: none)."""
+        return self._slowest_s
+
+    def stall_report(self) -> list[dict]:
+        """The worker the next step waits for, and the stack of the thread of this process
+        that runs its ``input_fn`` (see :class:`workers.stall.InputStallError`)."""
+        w = self._step % self.num_workers
+        threads = thread_stacks(idents={self._producer}) if self._producer is not None else []
+        return [{"wse_id": self.wse_id, "local_worker_id": w, "pid": os.getpid(),
+                 "batches": [(self._step, self._step - self._first_step + 1)],
+                 "threads": threads,
+                 "note": "" if threads else "(its input_fn has not been called yet)"}]
 
     def worker_states(self):
         return [

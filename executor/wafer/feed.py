@@ -14,6 +14,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from workers.flow import FlowPolicy
+from workers.stall import InputStallError, stall_bound
 
 
 class BatchSpecError(ValueError):
@@ -97,6 +98,7 @@ class InputFeed:
         self._threads: list[threading.Thread] = []
         self._parts: list = []
         self._stop = threading.Event()
+        self._stalled = False
         specs = [s.peek_spec() for s in streams]
         self._part_specs = [tree_flatten(sp) for sp in specs]
         for c, (leaves, _) in enumerate(self._part_specs):
@@ -182,12 +184,37 @@ class InputFeed:
         return StepInput(concat_parts([b for b, _, _ in parts]), [i for _, i, _ in parts],
                          states if any(st is not None for _, _, st in parts) else None)
 
+    # -- stalls ---------------------------------------------------------------------------------
+    def stall_bound(self) -> tuple[float, str]:
+        """The longest the wafer waits for a step's input, and the rule that gave it
+        (:func:`workers.stall.stall_bound`, from the slowest batch any CS-X delivered)."""
+        costs = [c for c in (s.slowest_batch_s() for s in self.streams) if c is not None]
+        return stall_bound(self.streams[0].cs_config, max(costs) if costs else None)
+
+    def check_stall(self, step: int, waited_s: float) -> None:
+        """Raise :class:`InputStallError` if the wafer has waited ``waited_s`` for the input of
+        ``step`` (from 0), longer than :meth:`stall_bound`: naming each CS-X whose part has not
+        arrived and the workers that owe it, with their threads' stacks."""
+        bound, rule = self.stall_bound()
+        if waited_s <= bound:
+            return
+        missing = [c for c, buf in enumerate(self._buffers)
+                   if self._parts[c] is None and buf.empty()]
+        if not missing:  # it arrived meanwhile
+            return
+        owed = [o for c in missing for o in self.streams[c].stall_report()]
+        self._stalled = True
+        raise InputStallError(step + 1, waited_s, bound, rule, owed)
+
     # -- closing -------------------------------------------------------------------------------
     def close(self) -> list:
-        """Stop the feeders, close the streams; the streams' final stats."""
+        """Stop the feeders, close the streams; the streams' final stats. After a stall, a
+        feeder stuck in ``input_fn`` in this process is left to end on its own (it is a
+        daemon thread); a Ray stream's feeder ends once the stream is closed."""
         self._stop.set()
+        first_join_s, last_join_s = (0.0, 2.0) if self._stalled else (2.0, 10.0)
         for t in self._threads:
-            t.join(timeout=2)
+            t.join(timeout=first_join_s)
         stats = []
         for s in self.streams:
             try:
@@ -198,6 +225,6 @@ class InputFeed:
                 except Exception:  # a feeder blocked in the stream: closing is best effort
                     pass
         for t in self._threads:
-            t.join(timeout=10)
+            t.join(timeout=last_join_s)
         self._threads, self._buffers, self.streams = [], [], []
         return stats
