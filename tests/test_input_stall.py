@@ -235,8 +235,7 @@ def test_the_cli_prints_the_stall_diagnosis(tmp_path):
     head = next(i for i, ln in enumerate(err) if ln.startswith("cstream run: error: "))
     assert err[head].startswith("cstream run: error: InputStallError: the wafer waited ")
     assert err[head].endswith(" s for the input of step 6 from CS-X 0, longer than the bound of "
-                              "3 s (CSConfig.input_stall_timeout_s=3); the run was stopped and "
-                              "its input workers shut down.")
+                              "3 s (CSConfig.input_stall_timeout_s=3); the run was stopped.")
     assert err[head + 1] == f"CS-X 0, input worker 1 (pid {_pid_in(err[head + 1])}) owes " \
                             "global batch 5 (step 6)."
     assert err[head + 2] == '  Thread "feeder-csx0", in your code (innermost last):'

@@ -11,7 +11,6 @@ first (:func:`thread_stacks`, :func:`format_threads`).
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import threading
@@ -46,11 +45,13 @@ def stall_bound(cs_config, slowest_batch_s: float | None) -> tuple[float, str]:
 
 
 # -- stacks ---------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=1)
+_STDLIB_DIR = os.path.dirname(os.path.abspath(threading.__file__)) + os.sep
+
+
 def _library_dirs() -> tuple:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     dirs = [os.path.join(here, d) for d in ("cstream", "executor", "workers")]
-    dirs.append(os.path.dirname(os.path.abspath(threading.__file__)))  # the standard library
+    dirs.append(_STDLIB_DIR.rstrip(os.sep))
     for name in ("torch", "ray"):
         mod = sys.modules.get(name)
         if mod is not None and getattr(mod, "__file__", None):
@@ -97,9 +98,11 @@ def format_threads(threads: list, indent: str = "  ") -> str:
     for t in threads:
         frames = t["frames"]
         user = [f for f in frames if is_user_file(f[0])]
-        if not user:
-            where = _frame_text(frames[-1], "").replace("\n", " ") if frames else "(no frame)"
-            out.append(f'{indent}Thread "{t["thread"]}" is in {where}')
+        if not user:  # where it waits: its innermost frame outside the standard library
+            outside = [f for f in frames if not f[0].startswith(_STDLIB_DIR)]
+            f = (outside or frames or [("?", 0, "?", "")])[-1]
+            out.append(f'{indent}Thread "{t["thread"]}" is in {f[2]} ({f[0]}:{f[1]})'
+                       + (f": {f[3]}" if f[3] else ""))
             continue
         out.append(f'{indent}Thread "{t["thread"]}", in your code (innermost last):')
         out.extend(_frame_text(f, indent + "  ") for f in user)
@@ -139,7 +142,7 @@ class InputStallError(RuntimeError):
         which = ", ".join(f"CS-X {c}" for c in csx) or "the input side"
         lines = [f"the wafer waited {self.waited_s:.1f} s for the input of step {self.step} from "
                  f"{which}, longer than the bound of {self.bound_s:g} s ({self.bound_rule}); "
-                 "the run was stopped and its input workers shut down."]
+                 "the run was stopped."]
         for o in self.owed:
             who = f"CS-X {o['wse_id']}, " + ("no input worker" if o["local_worker_id"] is None
                                               else f"input worker {o['local_worker_id']}")
