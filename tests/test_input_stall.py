@@ -96,9 +96,10 @@ def _gone(pid) -> bool:
     return False
 
 
-def check_stall_message(e, step_expected=None):
-    """The message names CS-X 0, worker 1, the global batch and step it owes, and the user's
-    blocking line (the user's frames before the rest of the stack); returns the worker's pid."""
+def check_stall_message(e, step_expected=None, worker=1):
+    """The message names CS-X 0, the stuck ``worker``, the global batch and step it owes, and
+    the user's blocking line (the user's frames before the rest of the stack); returns the
+    worker's pid."""
     msg = str(e)
     assert msg.startswith(
         f"the wafer waited {e.waited_s:.1f} s for the input of step {e.step} from CS-X 0, "
@@ -107,11 +108,12 @@ def check_stall_message(e, step_expected=None):
     if step_expected is not None:
         assert e.step == step_expected
     stuck = e.owed[0]
-    assert (stuck["wse_id"], stuck["local_worker_id"]) == (0, 1)
+    assert (stuck["wse_id"], stuck["local_worker_id"]) == (0, worker)
     # no resume: global batch N is step N + 1 of the run; the awaited one comes first
     assert stuck["batches"][0] == (e.step - 1, e.step)
     owes = ", ".join(f"global batch {n} (step {s})" for n, s in stuck["batches"])
-    assert f"CS-X 0, input worker 1 (pid {stuck['pid']}) owes {owes}." in msg.splitlines()
+    assert f"CS-X 0, input worker {worker} (pid {stuck['pid']}) owes {owes}." in \
+        msg.splitlines()
     assert STALL_LINE in msg
     yours = msg.index(f'File "{HERE}", line ')
     assert msg[yours:].split("\n", 1)[0].endswith("in __getitem__")
@@ -155,6 +157,22 @@ def test_in_process_a_stuck_input_fn_ends_the_run_with_the_stack_of_its_thread()
     assert check_stall_message(e, 6) == os.getpid()
     assert seen == list(range(20))
     assert [t["thread"] for t in e.owed[0]["threads"]] == ["feeder-csx0"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("in_process", [False, True])
+def test_a_first_batch_that_never_comes_ends_the_run_before_its_first_step(request, in_process):
+    if not in_process:
+        request.getfixturevalue("ray_session")
+    gate = f"first-{in_process}"
+    try:
+        seen, e = run_ids(10, CSConfig(num_workers_per_csx=2, input_stall_timeout_s=3),
+                          in_process=in_process, gate=gate, stuck_worker=0, stuck_at=0)
+    finally:
+        _GATES[gate].set()
+    assert e is not None, "the run ended without a stall"
+    check_stall_message(e, 1, worker=0)
+    assert e.owed[0]["batches"][0] == (0, 1) and seen == []
 
 
 @pytest.mark.timeout(300)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -99,11 +100,38 @@ class InputFeed:
         self._parts: list = []
         self._stop = threading.Event()
         self._stalled = False
-        specs = [s.peek_spec() for s in streams]
+        specs = self._first_specs()
         self._part_specs = [tree_flatten(sp) for sp in specs]
         for c, (leaves, _) in enumerate(self._part_specs):
             check_leaves(leaves, f"the first batch of CS-X {c}")
         self.spec = concat_parts(specs)
+
+    def _first_specs(self) -> list:
+        """Each stream's first batch spec (``peek_spec``), waited for under the stall bound:
+        a helper thread peeks the streams in order while this one watches the time."""
+        got: dict = {"c": 0}
+
+        def peek():
+            try:
+                specs = []
+                for c, s in enumerate(self.streams):
+                    got["c"] = c
+                    specs.append(s.peek_spec())
+                got["specs"] = specs
+            except BaseException as e:  # noqa: BLE001 (raised in the caller's thread)
+                got["error"] = e
+
+        t0 = time.perf_counter()
+        helper = threading.Thread(target=peek, name="feeder-first-batches", daemon=True)
+        helper.start()
+        while helper.is_alive():
+            helper.join(0.2)
+            if helper.is_alive():
+                self._raise_if_stalled(0, time.perf_counter() - t0,
+                                       lambda: [got["c"]] if helper.is_alive() else [])
+        if "error" in got:
+            raise got["error"]
+        return got["specs"]
 
     # -- feeding -------------------------------------------------------------------------------
     def start(self, num_steps: int, checkpoint_steps: set) -> None:
@@ -195,14 +223,21 @@ class InputFeed:
         """Raise :class:`InputStallError` if the wafer has waited ``waited_s`` for the input of
         ``step`` (from 0), longer than :meth:`stall_bound`: naming each CS-X whose part has not
         arrived and the workers that owe it, with their threads' stacks."""
+        if waited_s <= self.stall_bound()[0]:
+            return
+        self._raise_if_stalled(step, waited_s, lambda: [
+            c for c, buf in enumerate(self._buffers) if self._parts[c] is None and buf.empty()])
+
+    def _raise_if_stalled(self, step: int, waited_s: float, missing) -> None:
+        """The stall error for ``step`` (from 0) if ``waited_s`` is past the bound, naming the
+        CS-Xs that ``missing()`` says still owe their part, unless it arrived meanwhile."""
         bound, rule = self.stall_bound()
         if waited_s <= bound:
             return
-        missing = [c for c, buf in enumerate(self._buffers)
-                   if self._parts[c] is None and buf.empty()]
-        if not missing:  # it arrived meanwhile
+        csx = missing()
+        owed = [o for c in csx for o in self.streams[c].stall_report()]
+        if not csx or missing() != csx:  # it arrived while the stacks were gathered
             return
-        owed = [o for c in missing for o in self.streams[c].stall_report()]
         self._stalled = True
         raise InputStallError(step + 1, waited_s, bound, rule, owed)
 
