@@ -28,11 +28,13 @@ STALL_LINE = "_GATES[gate].wait()  # the stall: nothing sets this gate in a work
 _GATES: dict = collections.defaultdict(threading.Event)
 
 
-def stalling_input_fn(n=64, batch=4, stuck_worker=1, stuck_at=2, gate="", sleep_s=0.0):
+def stalling_input_fn(n=64, batch=4, stuck_worker=1, stuck_at=2, gate="", sleep_s=0.0,
+                      stuck_csx=0):
     """Global batches of sample ids (``ShardedSampler``: dynamic assignment can take part).
-    Worker ``stuck_worker``'s batch number ``stuck_at`` (its own count, from 0) waits on
-    ``gate`` for ever, or, with ``sleep_s``, sleeps that long once."""
-    w = cstorch.distributed.get_worker_info().local_worker_id
+    Worker ``stuck_worker`` of CS-X ``stuck_csx``: its batch number ``stuck_at`` (its own
+    count, from 0) waits on ``gate`` for ever, or, with ``sleep_s``, sleeps that long once."""
+    info = cstorch.distributed.get_worker_info()
+    w = info.local_worker_id if info.wse_id == stuck_csx else None
     ids = torch.arange(n)
     samples = {"read": 0}
 
@@ -157,6 +159,26 @@ def test_in_process_a_stuck_input_fn_ends_the_run_with_the_stack_of_its_thread()
     assert check_stall_message(e, 6) == os.getpid()
     assert seen == list(range(20))
     assert [t["thread"] for t in e.owed[0]["threads"]] == ["feeder-csx0"]
+
+
+@pytest.mark.timeout(120)
+def test_with_two_cs_x_the_error_names_the_one_whose_part_is_missing():
+    try:
+        seen, e = run_ids(20, CSConfig(num_csx=2, num_workers_per_csx=2,
+                                       input_stall_timeout_s=3),
+                          in_process=True, gate="two-csx", stuck_csx=1)
+    finally:
+        _GATES["two-csx"].set()
+    assert e is not None, "the run ended without a stall"
+    # a CS-X's slice of a global batch of 4 holds 2 samples: the stuck worker's 9th sample is
+    # in its 5th batch, step 10 (round-robin over 2 workers)
+    assert str(e).startswith("the wafer waited ") and " for the input of step 10 from CS-X 1, " \
+        "longer than the bound of 3 s" in str(e).splitlines()[0]
+    assert [(o["wse_id"], o["local_worker_id"], o["batches"]) for o in e.owed] == [
+        (1, 1, [(9, 10)])]
+    assert [t["thread"] for t in e.owed[0]["threads"]] == ["feeder-csx1"]
+    assert STALL_LINE in str(e)
+    assert seen == list(range(36))  # steps 1..9, both CS-Xs' halves joined
 
 
 @pytest.mark.timeout(300)

@@ -56,9 +56,9 @@ class CSConfig:
     """The longest the wafer waits for a step's input, in seconds; past it the run stops with
     :class:`cstream.InputStallError`, which names the CS-X, the workers that owe the step's
     batches and what their threads are doing (see :mod:`workers.stall`). None: derived from
-    the batch costs seen so far, ``max(300 s, 20 x the slowest batch any worker of this run
-    has produced)``, so a slow batch never stops a run, a stuck one does. A wait shorter than
-    the bound changes nothing."""
+    the batch costs seen so far, ``max(600 s, 20 x the slowest batch any worker of this run
+    has produced)``, so a slow batch never stops a run, a stuck one does (the wait for the
+    first batch includes building the loader). A wait shorter than the bound changes nothing."""
     duplicate_samples: str = "warn"
     """What to do when input workers stream the same samples (an ``input_fn`` that does not
     shard): ``"warn"`` (an ``UnshardedInputWarning`` in the user's process, recorded in the

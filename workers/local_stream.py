@@ -192,5 +192,8 @@ class LocalInputStream:
 
     def close(self):
         for wk in self._workers:
-            wk.source.close()
+            try:
+                wk.source.close()
+            except ValueError:  # a generator still running in a thread stuck in input_fn
+                pass
         self._workers = []

@@ -19,9 +19,12 @@ import traceback
 __all__ = ["InputStallError", "STALL_COST_FACTOR", "STALL_FLOOR_S", "format_threads",
            "stall_bound", "thread_stacks"]
 
-STALL_FLOOR_S = 300.0
-"""The least default bound: a worker that restarts, or a loader that opens a file on a slow
-share, takes seconds to minutes; a stuck one never ends."""
+STALL_FLOOR_S = 600.0
+"""The least default bound. The wait for the first batch includes building the loader (an
+``input_fn`` may read an index or tokenize for minutes), a worker that restarts or a file on a
+slow share takes seconds to minutes; a stuck worker never ends. On Ray a worker that delivers
+nothing is reported as a straggler, with its stack, after ``CSConfig.straggler_timeout_s``
+(60 s) already, long before this."""
 STALL_COST_FACTOR = 20
 """The default bound is at least this many times the slowest batch seen."""
 
