@@ -161,6 +161,35 @@ def test_in_process_a_stuck_input_fn_ends_the_run_with_the_stack_of_its_thread()
     assert [t["thread"] for t in e.owed[0]["threads"]] == ["feeder-csx0"]
 
 
+def stuck_build_input_fn():
+    _GATES["build"].wait()  # the loader is never built
+    return [torch.ones(2)]
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_stuck_in_input_fn_answers_for_its_stacks_while_its_other_calls_wait(
+        ray_session):
+    from workers.context import WorkerInfo
+    from workers.dataloader import DataLoader
+    from workers.input_worker import InputWorker
+
+    ray = ray_session
+    actor = InputWorker.options(num_cpus=0.01, max_concurrency=2).remote(
+        DataLoader(stuck_build_input_fn), WorkerInfo(0, 1, 1, 0), dynamic=True)
+    try:
+        waiting = [actor.assignment_mode.remote(600),  # the control thread waits for the build
+                   actor.fetch.remote(0)]  # a fetch thread waits for the producer
+        got = ray.get(actor.thread_stacks.remote(), timeout=60)
+        assert ray.wait(waiting, num_returns=2, timeout=0)[0] == []  # both still wait
+        producer = got["threads"][0]  # user code first
+        assert producer["thread"] == "input-worker-csx0-w0"
+        assert (HERE, "stuck_build_input_fn", '_GATES["build"].wait()  # the loader is never '
+                "built") in [(f[0], f[2], f[3]) for f in producer["frames"]]
+        assert _gone(got["pid"]) is False
+    finally:
+        ray.kill(actor)
+
+
 @pytest.mark.timeout(120)
 def test_with_two_cs_x_the_error_names_the_one_whose_part_is_missing():
     try:

@@ -622,13 +622,16 @@ def _pid() -> int:
 
 
 _CONTROL = "control"
+_DIAGNOSIS = "diagnosis"  # a thread of its own: it answers while a control call waits too
 
 
-@ray.remote(concurrency_groups={_CONTROL: 1})
+@ray.remote(concurrency_groups={_CONTROL: 1, _DIAGNOSIS: 1})
 class InputWorker(InputWorkerImpl):
-    """The Ray actor of one input worker (see :class:`InputWorkerImpl`). ``dump_stack``,
-    ``thread_stacks``, ``stats`` and ``pid`` run in their own concurrency group, so they answer
-    while ``fetch`` calls wait for a producer that is stuck in ``input_fn``.
+    """The Ray actor of one input worker (see :class:`InputWorkerImpl`). ``stats``, ``pid`` and
+    the other control calls run in their own concurrency group, so they answer while ``fetch``
+    calls wait for the producer; ``dump_stack`` and ``thread_stacks`` in another, so they
+    answer while a producer is stuck in ``input_fn`` and a control call waits for it
+    (``assignment_mode`` while the loader is built, ``stop``).
 
     Created with no arguments, the actor is a worker started ahead
     (:func:`workers.stream.start_workers_ahead`): its process starts and imports what the
@@ -644,11 +647,11 @@ class InputWorker(InputWorkerImpl):
     def setup(self, *args, **kwargs) -> None:
         InputWorkerImpl.__init__(self, *args, **kwargs)
 
-    @ray.method(concurrency_group=_CONTROL)
+    @ray.method(concurrency_group=_DIAGNOSIS)
     def dump_stack(self) -> str:
         return InputWorkerImpl.dump_stack(self)
 
-    @ray.method(concurrency_group=_CONTROL)
+    @ray.method(concurrency_group=_DIAGNOSIS)
     def thread_stacks(self) -> dict:
         return InputWorkerImpl.thread_stacks(self)
 
