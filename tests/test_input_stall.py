@@ -213,8 +213,8 @@ def test_with_two_cs_x_the_error_names_the_one_whose_part_is_missing():
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("in_process", [False, True])
 def test_a_first_batch_that_never_comes_ends_the_run_before_its_first_step(request, in_process):
-    if not in_process:
-        request.getfixturevalue("ray_session")
+    ray = None if in_process else request.getfixturevalue("ray_session")
+    before = None if in_process else _cstream_actors(ray)
     gate = f"first-{in_process}"
     try:
         seen, e = run_ids(10, CSConfig(num_workers_per_csx=2, input_stall_timeout_s=3),
@@ -222,8 +222,13 @@ def test_a_first_batch_that_never_comes_ends_the_run_before_its_first_step(reque
     finally:
         _GATES[gate].set()
     assert e is not None, "the run ended without a stall"
-    check_stall_message(e, 1, worker=0)
+    pid = check_stall_message(e, 1, worker=0)
     assert e.owed[0]["batches"][0] == (0, 1) and seen == []
+    if not in_process:  # the input workers were killed with the run
+        deadline = time.time() + 60
+        while (_cstream_actors(ray) != before or not _gone(pid)) and time.time() < deadline:
+            time.sleep(0.2)
+        assert _cstream_actors(ray) == before and _gone(pid)
 
 
 @pytest.mark.timeout(300)
