@@ -98,7 +98,7 @@ def _gone(pid) -> bool:
     return False
 
 
-def check_stall_message(e, step_expected=None, worker=1):
+def check_stall_message(e, step_expected=None, worker=1, owed_first=None):
     """The message names CS-X 0, the stuck ``worker``, the global batch and step it owes, and
     the user's blocking line (the user's frames before the rest of the stack); returns the
     worker's pid."""
@@ -112,7 +112,7 @@ def check_stall_message(e, step_expected=None, worker=1):
     stuck = e.owed[0]
     assert (stuck["wse_id"], stuck["local_worker_id"]) == (0, worker)
     # no resume: global batch N is step N + 1 of the run; the awaited one comes first
-    assert stuck["batches"][0] == (e.step - 1, e.step)
+    assert stuck["batches"][0] == (owed_first or (e.step - 1, e.step))
     owes = ", ".join(f"global batch {n} (step {s})" for n, s in stuck["batches"])
     assert f"CS-X 0, input worker {worker} (pid {stuck['pid']}) owes {owes}." in \
         msg.splitlines()
@@ -229,6 +229,27 @@ def test_a_first_batch_that_never_comes_ends_the_run_before_its_first_step(reque
         while (_cstream_actors(ray) != before or not _gone(pid)) and time.time() < deadline:
             time.sleep(0.2)
         assert _cstream_actors(ray) == before and _gone(pid)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("in_process", [False, True])
+def test_a_worker_stuck_before_the_duplicate_check_has_its_first_batches_is_named(
+        request, in_process):
+    """The first step waits for the check of every worker's first batches (duplicates): a
+    worker stuck at its first batch, other than the first step's, holds it up."""
+    if not in_process:
+        request.getfixturevalue("ray_session")
+    gate = f"keys-{in_process}"
+    try:
+        seen, e = run_ids(10, CSConfig(num_workers_per_csx=2, input_stall_timeout_s=3),
+                          in_process=in_process, gate=gate, stuck_worker=1, stuck_at=0)
+    finally:
+        _GATES[gate].set()
+    assert e is not None, "the run ended without a stall"
+    # round-robin (in-process), worker 1's first batch is global batch 1; under dynamic
+    # assignment it holds whichever numbers it was given, 1 the first (fewest held first)
+    check_stall_message(e, 1, worker=1, owed_first=(1, 2))
+    assert seen == []
 
 
 @pytest.mark.timeout(300)

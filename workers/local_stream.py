@@ -93,7 +93,7 @@ class LocalInputStream:
         self._first_step = self._step  # global batch number of this run's first step
         self._peeked = None
         self._slowest_s: Optional[float] = None  # the slowest batch delivered
-        self._producer: Optional[int] = None  # the thread that last ran input_fn
+        self._producer: Optional[tuple] = None  # (thread, worker) that last ran input_fn
 
     def _error(self, info: WorkerInfo, batch: int, exc: BaseException, during: str):
         if isinstance(exc, (EmptyDataLoaderError, ResumeError)):
@@ -102,7 +102,7 @@ class LocalInputStream:
                                 user_traceback(exc), during, self.num_workers, batch)
 
     def _produce(self, wk: _LocalWorker):
-        self._producer = threading.get_ident()
+        self._producer = (threading.get_ident(), wk)
         t0, t0_cpu = time.time(), time.thread_time()
         with worker_context(wk.info):
             try:
@@ -160,14 +160,17 @@ class LocalInputStream:
         return self._slowest_s
 
     def stall_report(self) -> list[dict]:
-        """The worker the next step waits for, and the stack of the thread of this process
-        that runs its ``input_fn`` (see :class:`workers.stall.InputStallError`)."""
-        w = self._step % self.num_workers
-        threads = thread_stacks(idents={self._producer}) if self._producer is not None else []
+        """The worker whose batch is being made (the one the next step, or the duplicate
+        check, waits for), and the stack of the thread of this process that runs its
+        ``input_fn`` (see :class:`workers.stall.InputStallError`)."""
+        if self._producer is None:
+            return []
+        ident, wk = self._producer
+        W, w = self.num_workers, wk.info.local_worker_id
+        number = wk.produced * W + w  # round-robin: its batch k is global batch k * W + w
         return [{"wse_id": self.wse_id, "local_worker_id": w, "pid": os.getpid(),
-                 "batches": [(self._step, self._step - self._first_step + 1)],
-                 "threads": threads,
-                 "note": "" if threads else "(its input_fn has not been called yet)"}]
+                 "batches": [(number, number - self._first_step + 1)],
+                 "threads": thread_stacks(idents={ident}), "note": ""}]
 
     def worker_states(self):
         return [

@@ -621,9 +621,13 @@ class CsxInputStream:
     def stall_report(self) -> list[dict]:
         """The workers the next step waits for, what they owe and their threads' stacks (see
         :class:`workers.stall.InputStallError`'s ``owed``): round-robin, the worker of step
-        ``self._step``."""
-        w = self._step % self.num_workers
-        return self._with_stacks([(self._workers[w], [self._step])])
+        ``self._step``; once the first batch is here and the duplicate check waits for the
+        workers' first batches (:meth:`sample_keys`), the workers it waits for."""
+        W = self.num_workers
+        if self._peeked is None:
+            return self._with_stacks([(self._workers[self._step % W], [self._step])])
+        return self._with_stacks([(wk, [wk.received * W + wk.info.local_worker_id])
+                                  for wk in self._workers if wk.received < wk.keys_until])
 
     def _with_stacks(self, owing: list) -> list[dict]:
         """``owing``, ``[(worker, [global batch numbers])]``, as ``owed`` entries, each worker's

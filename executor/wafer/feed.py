@@ -107,22 +107,32 @@ class InputFeed:
         self.spec = concat_parts(specs)
 
     def _first_specs(self) -> list:
-        """Each stream's first batch spec (``peek_spec``), waited for under the stall bound:
-        a helper thread peeks the streams in order while this one watches the time."""
+        """Each stream's first batch spec (``peek_spec``), waited for under the stall bound."""
+        return self._each_stream_bounded(lambda s: s.peek_spec(), "feeder-first-batches")
+
+    def wait_for_sample_keys(self) -> None:
+        """Wait under the stall bound until every stream has the sample keys of its workers'
+        first batches (``sample_keys``, which the duplicate check then reads at once)."""
+        self._each_stream_bounded(lambda s: s.sample_keys(), "feeder-sample-keys")
+
+    def _each_stream_bounded(self, call, name: str) -> list:
+        """``call(stream)`` for each stream in order, in a helper thread, while this one
+        watches the wait: past the stall bound it raises the stall error for step 1, naming
+        the stream the helper is waiting for."""
         got: dict = {"c": 0}
 
-        def peek():
+        def run():
             try:
-                specs = []
+                out = []
                 for c, s in enumerate(self.streams):
                     got["c"] = c
-                    specs.append(s.peek_spec())
-                got["specs"] = specs
+                    out.append(call(s))
+                got["out"] = out
             except BaseException as e:  # noqa: BLE001 (raised in the caller's thread)
                 got["error"] = e
 
         t0 = time.perf_counter()
-        helper = threading.Thread(target=peek, name="feeder-first-batches", daemon=True)
+        helper = threading.Thread(target=run, name=name, daemon=True)
         helper.start()
         while helper.is_alive():
             helper.join(0.2)
@@ -131,7 +141,7 @@ class InputFeed:
                                        lambda: [got["c"]] if helper.is_alive() else [])
         if "error" in got:
             raise got["error"]
-        return got["specs"]
+        return got["out"]
 
     # -- feeding -------------------------------------------------------------------------------
     def start(self, num_steps: int, checkpoint_steps: set) -> None:
