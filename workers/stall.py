@@ -1,5 +1,6 @@
 """Input stalls: the wafer waited for a step's input longer than a bound, so the run stops with a
-diagnosis instead of waiting for ever.
+diagnosis instead of waiting for ever. Before the first step, the wait for the first batch and
+for the duplicate check's first batches of every worker is bounded alike.
 
 The bound is ``CSConfig.input_stall_timeout_s``; None derives it from the batch costs seen so far
 (:func:`stall_bound`): ``max(STALL_FLOOR_S, STALL_COST_FACTOR x the slowest batch)``. Past it,
@@ -23,8 +24,8 @@ STALL_FLOOR_S = 600.0
 """The least default bound. The wait for the first batch includes building the loader (an
 ``input_fn`` may read an index or tokenize for minutes), a worker that restarts or a file on a
 slow share takes seconds to minutes; a stuck worker never ends. On Ray a worker that delivers
-nothing is reported as a straggler, with its stack, after ``CSConfig.straggler_timeout_s``
-(60 s) already, long before this."""
+nothing that a step waits for is reported as a straggler, with its stack, after
+``CSConfig.straggler_timeout_s`` (60 s) already, long before this."""
 STALL_COST_FACTOR = 20
 """The default bound is at least this many times the slowest batch seen."""
 
