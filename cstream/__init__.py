@@ -21,6 +21,7 @@ from cstream.creation import full, full_like, ones, ones_like, zeros, zeros_like
 from cstream.errors import (  # noqa: E402
     CompileError,
     ExhaustedIteratorError,
+    InputStallError,
     InputWorkerError,
     ResumeError,
     TracingError,
@@ -35,7 +36,7 @@ from cstream.summaries import summarize_scalar  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = [
-    "CompileError", "ExhaustedIteratorError", "InputWorkerError", "ResumeError",
+    "CompileError", "ExhaustedIteratorError", "InputStallError", "InputWorkerError", "ResumeError",
     "UnshardedInputError", "UnshardedInputWarning", "WorkerCrashLoopError",
     "TracedStep", "TracingError", "amp", "backend", "checkpoint_closure", "compile",
     "compile_step", "current_backend", "current_executor", "distributed", "full", "full_like",

@@ -57,6 +57,8 @@ class UserError:
     context: str = ""
     frame: Optional[Frame] = None
     tracebacks: list = field(default_factory=list)
+    details: str = ""
+    """Lines shown whole after the headline (a stall's diagnosis)."""
 
     @property
     def headline(self) -> str:
@@ -124,6 +126,7 @@ def _chain(e: BaseException):
 def describe(e: BaseException) -> UserError:
     """The user's exception behind ``e`` (see the module docstring)."""
     from workers.errors import InputWorkerError
+    from workers.stall import InputStallError
 
     tracebacks = ["".join(traceback.format_exception(type(e), e, e.__traceback__))]
     local_frame = user_frame_of_traceback(e.__traceback__)
@@ -138,6 +141,9 @@ def describe(e: BaseException) -> UserError:
             if inner.frame is None and remote_text:
                 inner.frame = user_frame_of_text(remote_text)
             return inner
+        if isinstance(link, InputStallError):  # its diagnosis is the message, shown whole
+            first, _, rest = str(link).partition("\n")
+            return UserError(type(link).__name__, first, "", None, tracebacks, details=rest)
         if isinstance(link, InputWorkerError):
             tracebacks.append(link.traceback_text)
             where = f"in the input function, CS-X {link.wse_id} input worker {link.local_worker_id}"
@@ -167,6 +173,8 @@ def format_error(command: str, e: BaseException, debug: bool = False) -> str:
     out = [f"cstream {command}: error: {err.headline}"]
     if err.context:
         out.append(f"  ({err.context})")
+    if err.details:
+        out.append(err.details)
     if err.frame is not None:
         out.append(err.frame.format())
     if debug:

@@ -8,6 +8,8 @@ from workers.errors import (
     WorkerCrashLoopError,
 )
 from workers.resume import ExhaustedIteratorError, ResumeError
+from workers.stall import InputStallError
 
-__all__ = ["CompileError", "ExhaustedIteratorError", "InputWorkerError", "ResumeError",
+__all__ = ["CompileError", "ExhaustedIteratorError", "InputStallError", "InputWorkerError",
+           "ResumeError",
            "TracingError", "UnshardedInputError", "UnshardedInputWarning", "WorkerCrashLoopError"]

@@ -295,6 +295,7 @@ class WaferDriver:
                                       workers_ahead=None if workers_ahead is None
                                       else workers_ahead[c]))
             self._feed = InputFeed(streams, self.policy)
+            self._feed.wait_for_sample_keys()
             report = check_streams(streams, dataloader.input_fn_name,
                                    cs_config.duplicate_samples)
             self._duplicates = None if report is None else report.to_dict()

@@ -52,6 +52,13 @@ class CSConfig:
     """How many times a crashed input worker is restarted before the run fails."""
     straggler_timeout_s: float = 60.0
     """A worker that produces nothing for this long is reported as a straggler."""
+    input_stall_timeout_s: Optional[float] = None
+    """The longest the wafer waits for a step's input, in seconds; past it the run stops with
+    :class:`cstream.InputStallError`, which names the CS-X, the workers that owe the step's
+    batches and what their threads are doing (see :mod:`workers.stall`). None: derived from
+    the batch costs seen so far, ``max(600 s, 20 x the slowest batch any worker of this run
+    has produced)``, so a slow batch never stops a run, a stuck one does (the wait for the
+    first batch includes building the loader). A wait shorter than the bound changes nothing."""
     duplicate_samples: str = "warn"
     """What to do when input workers stream the same samples (an ``input_fn`` that does not
     shard): ``"warn"`` (an ``UnshardedInputWarning`` in the user's process, recorded in the
@@ -116,6 +123,12 @@ class CSConfig:
         ) or self.max_worker_restarts < 0:
             raise ValueError(
                 f"CSConfig.max_worker_restarts: expected an int >= 0, got {self.max_worker_restarts!r}."
+            )
+        v = self.input_stall_timeout_s
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
+            raise ValueError(
+                f"CSConfig.input_stall_timeout_s: expected a positive number of seconds or None "
+                f"(derived from the batch costs), got {v!r}."
             )
         if not isinstance(self.straggler_timeout_s, (int, float)) or self.straggler_timeout_s <= 0:
             raise ValueError(

@@ -487,6 +487,32 @@ class CoordinatedInputStream(CsxInputStream):
                 next_report = max(2 * next_report, waited + timeout)
         return 0.0 if ahead_since is None else time.perf_counter() - ahead_since
 
+    def stall_report(self) -> list[dict]:
+        """Dynamic assignment: every worker holding numbers not yet received, the holder of
+        the next step's number first; while the duplicate check waits for the workers' first
+        batches, those it waits for (see :meth:`CsxInputStream.stall_report`)."""
+        if self.mode == "static":
+            return super().stall_report()
+        with self._cond:
+            number = self._step
+            keys_wait = self._peeked is not None
+            owing = []
+            for wk in self._workers:
+                if keys_wait and wk.received >= wk.keys_until:
+                    continue
+                received = sum(1 for it in wk.ready if it["kind"] != "error")
+                numbers = list(self._outstanding[wk.info.local_worker_id])[received:]
+                if numbers:
+                    owing.append((wk, numbers))
+        owing.sort(key=lambda o: number not in o[1])
+        owed = self._with_stacks(owing)
+        if not keys_wait and not any(number in o[1] for o in owing):  # a broken invariant
+            owed.insert(0, {"wse_id": self.wse_id, "local_worker_id": None,
+                            "batches": [(number, number - self._first_step + 1)],
+                            "note": "(no input worker holds this global batch: the coordinator "
+                                    "has not assigned it)"})
+        return owed
+
     # -- delivering -------------------------------------------------------------------------
     def _next_reply(self) -> tuple[int, dict, Any]:
         step = self._step

@@ -37,6 +37,7 @@ from workers.duplicates import content_digest, sample_keys
 from workers.errors import user_traceback
 from workers.resume import Source, check_position, start_position
 from workers.sharding import draws_ahead, dynamic_assignment_support
+from workers.stall import thread_stacks
 
 # ---------------------------------------------------------------------------------------------
 # Transport: torch tensors <-> numpy arrays
@@ -607,6 +608,12 @@ class InputWorkerImpl:
             out.append(f'Thread "{t.name}":\n' + "".join(traceback.format_stack(frames[t.ident])))
         return "\n".join(out)
 
+    def thread_stacks(self) -> dict:
+        """``{"pid", "threads"}``: the Python stacks of this worker's threads
+        (:func:`workers.stall.thread_stacks`; threads running user code first), for the
+        diagnosis of an input stall."""
+        return {"pid": _pid(), "threads": thread_stacks(skip={threading.get_ident()})}
+
     def stats(self) -> dict:
         with self._cond:
             return {"produced": self.produced, "buffered": len(self._buffer),
@@ -637,13 +644,16 @@ def _pid() -> int:
 
 
 _CONTROL = "control"
+_DIAGNOSIS = "diagnosis"  # a thread of its own: it answers while a control call waits too
 
 
-@ray.remote(concurrency_groups={_CONTROL: 1})
+@ray.remote(concurrency_groups={_CONTROL: 1, _DIAGNOSIS: 1})
 class InputWorker(InputWorkerImpl):
-    """The Ray actor of one input worker (see :class:`InputWorkerImpl`). ``dump_stack``,
-    ``stats`` and ``pid`` run in their own concurrency group, so they answer while ``fetch``
-    calls wait for the producer.
+    """The Ray actor of one input worker (see :class:`InputWorkerImpl`). ``stats``, ``pid`` and
+    the other control calls run in their own concurrency group, so they answer while ``fetch``
+    calls wait for the producer; ``dump_stack`` and ``thread_stacks`` in another, so they
+    answer while a producer is stuck in ``input_fn`` and a control call waits for it
+    (``assignment_mode`` while the loader is built, ``stop``).
 
     Created with no arguments, the actor is a worker started ahead
     (:func:`workers.stream.start_workers_ahead`): its process starts and imports what the
@@ -659,9 +669,13 @@ class InputWorker(InputWorkerImpl):
     def setup(self, *args, **kwargs) -> None:
         InputWorkerImpl.__init__(self, *args, **kwargs)
 
-    @ray.method(concurrency_group=_CONTROL)
+    @ray.method(concurrency_group=_DIAGNOSIS)
     def dump_stack(self) -> str:
         return InputWorkerImpl.dump_stack(self)
+
+    @ray.method(concurrency_group=_DIAGNOSIS)
+    def thread_stacks(self) -> dict:
+        return InputWorkerImpl.thread_stacks(self)
 
     @ray.method(concurrency_group=_CONTROL)
     def stats(self) -> dict:

@@ -6,6 +6,8 @@ to get exactly the worker sharding and round-robin order of the distributed inpu
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ from workers.duplicates import WorkerKeys, content_digest, sample_keys
 from workers.errors import InputWorkerError, user_traceback
 from workers.input_worker import batch_nbytes, pack_batch
 from workers.resume import ResumeError, Source, check_position, start_position
+from workers.stall import thread_stacks
 
 
 @dataclass
@@ -87,7 +90,10 @@ class LocalInputStream:
             wk.position = pos
             self._workers.append(wk)
         self._step = sum(wk.consumed for wk in self._workers)
+        self._first_step = self._step  # global batch number of this run's first step
         self._peeked = None
+        self._slowest_s: Optional[float] = None  # the slowest batch delivered
+        self._producer: Optional[tuple] = None  # (thread, worker) that last ran input_fn
 
     def _error(self, info: WorkerInfo, batch: int, exc: BaseException, during: str):
         if isinstance(exc, (EmptyDataLoaderError, ResumeError)):
@@ -96,6 +102,7 @@ class LocalInputStream:
                                 user_traceback(exc), during, self.num_workers, batch)
 
     def _produce(self, wk: _LocalWorker):
+        self._producer = (threading.get_ident(), wk)
         t0, t0_cpu = time.time(), time.thread_time()
         with worker_context(wk.info):
             try:
@@ -143,7 +150,27 @@ class LocalInputStream:
         wk.consumed += 1
         wk.position = position
         self._step += 1
+        cost = produced[1] - produced[0]
+        if self._slowest_s is None or cost > self._slowest_s:
+            self._slowest_s = cost
         return batch, info
+
+    def slowest_batch_s(self) -> Optional[float]:
+        """The longest a worker took to produce a batch this stream delivered (None: none)."""
+        return self._slowest_s
+
+    def stall_report(self) -> list[dict]:
+        """The worker whose batch is being made (the one the next step, or the duplicate
+        check, waits for), and the stack of the thread of this process that runs its
+        ``input_fn`` (see :class:`workers.stall.InputStallError`)."""
+        if self._producer is None:
+            return []
+        ident, wk = self._producer
+        W, w = self.num_workers, wk.info.local_worker_id
+        number = wk.produced * W + w  # round-robin: its batch k is global batch k * W + w
+        return [{"wse_id": self.wse_id, "local_worker_id": w, "pid": os.getpid(),
+                 "batches": [(number, number - self._first_step + 1)],
+                 "threads": thread_stacks(idents={ident}), "note": ""}]
 
     def worker_states(self):
         return [
@@ -168,5 +195,8 @@ class LocalInputStream:
 
     def close(self):
         for wk in self._workers:
-            wk.source.close()
+            try:
+                wk.source.close()
+            except ValueError:  # a generator still running in a thread stuck in input_fn
+                pass
         self._workers = []

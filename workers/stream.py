@@ -300,6 +300,8 @@ class CsxInputStream:
                 "user_state_dict": {"epoch": 0, "batch_in_epoch": 0}}
         if resume_states is not None:
             self._apply_resume(list(resume_states))
+        self._first_step = self._step  # global batch number of this run's first step
+        self._slowest_s: float | None = None  # the slowest batch delivered (its produce_s)
         for wk in self._workers:
             wk.keys_until = wk.received + self.key_batches
         self._dataloader_ref = ray.put(dataloader)
@@ -626,6 +628,9 @@ class CsxInputStream:
                          produced_unix=reply.get("produced_unix"),
                          received_unix=reply.get("received_unix"),
                          produce_cpu_s=reply.get("produce_cpu_s"))
+        cost = reply.get("produce_s")
+        if cost is not None and (self._slowest_s is None or cost > self._slowest_s):
+            self._slowest_s = cost
         wk.consumed = reply["index"] + 1
         wk.consumed_after = reply["after"]
         wk.delivered_this_run += 1
@@ -633,6 +638,51 @@ class CsxInputStream:
         self._step += 1
         self._wait_s += wait_s
         return batch, info
+
+    # -- stalls (workers.stall) ----------------------------------------------------------
+    def slowest_batch_s(self) -> float | None:
+        """The longest a worker took to produce a batch this stream delivered (None: none yet);
+        the default stall bound follows it."""
+        return self._slowest_s
+
+    def stall_report(self) -> list[dict]:
+        """The workers the next step waits for, what they owe and their threads' stacks (see
+        :class:`workers.stall.InputStallError`'s ``owed``): round-robin, the worker of step
+        ``self._step``; once the first batch is here and the duplicate check waits for the
+        workers' first batches (:meth:`sample_keys`), the workers it waits for."""
+        W = self.num_workers
+        if self._peeked is None:
+            return self._with_stacks([(self._workers[self._step % W], [self._step])])
+        return self._with_stacks([(wk, [wk.received * W + wk.info.local_worker_id])
+                                  for wk in self._workers if wk.received < wk.keys_until])
+
+    def _with_stacks(self, owing: list) -> list[dict]:
+        """``owing``, ``[(worker, [global batch numbers])]``, as ``owed`` entries, each worker's
+        stacks asked for at once and waited for together (at most _DUMP_STACK_TIMEOUT_S)."""
+        asked = []
+        for wk, _ in owing:
+            try:
+                asked.append(wk.actor.thread_stacks.remote())
+            except Exception as e:  # noqa: BLE001 (the actor is gone: said in its entry)
+                asked.append(e)
+        deadline = time.perf_counter() + _DUMP_STACK_TIMEOUT_S
+        out = []
+        for (wk, numbers), ref in zip(owing, asked):
+            entry = {"wse_id": self.wse_id, "local_worker_id": wk.info.local_worker_id,
+                     "pid": None, "threads": [], "note": "",
+                     "batches": [(n, n - self._first_step + 1) for n in numbers]}
+            try:
+                if isinstance(ref, Exception):
+                    raise ref
+                got = ray.get(ref, timeout=max(0.1, deadline - time.perf_counter()))
+                entry["pid"], entry["threads"] = got["pid"], got["threads"]
+            except ray.exceptions.GetTimeoutError:
+                entry["note"] = (f"(the worker did not answer within {_DUMP_STACK_TIMEOUT_S:.0f} "
+                                 "s; its process may be stuck in native code holding the GIL)")
+            except Exception as e:  # noqa: BLE001
+                entry["note"] = f"(no stack: {type(e).__name__}: {_first_lines(str(e), 2)})"
+            out.append(entry)
+        return out
 
     def _next_reply(self) -> tuple[int, dict, Any]:
         """``(worker, reply, batch)`` of step ``self._step``: from worker ``step % W``."""

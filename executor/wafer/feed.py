@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -14,6 +15,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from workers.flow import FlowPolicy
+from workers.stall import InputStallError, stall_bound
 
 
 class BatchSpecError(ValueError):
@@ -97,11 +99,49 @@ class InputFeed:
         self._threads: list[threading.Thread] = []
         self._parts: list = []
         self._stop = threading.Event()
-        specs = [s.peek_spec() for s in streams]
+        self._stalled = False
+        specs = self._first_specs()
         self._part_specs = [tree_flatten(sp) for sp in specs]
         for c, (leaves, _) in enumerate(self._part_specs):
             check_leaves(leaves, f"the first batch of CS-X {c}")
         self.spec = concat_parts(specs)
+
+    def _first_specs(self) -> list:
+        """Each stream's first batch spec (``peek_spec``), waited for under the stall bound."""
+        return self._each_stream_bounded(lambda s: s.peek_spec(), "feeder-first-batches")
+
+    def wait_for_sample_keys(self) -> None:
+        """Wait under the stall bound until every stream has the sample keys of its workers'
+        first batches (``sample_keys``, which the duplicate check then reads at once)."""
+        self._each_stream_bounded(lambda s: s.sample_keys(), "feeder-sample-keys")
+
+    def _each_stream_bounded(self, call, name: str) -> list:
+        """``call(stream)`` for each stream in order, in a helper thread, while this one
+        watches the wait: past the stall bound it raises the stall error for step 1, naming
+        the stream the helper is waiting for."""
+        got: dict = {"c": 0}
+
+        def run():
+            try:
+                out = []
+                for c, s in enumerate(self.streams):
+                    got["c"] = c
+                    out.append(call(s))
+                got["out"] = out
+            except BaseException as e:  # noqa: BLE001 (raised in the caller's thread)
+                got["error"] = e
+
+        t0 = time.perf_counter()
+        helper = threading.Thread(target=run, name=name, daemon=True)
+        helper.start()
+        while helper.is_alive():
+            helper.join(0.2)
+            if helper.is_alive():
+                self._raise_if_stalled(0, time.perf_counter() - t0,
+                                       lambda: [got["c"]] if helper.is_alive() else [])
+        if "error" in got:
+            raise got["error"]
+        return got["out"]
 
     # -- feeding -------------------------------------------------------------------------------
     def start(self, num_steps: int, checkpoint_steps: set) -> None:
@@ -182,12 +222,44 @@ class InputFeed:
         return StepInput(concat_parts([b for b, _, _ in parts]), [i for _, i, _ in parts],
                          states if any(st is not None for _, _, st in parts) else None)
 
+    # -- stalls ---------------------------------------------------------------------------------
+    def stall_bound(self) -> tuple[float, str]:
+        """The longest the wafer waits for a step's input, and the rule that gave it
+        (:func:`workers.stall.stall_bound`, from the slowest batch any CS-X delivered)."""
+        costs = [c for c in (s.slowest_batch_s() for s in self.streams) if c is not None]
+        return stall_bound(self.streams[0].cs_config, max(costs) if costs else None)
+
+    def check_stall(self, step: int, waited_s: float) -> None:
+        """Raise :class:`InputStallError` if the wafer has waited ``waited_s`` for the input of
+        ``step`` (from 0), longer than :meth:`stall_bound`: naming each CS-X whose part has not
+        arrived and the workers that owe it, with their threads' stacks."""
+        if waited_s <= self.stall_bound()[0]:
+            return
+        self._raise_if_stalled(step, waited_s, lambda: [
+            c for c, buf in enumerate(self._buffers) if self._parts[c] is None and buf.empty()])
+
+    def _raise_if_stalled(self, step: int, waited_s: float, missing) -> None:
+        """The stall error for ``step`` (from 0) if ``waited_s`` is past the bound, naming the
+        CS-Xs that ``missing()`` says still owe their part, unless it arrived meanwhile."""
+        bound, rule = self.stall_bound()
+        if waited_s <= bound:
+            return
+        csx = missing()
+        owed = [o for c in csx for o in self.streams[c].stall_report()]
+        if not csx or missing() != csx:  # it arrived while the stacks were gathered
+            return
+        self._stalled = True
+        raise InputStallError(step + 1, waited_s, bound, rule, owed)
+
     # -- closing -------------------------------------------------------------------------------
     def close(self) -> list:
-        """Stop the feeders, close the streams; the streams' final stats."""
+        """Stop the feeders, close the streams; the streams' final stats. After a stall, a
+        feeder stuck in ``input_fn`` in this process is left to end on its own (it is a
+        daemon thread); a Ray stream's feeder ends once the stream is closed."""
         self._stop.set()
+        first_join_s, last_join_s = (0.0, 2.0) if self._stalled else (2.0, 10.0)
         for t in self._threads:
-            t.join(timeout=2)
+            t.join(timeout=first_join_s)
         stats = []
         for s in self.streams:
             try:
@@ -198,6 +270,6 @@ class InputFeed:
                 except Exception:  # a feeder blocked in the stream: closing is best effort
                     pass
         for t in self._threads:
-            t.join(timeout=10)
+            t.join(timeout=last_join_s)
         self._threads, self._buffers, self.streams = [], [], []
         return stats

@@ -4,6 +4,7 @@ Each call of :meth:`WaferLoop._step` makes one transition::
 
     READY ──(look-ahead used up)──▶ WAITING_FOR_CLIENT ──(client acks)──▶ READY
     READY ──(a CS-X's buffer empty)──▶ WAITING_FOR_INPUT ──(input arrives)──▶ step runs ──▶ READY
+    WAITING_FOR_INPUT ──(longer than the stall bound: InputStallError)──▶ FAILED
     READY ──(last step done)──▶ FINISHED;   any ──(stop())──▶ STOPPED;   any ──(error)──▶ FAILED
 
 :meth:`run` calls it until a terminal phase, in the driver's wafer thread; tests call it by hand
@@ -166,6 +167,7 @@ class WaferLoop:
                 self._client_t0 = None
         inp = self.feed.take(timeout=0.2 if block else 0)
         if inp is None:
+            self.feed.check_stall(self.next_step, time.perf_counter() - self._wait_t0)
             return Phase.WAITING_FOR_INPUT
         self._run_step(inp)
         return Phase.FINISHED if self.next_step >= self.plan.num_steps else Phase.READY
