@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from cstream.creation import state_tensor
 from cstream.metrics.metric import (
     _ACC,
     Metric,
@@ -76,6 +77,12 @@ class AUCMetric(Metric):
         for name in ("true_positive", "true_negative", "false_positive", "false_negative"):
             self.register_state(name, torch.zeros(n, dtype=_ACC))
         self.register_state("samples_out_of_range", torch.zeros((), dtype=_ACC))
+        if "threshold_grid" not in self._buffers:
+            # the thresholds as a state tensor: one made inside the step from Python numbers
+            # would be a constant lifted into the graph, which inductor's functionalization
+            # refuses. Not readable: it never changes, so no step needs to export it.
+            self.register_buffer("threshold_grid", state_tensor(self.thresholds.clone()),
+                                 persistent=False)
 
     def update(self, labels, predictions, weights=None):
         labels = as_tensor(self, "labels", labels)
@@ -98,14 +105,9 @@ class AUCMetric(Metric):
         p = torch.where(ok, p, torch.zeros_like(p))
         pos = torch.where(y > 0, w, torch.zeros_like(w))
         neg = w - pos
-        n = self.num_thresholds
-        # bucket b = how many thresholds lie strictly below the prediction; a prediction is a
-        # positive at threshold i exactly when b > i
-        bucket = torch.searchsorted(self.thresholds.to(p.device, dtype), p.contiguous())
-        hist_pos = torch.zeros(n + 1, dtype=_ACC, device=p.device).scatter_add_(0, bucket, pos)
-        hist_neg = torch.zeros(n + 1, dtype=_ACC, device=p.device).scatter_add_(0, bucket, neg)
-        above_pos = hist_pos.flip(0).cumsum(0).flip(0)[1:]  # sum over buckets > i
-        above_neg = hist_neg.flip(0).cumsum(0).flip(0)[1:]
+        # above[i, j]: prediction j is a positive at threshold i (greater than it)
+        above = (p[None, :] > self.threshold_grid.to(dtype)[:, None]).to(_ACC)
+        above_pos, above_neg = above @ pos, above @ neg
         self.true_positive.add_(above_pos)
         self.false_positive.add_(above_neg)
         self.false_negative.add_(pos.sum() - above_pos)

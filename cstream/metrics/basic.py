@@ -50,9 +50,10 @@ class AccuracyMetric(Metric):
                           stacklevel=3)
             predictions = predictions.reshape(labels.shape)
         correct = (labels == predictions).to(_ACC)
-        if weights is None:
-            tokens = torch.full((), correct.numel(), dtype=_ACC, device=correct.device)
-        else:
+        # a count known at trace time is added as a Python number (a tensor made from it inside
+        # the step would be a constant, which inductor's compile mishandles)
+        tokens = correct.numel()
+        if weights is not None:
             weights = as_tensor(self, "weights", weights)
             correct = correct * weights.to(_ACC)
             tokens = (weights > 0).to(_ACC).sum()
@@ -88,6 +89,11 @@ class MeanMetric(Metric):
 
     def update(self, value, weight=1.0, dtype=None):
         value = as_tensor(self, "value", value)
+        if isinstance(weight, (int, float)) and not isinstance(weight, bool):
+            self.mean_value.add_(value.to(_ACC).sum() * weight)
+            self.weight.add_(float(weight) * value.numel())
+            self._dtype = dtype
+            return
         weight = as_tensor(self, "weight", weight)
         try:
             weight = torch.broadcast_to(weight, value.shape)
@@ -138,9 +144,8 @@ class PerplexityMetric(Metric):
                 "the batch's loss summed over its tokens (one number). Pass loss.sum() for "
                 "per-token losses."
             )
-        if weights is None:
-            tokens = torch.full((), labels.numel(), dtype=_ACC, device=labels.device)
-        else:
+        tokens = labels.numel()  # a Python number: see AccuracyMetric.update
+        if weights is not None:
             tokens = (as_tensor(self, "weights", weights) > 0).to(_ACC).sum()
         self.total_loss.add_(loss.reshape(()).to(_ACC))
         self.total_num_tokens.add_(tokens)

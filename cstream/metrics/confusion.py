@@ -32,10 +32,11 @@ def _check_num_classes(kind: str, num_classes, least: int) -> None:
         raise ValueError(f"{kind}: num_classes must be an int >= {least}, got {num_classes!r}.")
 
 
-def _weights(metric: Metric, weights, labels: torch.Tensor) -> torch.Tensor:
-    """``weights`` (same shape as ``labels``) flattened, as float64; ones when None."""
+def _weights(metric: Metric, weights, labels: torch.Tensor) -> torch.Tensor | None:
+    """``weights`` (same shape as ``labels``) flattened, as float64; None stays None (a tensor
+    of ones made inside the step would be a constant, which inductor's compile mishandles)."""
     if weights is None:
-        return torch.ones(labels.numel(), dtype=_ACC, device=labels.device)
+        return None
     weights = as_tensor(metric, "weights", weights)
     check_same_shape(metric, "labels", labels, "weights", weights,
                      "weights must have the labels' shape (one weight per label, 0 masks it).")
@@ -81,14 +82,15 @@ class _ConfusionMatrixMetric(Metric):
         k = self.num_classes
         y_ok = (y >= 0) & (y < k)
         p_ok = (p >= 0) & (p < k)
-        counted = (w != 0).to(_ACC)
+        counted = 1.0 if w is None else (w != 0).to(_ACC)
         self.labels_out_of_range.add_(((~y_ok).to(_ACC) * counted).sum())
         self.predictions_out_of_range.add_(((~p_ok).to(_ACC) * counted).sum())
         keep = y_ok & p_ok
-        index = torch.where(keep, y * k + p, torch.zeros_like(y))
-        src = torch.where(keep, w, torch.zeros_like(w))
-        batch = torch.zeros(k * k, dtype=_ACC, device=w.device).scatter_add_(0, index, src)
-        self.confusion_matrix.add_(batch.reshape(k, k))
+        src = keep.to(_ACC) if w is None else torch.where(keep, w, torch.zeros_like(w))
+        y, p = torch.where(keep, y, torch.zeros_like(y)), torch.where(keep, p, torch.zeros_like(p))
+        # straight into the state: a scatter into a tensor made inside the step breaks
+        # inductor's compile of the step
+        self.confusion_matrix.index_put_((y, p), src, accumulate=True)
         self._dtype = dtype
 
     def _matrix(self) -> torch.Tensor:
@@ -258,13 +260,13 @@ class MeanPerClassAccuracyMetric(Metric):
         p = class_ids(self, "predictions", predictions).reshape(-1)
         k = self.num_classes
         y_ok = (y >= 0) & (y < k)
-        self.labels_out_of_range.add_(((~y_ok).to(_ACC) * (w != 0)).sum())
-        w = torch.where(y_ok, w, torch.zeros_like(w))
+        counted = 1.0 if w is None else (w != 0).to(_ACC)
+        self.labels_out_of_range.add_(((~y_ok).to(_ACC) * counted).sum())
+        w = y_ok.to(_ACC) if w is None else torch.where(y_ok, w, torch.zeros_like(w))
         y = torch.where(y_ok, y, torch.zeros_like(y))
         correct = (y == p).to(_ACC) * w
-        zeros = torch.zeros(k, dtype=_ACC, device=w.device)
-        self.total_per_class_correct_predictions.add_(zeros.scatter_add(0, y, correct))
-        self.total_per_class_tokens.add_(zeros.scatter_add(0, y, w))
+        self.total_per_class_correct_predictions.scatter_add_(0, y, correct)
+        self.total_per_class_tokens.scatter_add_(0, y, w)
         self._dtype = dtype
 
     def compute(self) -> torch.Tensor:

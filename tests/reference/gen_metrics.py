@@ -330,6 +330,18 @@ def errors() -> list:
     return out
 
 
+def dumps(data: dict) -> str:
+    """Compact JSON with one top-level entry, and one case, a line (readable diffs)."""
+    lines = []
+    for key, value in data.items():
+        if key == "cases":
+            body = ",\n".join(json.dumps(c, separators=(",", ":")) for c in value)
+            lines.append(f'"cases":[\n{body}\n]')
+        else:
+            lines.append(f"{json.dumps(key)}:{json.dumps(value, separators=(',', ':'))}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
 def main(out):
     torch.manual_seed(0)
     data = {
@@ -341,5 +353,5 @@ def main(out):
         "errors": errors(),
     }
     path = out / "metrics.json"
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    path.write_text(dumps(data))
     print(f"  {path.name}: {len(data['cases'])} cases")
