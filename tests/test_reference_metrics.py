@@ -155,6 +155,13 @@ def test_a_metric_never_updated_computes_the_cerebras_value(key):
     assert_result(compute(metric), FIXTURE["fresh"][key], key)
 
 
+def test_a_metric_never_updated_computes_the_cerebras_value_on_csx_too():
+    cstorch.backend("CSX", in_process=True)
+    for key in ("AccuracyMetric", "MeanIOUMetric", "AUCMetric/PR", "RecallAtKMetric"):
+        metric = getattr(metrics, key.split("/")[0])(*FRESH[key])
+        assert_result(compute(metric), FIXTURE["fresh"][key], f"{key} on CSX")
+
+
 # -- every case, eagerly on the CPU backend -----------------------------------------------------
 
 @pytest.mark.parametrize("case_id", list(CASES))
