@@ -89,19 +89,20 @@ class AUCMetric(Metric):
         predictions = as_tensor(self, "predictions", predictions)
         check_same_shape(self, "labels", labels, "predictions", predictions,
                          "they must have the same shape (one probability per binary label).")
-        if weights is None:
-            w = torch.ones(labels.numel(), dtype=_ACC, device=labels.device)
+        y = labels.reshape(-1)
+        dtype = torch.promote_types(predictions.dtype, torch.float32)
+        p = predictions.reshape(-1).to(dtype)
+        ok = (y >= 0) & (p >= 0) & (p <= 1)
+        if weights is None:  # no tensor of ones: a constant made in the step trips inductor
+            self.samples_out_of_range.add_((~ok).to(_ACC).sum())
+            w = ok.to(_ACC)
         else:
             weights = as_tensor(self, "weights", weights)
             check_same_shape(self, "labels", labels, "weights", weights,
                              "weights must have the labels' shape (one weight per sample).")
             w = weights.reshape(-1).to(_ACC)
-        y = labels.reshape(-1)
-        dtype = torch.promote_types(predictions.dtype, torch.float32)
-        p = predictions.reshape(-1).to(dtype)
-        ok = (y >= 0) & (p >= 0) & (p <= 1)
-        self.samples_out_of_range.add_(((~ok).to(_ACC) * (w != 0)).sum())
-        w = torch.where(ok, w, torch.zeros_like(w))
+            self.samples_out_of_range.add_(((~ok).to(_ACC) * (w != 0)).sum())
+            w = torch.where(ok, w, torch.zeros_like(w))
         p = torch.where(ok, p, torch.zeros_like(p))
         pos = torch.where(y > 0, w, torch.zeros_like(w))
         neg = w - pos

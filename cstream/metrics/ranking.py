@@ -46,9 +46,8 @@ class _AtKMetric(Metric):
             raise ValueError(f"{kind}: k={self.k} but predictions score only {num_classes} "
                              "classes; k must be at most num_classes.")
         batch = labels.shape[0]
-        if weights is None:
-            w = torch.ones(batch, dtype=_ACC, device=predictions.device)
-        else:
+        w = 1.0  # no tensor of ones: a constant made in the step trips inductor's compile
+        if weights is not None:
             w = as_tensor(self, "weights", weights)
             if w.numel() != 1 and w.numel() != batch:
                 raise ValueError(f"{kind}: weights has shape {tuple(w.shape)}; it must be a "
