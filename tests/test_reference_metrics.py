@@ -273,6 +273,13 @@ def test_every_case_updated_inside_a_traced_step_on_csx_equals_cerebras():
     run_traced(all_case_batches, in_process=True)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # inductor compiles the step of 49 metrics: minutes on a loaded machine
+def test_every_case_traced_and_compiled_by_inductor_equals_cerebras():
+    # long runs on the default compiler="auto" switch to inductor's compile of the step
+    run_traced(all_case_batches, in_process=True, compiler="inductor")
+
+
 def test_metrics_updated_on_csx_with_input_workers_on_ray_equal_cerebras(ray_session):
     run_traced(ray_case_batches, RAY_IDS, runs=1,
                cs_config=cstorch.utils.CSConfig(num_workers_per_csx=1))
