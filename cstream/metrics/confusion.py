@@ -1,9 +1,9 @@
-"""Metrics computed from a weighted confusion matrix: F-beta, mean IOU, Dice, mean per-class
-accuracy.
+"""Metrics of multi-class predictions from per-class counts: F-beta, mean IOU, Dice (from a
+weighted confusion matrix) and mean per-class accuracy.
 
 Labels or predictions outside ``[0, num_classes)`` cannot be checked inside the traced step
-(that would read a value): those samples are left out of the matrix and counted (samples of
-weight 0 are not counted), and ``compute`` warns how many there were.
+(that would read a value): those samples are left out and counted (samples of weight 0 are not
+counted), and ``compute`` warns how many there were.
 """
 
 from __future__ import annotations
@@ -18,21 +18,40 @@ from cstream.metrics.metric import (
     as_tensor,
     check_same_shape,
     class_ids,
+    divide_no_nan,
+    name_first_also,
     warn_out_of_range,
-    weights_like,
 )
+
+_SAME_SHAPE = ("they must have the same shape (one predicted class id per label; pass "
+               "logits.argmax(-1), not the logits).")
+
+
+def _check_num_classes(kind: str, num_classes, least: int) -> None:
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < least:
+        raise ValueError(f"{kind}: num_classes must be an int >= {least}, got {num_classes!r}.")
+
+
+def _weights(metric: Metric, weights, labels: torch.Tensor) -> torch.Tensor | None:
+    """``weights`` (same shape as ``labels``) flattened, as float64; None stays None (a tensor
+    of ones made inside the step would be a constant, which inductor's compile mishandles)."""
+    if weights is None:
+        return None
+    weights = as_tensor(metric, "weights", weights)
+    check_same_shape(metric, "labels", labels, "weights", weights,
+                     "weights must have the labels' shape (one weight per label, 0 masks it).")
+    return weights.reshape(-1).to(_ACC)
 
 
 class _ConfusionMatrixMetric(Metric):
     """Accumulates ``confusion_matrix[label, prediction] += weight`` (rows: labels)."""
 
     _ignore_arg = "ignore_classes"
+    _least_classes = 1
 
-    def __init__(self, name: str, num_classes: int, ignore: Iterable[int] | None = None,
-                 compute_on_system=None):
+    def _setup(self, num_classes: int, ignore: Iterable[int] | None) -> None:
         kind = type(self).__name__
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-            raise ValueError(f"{kind}: num_classes must be an int >= 2, got {num_classes!r}.")
+        _check_num_classes(kind, num_classes, self._least_classes)
         self.num_classes = num_classes
         if isinstance(ignore, int) and not isinstance(ignore, bool):
             ignore = [ignore]
@@ -46,7 +65,6 @@ class _ConfusionMatrixMetric(Metric):
         if len(self.ignored) == num_classes:
             raise ValueError(f"{kind}: {self._ignore_arg}={ignore!r} ignores every class; "
                              "nothing would be measured.")
-        super().__init__(name, compute_on_system)
 
     def reset(self):
         k = self.num_classes
@@ -54,28 +72,26 @@ class _ConfusionMatrixMetric(Metric):
         self.register_state("labels_out_of_range", torch.zeros((), dtype=_ACC))
         self.register_state("predictions_out_of_range", torch.zeros((), dtype=_ACC))
 
-    def update(self, labels, predictions, weights=None):
-        """Accumulate a batch: ``labels`` and ``predictions`` are integer class ids of the same
-        shape; ``weights`` (optional) broadcasts to it, 0 masks an entry."""
+    def _accumulate(self, labels, predictions, weights, dtype) -> None:
         labels = as_tensor(self, "labels", labels)
         predictions = as_tensor(self, "predictions", predictions)
-        check_same_shape(self, "labels", labels, "predictions", predictions,
-                         "they must have the same shape (one predicted class id per label; "
-                         "pass logits.argmax(-1), not the logits).")
-        w = weights_like(self, weights, labels).reshape(-1)
+        check_same_shape(self, "labels", labels, "predictions", predictions, _SAME_SHAPE)
+        w = _weights(self, weights, labels)
         y = class_ids(self, "labels", labels).reshape(-1)
         p = class_ids(self, "predictions", predictions).reshape(-1)
         k = self.num_classes
         y_ok = (y >= 0) & (y < k)
         p_ok = (p >= 0) & (p < k)
-        counted = (w != 0).to(_ACC)
+        counted = 1.0 if w is None else (w != 0).to(_ACC)
         self.labels_out_of_range.add_(((~y_ok).to(_ACC) * counted).sum())
         self.predictions_out_of_range.add_(((~p_ok).to(_ACC) * counted).sum())
         keep = y_ok & p_ok
-        index = torch.where(keep, y * k + p, torch.zeros_like(y))
-        src = torch.where(keep, w, torch.zeros_like(w))
-        batch = torch.zeros(k * k, dtype=_ACC, device=w.device).scatter_add_(0, index, src)
-        self.confusion_matrix.add_(batch.reshape(k, k))
+        src = keep.to(_ACC) if w is None else torch.where(keep, w, torch.zeros_like(w))
+        y, p = torch.where(keep, y, torch.zeros_like(y)), torch.where(keep, p, torch.zeros_like(p))
+        # straight into the state: a scatter into a tensor made inside the step breaks
+        # inductor's compile of the step
+        self.confusion_matrix.index_put_((y, p), src, accumulate=True)
+        self._dtype = dtype
 
     def _matrix(self) -> torch.Tensor:
         """The accumulated matrix (warns about out-of-range samples)."""
@@ -87,8 +103,9 @@ class _ConfusionMatrixMetric(Metric):
         return self._value(self.confusion_matrix)
 
     def _mask(self) -> torch.Tensor:
-        mask = torch.ones(self.num_classes, dtype=torch.bool)
-        mask[self.ignored] = False
+        """1.0 for the classes measured, 0.0 for the ignored ones."""
+        mask = torch.ones(self.num_classes, dtype=_ACC)
+        mask[self.ignored] = 0.0
         return mask
 
 
@@ -99,20 +116,23 @@ class FBetaScoreMetric(_ConfusionMatrixMetric):
     ``ignore_labels``; ``"macro"`` averages the per-class scores over those classes (a class
     with no predictions or no labels scores 0). A sample whose label is ignored still counts as
     a false positive of the class it was predicted as (as scikit-learn's ``labels=``).
-    ``update(labels, predictions, weights=None)`` takes class ids of the same shape.
+    ``update(labels, predictions, dtype=None)`` takes class ids of the same shape;
+    ``compute()`` returns a 0-d float32 tensor (or of the ``dtype`` given).
 
     >>> import torch, cstream
-    >>> f1 = cstream.metrics.FBetaScoreMetric("f1", num_classes=3, average_type="macro")
+    >>> f1 = cstream.metrics.FBetaScoreMetric(3, average_type="macro", name="f1")
     >>> f1(labels=torch.tensor([0, 1, 2, 2]), predictions=torch.tensor([0, 2, 2, 2]))
     >>> round(float(f1), 4)
     0.6
     """
 
     _ignore_arg = "ignore_labels"
+    _least_classes = 2
 
-    def __init__(self, name: str, num_classes: int, beta: float = 1.0,
-                 average_type: str = "micro", ignore_labels: Iterable[int] | None = None,
-                 compute_on_system=None):
+    @name_first_also
+    def __init__(self, num_classes: int, beta: float = 1.0, average_type: str = "micro",
+                 ignore_labels: Iterable[int] | None = None, name: str | None = None, *,
+                 compute_on_system: bool | None = None):
         if average_type not in ("micro", "macro"):
             raise ValueError(f"FBetaScoreMetric: average_type must be 'micro' or 'macro', got "
                              f"{average_type!r}.")
@@ -120,49 +140,61 @@ class FBetaScoreMetric(_ConfusionMatrixMetric):
             raise ValueError(f"FBetaScoreMetric: beta must be a positive number, got {beta!r}.")
         self.beta = float(beta)
         self.average_type = average_type
-        super().__init__(name, num_classes, ignore_labels, compute_on_system)
+        self._setup(num_classes, ignore_labels)
+        super().__init__(name, compute_on_system=compute_on_system)
 
-    def compute(self) -> float:
-        cm = self._matrix()
-        mask = self._mask()
-        tp, predicted, actual = cm.diagonal()[mask], cm.sum(0)[mask], cm.sum(1)[mask]
+    def update(self, labels, predictions, dtype=None):
+        self._accumulate(labels, predictions, None, dtype)
+
+    def compute(self) -> torch.Tensor:
+        cm, mask = self._matrix(), self._mask()
+        tp, predicted, actual = cm.diagonal(), cm.sum(0), cm.sum(1)
         b2 = self.beta ** 2
         if self.average_type == "micro":
-            tp, predicted, actual = tp.sum(), predicted.sum(), actual.sum()
-        precision = torch.where(predicted > 0, tp / predicted, torch.zeros_like(tp))
-        recall = torch.where(actual > 0, tp / actual, torch.zeros_like(tp))
-        denom = b2 * precision + recall
-        f = torch.where(denom > 0, (1 + b2) * precision * recall / denom, torch.zeros_like(tp))
-        return float(f.mean())
+            tp, predicted, actual = (tp * mask).sum(), (predicted * mask).sum(), \
+                (actual * mask).sum()
+        precision, recall = divide_no_nan(tp, predicted), divide_no_nan(tp, actual)
+        f = divide_no_nan((1 + b2) * precision * recall, b2 * precision + recall)
+        if self.average_type == "macro":
+            f = (f * mask).sum() / mask.sum()
+        return self._result(f)
 
 
 class _PerClassMeanMetric(_ConfusionMatrixMetric):
-    """Mean over the classes that are not ignored and occur (denominator > 0)."""
+    """Mean over the classes that are not ignored and occur (denominator > 0); 0 if none."""
 
-    def __init__(self, name: str, num_classes: int,
-                 ignore_classes: Iterable[int] | None = None, compute_on_system=None):
-        super().__init__(name, num_classes, ignore_classes, compute_on_system)
+    @name_first_also
+    def __init__(self, num_classes: int, ignore_classes: Iterable[int] | None = None,
+                 name: str | None = None, *, compute_on_system: bool | None = None):
+        self._setup(num_classes, ignore_classes)
+        super().__init__(name, compute_on_system=compute_on_system)
+
+    def update(self, labels, predictions, weights=None, dtype=None):
+        """Accumulate a batch: ``labels`` and ``predictions`` are class ids of the same shape;
+        ``weights`` (optional) has that shape too, 0 masks an entry."""
+        self._accumulate(labels, predictions, weights, dtype)
 
     def _per_class(self, cm: torch.Tensor):  # -> (numerator, denominator)
         raise NotImplementedError
 
-    def compute(self) -> float:
+    def compute(self) -> torch.Tensor:
         num, den = self._per_class(self._matrix())
-        present = (den > 0) & self._mask()
-        if not bool(present.any()):
-            return self._no_data("no sample of a measured class was seen")
-        return float((num[present] / den[present]).mean())
+        present = ((den > 0) & (self._mask() > 0)).to(_ACC)
+        count = present.sum()
+        value = (divide_no_nan(num, den) * present).sum() / count if count else count
+        return self._result(value)
 
 
 class MeanIOUMetric(_PerClassMeanMetric):
     """Mean over classes of the intersection over union ``TP / (TP + FP + FN)``.
 
     The mean runs over the classes that occur in the labels or the predictions and are not in
-    ``ignore_classes``. ``update(labels, predictions, weights=None)`` takes class ids of the
-    same shape (e.g. segmentation maps).
+    ``ignore_classes`` (0 when there is none). ``update(labels, predictions, weights=None,
+    dtype=None)`` takes class ids of the same shape (e.g. segmentation maps); ``compute()``
+    returns a 0-d float32 tensor (or of the ``dtype`` given).
 
     >>> import torch, cstream
-    >>> miou = cstream.metrics.MeanIOUMetric("miou", num_classes=2)
+    >>> miou = cstream.metrics.MeanIOUMetric(2, name="miou")
     >>> miou(labels=torch.tensor([0, 0, 1, 1]), predictions=torch.tensor([0, 1, 1, 1]))
     >>> round(float(miou), 4)
     0.5833
@@ -177,11 +209,10 @@ class DiceCoefficientMetric(_PerClassMeanMetric):
     """Mean over classes of the Dice coefficient ``2 TP / (2 TP + FP + FN)``.
 
     The mean runs over the classes that occur in the labels or the predictions and are not in
-    ``ignore_classes``. ``update(labels, predictions, weights=None)`` takes class ids of the
-    same shape.
+    ``ignore_classes`` (0 when there is none). Arguments as :class:`MeanIOUMetric`.
 
     >>> import torch, cstream
-    >>> dice = cstream.metrics.DiceCoefficientMetric("dice", num_classes=2)
+    >>> dice = cstream.metrics.DiceCoefficientMetric(2, name="dice")
     >>> dice(labels=torch.tensor([0, 0, 1, 1]), predictions=torch.tensor([0, 1, 1, 1]))
     >>> round(float(dice), 4)
     0.7333
@@ -191,20 +222,57 @@ class DiceCoefficientMetric(_PerClassMeanMetric):
         return 2 * cm.diagonal(), cm.sum(0) + cm.sum(1)
 
 
-class MeanPerClassAccuracyMetric(_PerClassMeanMetric):
-    """Mean over classes of the per-class accuracy (the recall of each class), also called
-    balanced accuracy.
+class MeanPerClassAccuracyMetric(Metric):
+    """Mean over all ``num_classes`` classes of the per-class accuracy (the recall of each
+    class); a class that never occurs in the labels counts as 0, as cerebras.pytorch.
 
-    The mean runs over the classes that occur in the labels and are not in ``ignore_classes``
-    (a class that never occurs has no accuracy). ``update(labels, predictions, weights=None)``
-    takes class ids of the same shape.
+    ``update(labels, predictions, weights=None, dtype=None)`` takes class ids of the same
+    shape, ``weights`` of that shape too. Labels outside ``[0, num_classes)`` are left out and
+    counted (``compute`` warns); a prediction outside it is a wrong prediction.
+    ``compute()`` returns a 0-d float32 tensor (or of the ``dtype`` given).
 
     >>> import torch, cstream
-    >>> mpca = cstream.metrics.MeanPerClassAccuracyMetric("mpca", num_classes=3)
+    >>> mpca = cstream.metrics.MeanPerClassAccuracyMetric(2, name="mpca")
     >>> mpca(labels=torch.tensor([0, 0, 1, 1]), predictions=torch.tensor([0, 1, 1, 2]))
     >>> float(mpca)
     0.5
     """
 
-    def _per_class(self, cm):
-        return cm.diagonal(), cm.sum(1)
+    @name_first_also
+    def __init__(self, num_classes: int, name: str | None = None, *,
+                 compute_on_system: bool | None = None):
+        _check_num_classes(type(self).__name__, num_classes, 1)
+        self.num_classes = num_classes
+        super().__init__(name, compute_on_system=compute_on_system)
+
+    def reset(self):
+        k = self.num_classes
+        self.register_state("total_per_class_correct_predictions", torch.zeros(k, dtype=_ACC))
+        self.register_state("total_per_class_tokens", torch.zeros(k, dtype=_ACC))
+        self.register_state("labels_out_of_range", torch.zeros((), dtype=_ACC))
+
+    def update(self, labels, predictions, weights=None, dtype=None):
+        labels = as_tensor(self, "labels", labels)
+        predictions = as_tensor(self, "predictions", predictions)
+        check_same_shape(self, "labels", labels, "predictions", predictions, _SAME_SHAPE)
+        w = _weights(self, weights, labels)
+        y = class_ids(self, "labels", labels).reshape(-1)
+        p = class_ids(self, "predictions", predictions).reshape(-1)
+        k = self.num_classes
+        y_ok = (y >= 0) & (y < k)
+        counted = 1.0 if w is None else (w != 0).to(_ACC)
+        self.labels_out_of_range.add_(((~y_ok).to(_ACC) * counted).sum())
+        w = y_ok.to(_ACC) if w is None else torch.where(y_ok, w, torch.zeros_like(w))
+        y = torch.where(y_ok, y, torch.zeros_like(y))
+        correct = (y == p).to(_ACC) * w
+        self.total_per_class_correct_predictions.scatter_add_(0, y, correct)
+        self.total_per_class_tokens.scatter_add_(0, y, w)
+        self._dtype = dtype
+
+    def compute(self) -> torch.Tensor:
+        k = self.num_classes
+        warn_out_of_range(self, float(self.labels_out_of_range), "labels were",
+                          f"[0, {k}) (num_classes={k})")
+        per_class = divide_no_nan(self._value(self.total_per_class_correct_predictions),
+                                  self._value(self.total_per_class_tokens))
+        return self._result(per_class.mean())

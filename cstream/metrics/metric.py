@@ -1,10 +1,13 @@
-"""The :class:`Metric` base class and the input checks the built-in metrics share."""
+"""The :class:`Metric` base class, the registry of metrics, and helpers the built-in metrics
+share."""
 
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import warnings
+import weakref
 from abc import ABC, abstractmethod
 
 import torch
@@ -12,6 +15,11 @@ import torch
 from cstream.creation import state_tensor
 
 _ACC = torch.float64  # accumulation dtype: exact counts up to 2**53, sums good to ~1e-16
+_RESULT = torch.float32  # the dtype compute() returns (as cerebras.pytorch) unless dtype= is given
+
+# name -> the metrics built under that name, oldest first. Weak references: a metric that is
+# gone is left out (the Cerebras package keeps every metric alive forever).
+_REGISTRY: dict[str, list[weakref.ref]] = {}
 
 
 def _counted_update(fn):
@@ -47,6 +55,35 @@ def _resetting(fn):
     return reset
 
 
+def name_first_also(init):
+    """Let a constructor whose first parameter is ``num_classes``, ``k`` or ``num_thresholds``
+    (cerebras.pytorch's order, ``name`` later) also take the name first, as in
+    ``MeanIOUMetric("miou", 6)``: a ``str`` first argument is the name, and the positional
+    arguments after it fill the other parameters in order. ``inspect.signature`` still shows
+    the Cerebras signature."""
+    params = [p.name for p in list(inspect.signature(init).parameters.values())[1:]
+              if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and p.name != "name"]
+
+    @functools.wraps(init)
+    def wrapper(self, *args, **kwargs):
+        if args and isinstance(args[0], str):
+            kind = type(self).__name__
+            if "name" in kwargs:
+                raise TypeError(f"{kind}: the name was given twice, first ({args[0]!r}) and as "
+                                f"name={kwargs['name']!r}; give it once.")
+            if len(args) - 1 > len(params):
+                raise TypeError(f"{kind}: after the name, at most {len(params)} positional "
+                                f"arguments ({', '.join(params)}), got {len(args) - 1}.")
+            for param, value in zip(params, args[1:]):
+                if param in kwargs:
+                    raise TypeError(f"{kind}: got two values for {param!r}.")
+                kwargs[param] = value
+            kwargs["name"], args = args[0], ()
+        init(self, *args, **kwargs)
+
+    return wrapper
+
+
 class Metric(torch.nn.Module, ABC):
     """Base class of every metric: ``Metric(name)``.
 
@@ -61,8 +98,10 @@ class Metric(torch.nn.Module, ABC):
     * ``compute()`` turns the state into the value. It runs outside the step (after the run, or
       inside a ``@cstream.step_closure``) and may read values. ``float(metric)`` calls it.
 
-    ``compute_on_system`` is accepted for compatibility with scripts written for the Cerebras
-    API; the state always lives with the engine and ``compute`` reads it from there.
+    ``name`` labels the metric (it need not be unique); ``None`` or ``""`` means the class name.
+    Every metric is listed by :func:`get_all_metrics`. ``compute_on_system`` is accepted for
+    scripts written for the Cerebras API; the state always lives with the engine and
+    ``compute`` reads it from there.
 
     >>> import torch, cstream
     >>> class SumMetric(cstream.metrics.Metric):
@@ -89,17 +128,19 @@ class Metric(torch.nn.Module, ABC):
                                                    False):
             cls.reset = _resetting(cls.__dict__["reset"])
 
-    def __init__(self, name: str, compute_on_system: bool | None = None):
+    def __init__(self, name: str | None, *, compute_on_system: bool | None = None):
         super().__init__()
-        if not isinstance(name, str) or not name:
+        if name is not None and not isinstance(name, str):
             raise TypeError(
-                f"{type(self).__name__}: name must be a non-empty string, got {name!r}; the name "
-                "labels the metric in logs, e.g. AccuracyMetric(\"accuracy\")."
+                f"{type(self).__name__}: name must be a string (or None for the class name), got "
+                f"{name!r}; the name labels the metric in logs, e.g. AccuracyMetric(\"accuracy\")."
             )
-        self.name = name
+        self.name = name or type(self).__name__
         self.compute_on_system = compute_on_system
+        self._dtype = None
         self.register_state("_num_updates", torch.zeros((), dtype=torch.int64))
         self.reset()
+        _REGISTRY.setdefault(self.name, []).append(weakref.ref(self))
 
     def register_state(self, name: str, tensor: torch.Tensor, persistent: bool = False) -> None:
         """Register ``tensor`` as the state ``name`` (an attribute of the metric).
@@ -164,13 +205,48 @@ class Metric(torch.nn.Module, ABC):
         """A plain CPU copy of a state tensor (fetched from the engine on CSX)."""
         return state.to("cpu").clone()
 
-    def _no_data(self, what: str) -> float:
-        warnings.warn(f"{type(self).__name__} {self.name!r}: {what} since the last reset(); "
-                      "the value is nan.", UserWarning, stacklevel=3)
-        return math.nan
+    def _result(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` as the 0-d tensor ``compute`` returns: float32, or the ``dtype`` the last
+        ``update`` asked for."""
+        return value.to(_RESULT).to(self._dtype or _RESULT)
+
+    def _warn_nan(self, value, what: str):
+        if math.isnan(float(value)):
+            warnings.warn(f"{type(self).__name__} {self.name!r}: {what} since the last reset(); "
+                          "the value is nan.", UserWarning, stacklevel=3)
+        return value
 
 
-# -- checks shared by update() implementations (shapes are static, so these may raise) -------
+def get_all_metrics():
+    """Yield ``(name, metric)`` for every metric alive, in the order they were built; a name
+    that several metrics share gets ``.0``, ``.1``, ... appended.
+
+    >>> import cstream
+    >>> acc = cstream.metrics.AccuracyMetric("doc/accuracy")
+    >>> [name for name, m in cstream.metrics.get_all_metrics() if name.startswith("doc/")]
+    ['doc/accuracy']
+    """
+    for name, refs in list(_REGISTRY.items()):
+        alive = [m for m in (r() for r in refs) if m is not None]
+        if not alive:
+            del _REGISTRY[name]
+            continue
+        for i, metric in enumerate(alive):
+            yield (f"{name}.{i}" if len(alive) > 1 else name), metric
+
+
+def compute_all_metrics() -> dict[str, float]:
+    """``{name: float(metric)}`` for every metric alive, named as :func:`get_all_metrics`."""
+    return {name: float(metric) for name, metric in get_all_metrics()}
+
+
+# -- helpers shared by update() and compute() implementations ---------------------------------
+
+def divide_no_nan(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """``num / den``, and 0 where ``den`` is 0."""
+    return torch.where(den == 0, torch.zeros_like(num), num) / torch.where(
+        den == 0, torch.ones_like(den), den)
+
 
 def check_same_shape(metric: Metric, a_name: str, a: torch.Tensor, b_name: str,
                      b: torch.Tensor, rule: str) -> None:
@@ -185,36 +261,16 @@ def as_tensor(metric: Metric, arg: str, value) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return torch.tensor(value, dtype=_ACC)
+        return torch.tensor(value, dtype=torch.float32)
     raise TypeError(f"{type(metric).__name__} {metric.name!r}: {arg} must be a tensor, got "
                     f"{type(value).__name__}.")
 
 
-def weights_like(metric: Metric, weights, like: torch.Tensor, like_name: str = "labels"
-                 ) -> torch.Tensor:
-    """``weights`` broadcast to ``like``'s shape, as float64 (ones when None)."""
-    if weights is None:
-        return torch.ones_like(like, dtype=_ACC)
-    w = as_tensor(metric, "weights", weights)
-    try:
-        shape = torch.broadcast_shapes(w.shape, like.shape)
-    except RuntimeError:
-        shape = None
-    if shape != like.shape:
-        raise ValueError(
-            f"{type(metric).__name__} {metric.name!r}: weights has shape {tuple(w.shape)}, which "
-            f"does not broadcast to {like_name}' shape {tuple(like.shape)}; pass one weight per "
-            f"entry of {like_name} (or a shape that broadcasts to it), or None."
-        )
-    return w.to(_ACC).expand(like.shape)
-
-
 def class_ids(metric: Metric, arg: str, t: torch.Tensor) -> torch.Tensor:
-    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise TypeError(
-            f"{type(metric).__name__} {metric.name!r}: {arg} must hold class ids (an integer "
-            f"tensor), got dtype {t.dtype}; for logits pass logits.argmax(-1)."
-        )
+    """Class ids as int64; float ids are truncated, as cerebras.pytorch does."""
+    if t.is_complex():
+        raise TypeError(f"{type(metric).__name__} {metric.name!r}: {arg} must hold class ids, "
+                        f"got dtype {t.dtype}; for logits pass logits.argmax(-1).")
     return t.long()
 
 
