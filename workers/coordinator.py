@@ -17,8 +17,11 @@ batch holds the wafer while the other workers sit with full buffers. Here:
 - numbers are issued only below ``delivered + reorder_window_batches`` (and while the window's
   bytes stay under the CS-X's byte bound), so memory stays bounded whatever a straggler does;
 - a worker whose process dies is restarted from the position after the last batch received
-  from it, and its undelivered numbers are assigned again to the new process, in order:
-  nothing is lost or repeated;
+  from it (on another node where there is one, :mod:`workers.placement`); the numbers it
+  had not delivered go to the live workers that can make them at once (each keeps the last
+  global batches it walked past, :data:`~workers.sharding.PASSED_BATCHES`), the rest to the
+  new process, in order; the new process gets new numbers once it answers: nothing is lost or
+  repeated, and the wafer does not wait for a process to start;
 - the resume position is the position after the last delivered batch (global-batch units,
   :mod:`workers.resume`'s one format), the same for every worker: it resumes with any number
   of workers, in either mode.
@@ -42,6 +45,7 @@ import ray
 
 from workers.context import DataLoaderCheckpoint
 from workers.resume import start_position
+from workers.sharding import PASSED_BATCHES
 from workers.stream import CsxInputStream, _Worker
 
 __all__ = ["ASSIGNMENT_MODES", "CoordinatedInputStream", "cost_summary", "global_position"]
@@ -160,6 +164,11 @@ class CoordinatedInputStream(CsxInputStream):
         self._occupancy_max = 0
         self._deliveries = 0
         self._failed = [False] * W  # a worker's error reply is in the window
+        # each worker's current process: the first and the highest number assigned to it
+        self._first_number: list[int | None] = [None] * W
+        self._last_number: list[int | None] = [None] * W
+        self._starting = [False] * W  # a restarted process that has not answered yet
+        self._batches_per_epoch: int | None = None  # global batches of an epoch (dynamic)
         self._cond = threading.Condition()  # guards everything the pump thread touches
         self._pump_thread: threading.Thread | None = None
         self._pump_error: BaseException | None = None
@@ -191,14 +200,75 @@ class CoordinatedInputStream(CsxInputStream):
         actor = super()._spawn(wk, ahead)
         w = wk.info.local_worker_id
         self._sends[w] = 0
-        # the numbers the dead process did not deliver (those of replies received and not yet
-        # moved into the window are delivered): the new process produces them, in order
+        if self.mode != "dynamic":
+            return actor
+        # a restart. The numbers the dead process did not deliver (those of replies received
+        # and not yet moved into the window are delivered) go to live workers that can make
+        # them now; the new process makes the rest, in order, and gets new numbers once it
+        # answers (a process starts in seconds: numbers given to it would wait as long)
+        self._first_number[w] = self._last_number[w] = None
+        self._starting[w] = True
         received = sum(1 for it in wk.ready if it["kind"] != "error")
-        redo = list(self._outstanding[w])[received:]
-        if self.mode == "dynamic" and redo:
-            actor.assign.remote(0, redo)
+        out = list(self._outstanding[w])
+        kept = self._hand_over(w, out[received:])
+        self._outstanding[w] = deque(out[:received] + kept)
+        if self._restart_events:  # the event _restart recorded for this restart
+            self._restart_events[-1].update(
+                numbers_owed=len(out) - received, handed_to_live_workers=len(out) - received
+                - len(kept))
+        if kept:
+            actor.assign.remote(0, kept)
             self._sends[w] = 1
+            self._first_number[w], self._last_number[w] = kept[0], kept[-1]
         return actor
+
+    def _can_take(self, w: int, number: int) -> bool:
+        """Whether live worker ``w`` can make ``number`` next after what it holds: its
+        process started before that number (it walks the epoch from a position at or before
+        its first number), the number is in the epoch of its highest one, and is among the
+        last :data:`PASSED_BATCHES` it walked past or ahead of it."""
+        first, last, n = self._first_number[w], self._last_number[w], self._batches_per_epoch
+        return (not self._starting[w] and first is not None and n is not None
+                and first < number and number // n == last // n
+                and last - number < PASSED_BATCHES)
+
+    def _hand_over(self, dead: int, numbers: list) -> list:
+        """Give each of ``numbers`` (those worker ``dead`` owed, in order) to the live worker
+        holding the fewest that can make it (:meth:`_can_take`), one on a node where no worker
+        just died if there is one; returns those none can take."""
+        suspects = set(self._placer.suspects())
+        given: dict[int, list[int]] = {}
+        kept = []
+        for number in numbers:
+            able = [w for w in range(self.num_workers)
+                    if w != dead and self._can_take(w, number)]
+            healthy = [w for w in able if (self._workers[w].node or {}).get("node_id")
+                       not in suspects]
+            if not able:
+                kept.append(number)
+                continue
+            w = min(healthy or able, key=lambda i: len(self._outstanding[i]))
+            self._outstanding[w].append(number)
+            given.setdefault(w, []).append(number)
+        for w, nums in given.items():
+            wk = self._workers[w]
+            sent = (self._sends[w], nums)
+            if wk.pending or not self._top_up(wk, assign=sent):
+                wk.actor.assign.remote(*sent)
+            self._sends[w] += 1
+        return kept
+
+    def _wait_after_restart(self, wk: _Worker) -> bool:
+        # dynamic: the pump goes back to every worker's replies (the numbers the dead one
+        # owed may now be with the others)
+        return self.mode != "dynamic"
+
+    def _check_started(self) -> None:
+        """A restarted process that answered ``where()`` takes new numbers from now on."""
+        for w, wk in enumerate(self._workers):
+            if self._starting[w]:
+                self._node_of(wk, 0)
+                self._starting[w] = wk.where_ref is not None
 
     def _decide_mode(self) -> None:
         if self.requested_mode == "static":
@@ -226,6 +296,11 @@ class CoordinatedInputStream(CsxInputStream):
                     "of loader in every worker.")
             return
         self._next_number = self._step
+        try:
+            self._batches_per_epoch = ray.get(
+                self._workers[0].actor.batches_per_epoch.remote(), timeout=60)
+        except ray.exceptions.RayError:
+            pass  # None: a dead worker's numbers wait for its new process
         if self._dynamic_start is not None:
             for wk in self._workers:  # a restart before any batch starts here too
                 wk.received_after = wk.consumed_after = self._dynamic_start
@@ -292,11 +367,15 @@ class CoordinatedInputStream(CsxInputStream):
         self._refilling = False
         new: dict[int, list[int]] = {}
         while not self._window_full():
-            free = [w for w in range(self.num_workers) if len(self._outstanding[w]) < k[w]]
+            free = [w for w in range(self.num_workers)
+                    if len(self._outstanding[w]) < k[w] and not self._starting[w]]
             if not free:
                 break
             w = min(free, key=lambda i: len(self._outstanding[i]))
             self._outstanding[w].append(self._next_number)
+            if self._first_number[w] is None:
+                self._first_number[w] = self._next_number
+            self._last_number[w] = self._next_number
             new.setdefault(w, []).append(self._next_number)
             self._next_number += 1
         self._refilling = self._next_number >= self._step + self.window_batches
@@ -365,6 +444,7 @@ class CoordinatedInputStream(CsxInputStream):
         try:
             while not self._closed:
                 with self._cond:
+                    self._check_started()
                     self._issue()
                     by_ref = {}
                     for wk in self._workers:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import array
 import bisect
+import collections
 import hashlib
 import math
 import os
@@ -219,7 +220,8 @@ class ShardedSampler:
 
     def _iter_assigned(self, assignment) -> Iterator:
         """Dynamic assignment: yield the global batches whose numbers the worker's coordinator
-        assigned (in increasing order), as long as they fall in this epoch.
+        assigned (in increasing order; or one of the last :data:`PASSED_BATCHES` it walked
+        past, which a dead worker owed), as long as they fall in this epoch.
 
         Number ``s`` is global batch ``s % n`` of epoch ``s // n`` (``n = len(data_source)``).
         The epoch's global batches are walked in order (the shuffle is drawn once, as in the
@@ -237,6 +239,9 @@ class ShardedSampler:
         order = hashlib.blake2b(digest_size=16)
         source = iter(self.data_source)
         walked = 0  # global batches of this epoch walked (and digested)
+        # the last PASSED_BATCHES global batches walked and not yielded, with the digest after
+        # each: one handed to this worker later (its worker died) is yielded from here
+        passed: collections.OrderedDict[int, tuple] = collections.OrderedDict()
         batch = None
         while True:
             try:
@@ -244,6 +249,13 @@ class ShardedSampler:
             except AssignmentClosed:
                 return
             epoch, index = divmod(number, n)
+            if epoch == self.epoch and index in passed:
+                batch, digest = passed.pop(index)
+                part = self._slice(batch, index, C, c)
+                assignment.take()
+                self._next, self._digest = index + 1, digest
+                yield part
+                continue
             if epoch > self.epoch:
                 # walk the rest of the epoch as the round-robin path does: a sampler may draw
                 # random numbers up to its end (RandomSampler draws again there), and the
@@ -273,6 +285,10 @@ class ShardedSampler:
                     batch = list(batch)
                 order.update(_batch_bytes(batch))
                 walked += 1
+                if walked <= index:
+                    passed[walked - 1] = (batch, order.hexdigest())
+                    if len(passed) > PASSED_BATCHES:
+                        passed.popitem(last=False)
             part = self._slice(batch, index, C, c)
             assignment.take()
             self._next = index + 1
@@ -320,6 +336,18 @@ class ShardedSampler:
         return f"ShardedSampler({self.data_source!r})"
 
 
+PASSED_BATCHES = 1024
+"""Under dynamic assignment a worker can still produce this many of the latest global batches
+it walked past (the numbers a dead worker owed, handed to it by its coordinator)."""
+
+
+def sharded_sampler_of(loader):
+    """The :class:`ShardedSampler` that ``loader`` draws its batches from (the loader itself,
+    or its ``batch_sampler`` / ``sampler``), or None."""
+    parts = [loader] + [getattr(loader, name, None) for name in ("batch_sampler", "sampler")]
+    return next((p for p in parts if isinstance(p, ShardedSampler)), None)
+
+
 def dynamic_assignment_support(loader) -> tuple[bool, str]:
     """Whether the batches of ``loader`` (what ``input_fn`` returned) can be assigned to the
     workers dynamically, and why (or why not).
@@ -328,8 +356,7 @@ def dynamic_assignment_support(loader) -> tuple[bool, str]:
     itself, or its ``batch_sampler`` / ``sampler``) whose global batches have a length: then
     any worker can produce any global batch. Iterable datasets and other samplers decide in
     the worker which batches it yields, so they keep the round-robin (static) assignment."""
-    parts = [loader] + [getattr(loader, name, None) for name in ("batch_sampler", "sampler")]
-    sampler = next((p for p in parts if isinstance(p, ShardedSampler)), None)
+    sampler = sharded_sampler_of(loader)
     if sampler is None:
         return False, (f"the loader input_fn returned ({type(loader).__name__}) does not draw "
                        "its batches from a cstream ShardedSampler (an iterable dataset or "
