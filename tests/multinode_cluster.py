@@ -69,8 +69,8 @@ def _worker_places():
 
 
 def _kill_node(cluster, node_id, places):
-    """SIGKILL every process of the node: our input workers on it, then its raylet and the
-    rest (``remove_node(allow_graceful=False)``)."""
+    """SIGKILL every process of the node: the actors of ``places`` on it (name -> where()),
+    then its raylet and the rest (``remove_node(allow_graceful=False)``)."""
     node = next(n for n in cluster.worker_nodes if n.node_id == node_id)
     for where in places.values():
         if where["node_id"] == node_id:
@@ -99,7 +99,9 @@ def input_node_run(cluster) -> dict:
         seen.extend(x.flatten().tolist())
 
     executor = cstorch.utils.data.DataExecutor(
-        cstorch.utils.data.DataLoader(ids_input_fn, 150), num_steps=150,
+        # one epoch longer than the run: the numbers a worker owed are in the epoch the
+        # others are in (at an epoch's end they go to the worker's new process instead)
+        cstorch.utils.data.DataLoader(ids_input_fn, 1000), num_steps=150,
         cs_config=cstorch.utils.CSConfig(num_workers_per_csx=WORKERS))
     for i, batch in enumerate(executor):
         _, x = step(batch)
@@ -119,6 +121,7 @@ def input_node_run(cluster) -> dict:
             _kill_node(cluster, victim, out["places_before"])
     backend.shutdown()
     profile = json.loads((executor.run_dir / "profile.json").read_text())
+    out["max_step_input_wait_s"] = max(r.get("input_wait_s", 0.0) for r in profile["steps"])
     out.update(seen=seen, report=executor.report, workers=profile["summary"]["workers"],
                summary=cstorch_summary(executor))
     return out
@@ -163,7 +166,8 @@ def driver_node_run(cluster) -> dict:
             if i == 24:
                 out["killed_at_step"] = i + 1
                 t_kill = time.perf_counter()
-                _kill_node(cluster, out["driver_node"], out["places_before"])
+                _kill_node(cluster, out["driver_node"],
+                           {**out["places_before"], "driver": backend.driver().where})
     except DriverError as e:
         out["error_after_kill_s"] = time.perf_counter() - t_kill
         out["error"] = {"type": type(e).__name__, "message": str(e),

@@ -169,6 +169,9 @@ class CoordinatedInputStream(CsxInputStream):
         self._last_number: list[int | None] = [None] * W
         self._starting = [False] * W  # a restarted process that has not answered yet
         self._batches_per_epoch: int | None = None  # global batches of an epoch (dynamic)
+        self._pump_cpu_s = 0.0  # the coordinator thread's CPU time
+        self._issue_s = 0.0  # time it spent choosing which worker gets which number
+        self._first_issued = 0
         self._cond = threading.Condition()  # guards everything the pump thread touches
         self._pump_thread: threading.Thread | None = None
         self._pump_error: BaseException | None = None
@@ -295,7 +298,7 @@ class CoordinatedInputStream(CsxInputStream):
                     f"assignment ({[m for m, _ in modes]}); input_fn must build the same kind "
                     "of loader in every worker.")
             return
-        self._next_number = self._step
+        self._next_number = self._first_issued = self._step
         try:
             self._batches_per_epoch = ray.get(
                 self._workers[0].actor.batches_per_epoch.remote(), timeout=60)
@@ -441,11 +444,15 @@ class CoordinatedInputStream(CsxInputStream):
         come and hand out numbers, whether or not the wafer's feeder is asking for a batch
         (it asks once a step while the wafer's input buffer is full), so a worker is never
         left waiting for its next number."""
+        cpu0 = time.thread_time()
         try:
             while not self._closed:
+                self._pump_cpu_s = time.thread_time() - cpu0
                 with self._cond:
                     self._check_started()
+                    t0 = time.perf_counter()
                     self._issue()
+                    self._issue_s += time.perf_counter() - t0
                     by_ref = {}
                     for wk in self._workers:
                         if self._outstanding[wk.info.local_worker_id] and not wk.pending \
@@ -607,6 +614,9 @@ class CoordinatedInputStream(CsxInputStream):
             "reorder_window_batches": self.window_batches if self.mode == "dynamic" else None,
         }
         if self.mode == "dynamic":
+            out["coordinator"] = {
+                "numbers_assigned": self._next_number - self._first_issued,
+                "thread_cpu_s": self._pump_cpu_s, "choosing_s": self._issue_s}
             out["reorder_window"] = {
                 "max_batches": self._occupancy_max,
                 "mean_batches": self._occupancy_sum / self._deliveries if self._deliveries
