@@ -10,9 +10,10 @@ each reading global batches of one sample from a ``ShardedSampler`` whose read s
 
 * batches/s reaching the wafer (steady state, the run report's ``samples_per_s``), against
   the ideal ``N / batch cost`` with each worker's median batch cost as it measured it;
-* the coordinator's cost per assigned batch: the CPU time of its thread (choosing workers,
-  scanning them, waiting on and taking in their replies) and, within it, the time spent
-  choosing which worker gets which number, each divided by the numbers it assigned.
+* the coordinator's cost per assigned batch: the CPU time of its thread (issuing numbers,
+  scanning the workers, waiting on and taking in their replies) and, within it, the CPU time
+  spent issuing numbers (choosing the worker, sending them), each divided by the numbers it
+  assigned.
 
 Variants are interleaved round by round (4, 8, 16, then 16, 8, 4, ...) and medians reported.
 Writes ``benchmarks/results/multinode.json`` and ``multinode.png``.
@@ -91,7 +92,7 @@ def run(workers: int, steps: int, sleep_s: float) -> dict:
         "workers_per_node": sorted(collections.Counter(
             n["node_id"] for n in report["worker_nodes"]).values()),
         "coordinator_cpu_us_per_batch": 1e6 * coord["thread_cpu_s"] / per,
-        "choosing_us_per_batch": 1e6 * coord["choosing_s"] / per,
+        "issuing_us_per_batch": 1e6 * coord["issuing_cpu_s"] / per,
         "numbers_assigned": coord["numbers_assigned"],
         "starved_fraction": report["starved_fraction"],
         "restarts": report.get("worker_restarts", 0),
@@ -106,7 +107,7 @@ def summarize(runs: list, workers: list) -> list:
             k: statistics.median(r[k] for r in mine)
             for k in ("batches_per_s", "ideal_batches_per_s", "efficiency",
                       "batch_cost_p50_ms", "coordinator_cpu_us_per_batch",
-                      "choosing_us_per_batch")},
+                      "issuing_us_per_batch")},
             "workers_per_node": mine[0]["workers_per_node"]})
     return rows
 
@@ -127,12 +128,48 @@ def plot(results: dict, path: Path) -> None:
     a.legend()
     b.plot(n, [r["coordinator_cpu_us_per_batch"] for r in rows], "o-",
            label="coordinator thread CPU")
-    b.plot(n, [r["choosing_us_per_batch"] for r in rows], "s-", label="choosing workers")
+    b.plot(n, [r["issuing_us_per_batch"] for r in rows], "s-",
+           label="of which issuing numbers")
     b.set(xlabel="input workers", ylabel="µs per assigned batch",
           title="dynamic assignment's cost per batch")
     b.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+
+
+class _Slow:
+    def hold(self, s):
+        import time as _time
+
+        _time.sleep(s)
+
+
+def probe_per_worker_costs(sizes=(16, 128, 1024)) -> dict:
+    """What the coordinator's per-round work costs per worker, for the extrapolation: Ray's
+    ``ray.wait(refs, num_returns=1, timeout=0)`` over W outstanding replies (calls queued on
+    one actor that sleeps), and sizing a worker's assignment (``numbers_per_worker``'s median
+    of its 64 recent batch costs), both done once per worker per pump round."""
+    import random
+
+    out = {}
+    holder = ray.remote(_Slow).options(max_concurrency=1).remote()
+    ray.get(holder.hold.remote(0))
+    for w in sizes:
+        refs = [holder.hold.remote(30 if i == 0 else 0) for i in range(w)]
+        time.sleep(0.5)  # the first holds the actor: the others stay pending
+        pending = [r for r in refs if not ray.wait([r], timeout=0)[0]]
+        t0 = time.perf_counter()
+        for _ in range(20):
+            ray.wait(pending, num_returns=1, timeout=0, fetch_local=False)
+        out[f"ray_wait_us_per_ref_w{w}"] = 1e6 * (time.perf_counter() - t0) / 20 / len(pending)
+        ray.cancel(refs[0], force=False)
+    ray.kill(holder)
+    recent = [random.random() for _ in range(64)]
+    t0 = time.perf_counter()
+    for _ in range(20000):
+        sorted(recent)[len(recent) // 2]
+    out["median_of_64_costs_us"] = 1e6 * (time.perf_counter() - t0) / 20000
+    return out
 
 
 def main(argv=None) -> None:
@@ -142,7 +179,22 @@ def main(argv=None) -> None:
     p.add_argument("--batches-per-worker", type=int, default=100)
     p.add_argument("--sleep-ms", type=float, default=20.0)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "multinode.json"))
+    p.add_argument("--probe-only", action="store_true",
+                   help="measure the per-worker costs only and add them to --out")
     args = p.parse_args(argv)
+    if args.probe_only:
+        import json
+
+        ray.init(include_dashboard=False, num_cpus=2)
+        try:
+            probe = probe_per_worker_costs()
+        finally:
+            ray.shutdown()
+        results = json.loads(Path(args.out).read_text())
+        results["per_worker_probe"] = probe
+        save_results(results, args.out, plot)
+        print(probe)
+        return
     workers = [int(x) for x in args.workers.split(",")]
     t0 = time.time()
     cluster = Cluster(initialize_head=True, head_node_args=NODE_ARGS)

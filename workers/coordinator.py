@@ -170,7 +170,7 @@ class CoordinatedInputStream(CsxInputStream):
         self._starting = [False] * W  # a restarted process that has not answered yet
         self._batches_per_epoch: int | None = None  # global batches of an epoch (dynamic)
         self._pump_cpu_s = 0.0  # the coordinator thread's CPU time
-        self._issue_s = 0.0  # time it spent choosing which worker gets which number
+        self._issue_cpu_s = 0.0  # its CPU time choosing workers for numbers and sending them
         self._first_issued = 0
         self._cond = threading.Condition()  # guards everything the pump thread touches
         self._pump_thread: threading.Thread | None = None
@@ -450,9 +450,9 @@ class CoordinatedInputStream(CsxInputStream):
                 self._pump_cpu_s = time.thread_time() - cpu0
                 with self._cond:
                     self._check_started()
-                    t0 = time.perf_counter()
+                    t0 = time.thread_time()
                     self._issue()
-                    self._issue_s += time.perf_counter() - t0
+                    self._issue_cpu_s += time.thread_time() - t0
                     by_ref = {}
                     for wk in self._workers:
                         if self._outstanding[wk.info.local_worker_id] and not wk.pending \
@@ -616,7 +616,7 @@ class CoordinatedInputStream(CsxInputStream):
         if self.mode == "dynamic":
             out["coordinator"] = {
                 "numbers_assigned": self._next_number - self._first_issued,
-                "thread_cpu_s": self._pump_cpu_s, "choosing_s": self._issue_s}
+                "thread_cpu_s": self._pump_cpu_s, "issuing_cpu_s": self._issue_cpu_s}
             out["reorder_window"] = {
                 "max_batches": self._occupancy_max,
                 "mean_batches": self._occupancy_sum / self._deliveries if self._deliveries

@@ -6,6 +6,9 @@ few ``fetch`` requests outstanding so that transport overlaps production, and ne
 than a bounded number of batches ahead of the consumer. A worker whose process dies is restarted
 from the position right after the last batch received from it, so no batch is lost or
 duplicated; an exception from ``input_fn`` stops the stream with :class:`InputWorkerError`.
+Workers are spread round-robin over the cluster's live nodes, and a restarted one goes to a
+live node away from the one it died on (:mod:`workers.placement`); :meth:`CsxInputStream.stats`
+says where each runs and records every restart.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ _NAME_RELEASE_S = 5.0  # a name freed by close() or ray.kill is released within 
 _DUMP_STACK_TIMEOUT_S = 5.0
 _STOP_JOIN_S = 1.0  # how long close() lets producers finish the batch they are making
 _MAX_STRAGGLER_RECORDS = 100
-_WHERE_WAIT_S = 2.0  # how long stats() waits for a worker to say where it runs
+_WHERE_WAIT_S = 2.0  # how long stats() waits for the workers to say where they run
 
 
 DEFAULT_NAME_PREFIX = "cstream"
@@ -768,6 +771,11 @@ class CsxInputStream:
         """Per worker: batches delivered, batches/s, restarts, straggler reports; plus totals.
 
         Rates count from the first batch handed out (``startup_s`` is the time until then)."""
+        asked = [wk.where_ref for wk in self._workers if wk.where_ref is not None]
+        if asked and not self._closed:  # workers that have not said where they run yet
+            with contextlib.suppress(Exception):
+                ray.wait(asked, num_returns=len(asked), timeout=_WHERE_WAIT_S,
+                         fetch_local=False)
         now = time.perf_counter()
         startup = (self._t_first if self._t_first is not None else now) - self._t_start
         elapsed = max(now - self._t_first, 1e-9) if self._t_first is not None else float("inf")
@@ -780,7 +788,7 @@ class CsxInputStream:
             "restarts": wk.restarts,
             "straggler_reports": wk.straggler_reports,
             "replies": wk.replies,
-            **_where_fields(self._node_of(wk, _WHERE_WAIT_S) if not self._closed else wk.node),
+            **_where_fields(self._node_of(wk, 0) if not self._closed else wk.node),
         } for wk in self._workers]
         batches = sum(w["batches"] for w in workers)
         return {
