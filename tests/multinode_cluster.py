@@ -184,7 +184,7 @@ def driver_node_run(cluster) -> dict:
         time.sleep(0.1)
     out["survivors_gone_after_s"] = None if any(_alive(w["pid"]) for w in survivors) \
         else time.perf_counter() - t_kill
-    out["seen_steps"] = len(seen)
+    out["steps_seen"] = len(seen) // 2  # 2 samples a step
     backend.shutdown()
     ray.kill(holder)
     return out

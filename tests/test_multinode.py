@@ -99,7 +99,7 @@ def test_losing_the_drivers_node_raises_the_first_failure_naming_node_and_checkp
     assert "The newest checkpoint step of this run is step 20" in msg
     assert error["cause"] is not None and error["cause"] != "DriverError"
     assert error["context"] != "DriverError"  # no second failure raised over the first
-    assert run["seen_steps"] >= 25
+    assert run["steps_seen"] >= 25
 
 
 def test_losing_the_drivers_node_stops_the_input_workers_on_the_other_nodes(cluster_runs):
