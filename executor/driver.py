@@ -412,8 +412,16 @@ class WaferDriver:
         self._thread = None
         return stats
 
-    def ping(self) -> bool:
-        return True
+    def ping(self) -> dict:
+        """Where this driver runs: ``{"node_id", "node_ip", "pid"}`` (as a Ray actor; in
+        this process, this process's)."""
+        import os
+
+        if not self.use_ray_workers:
+            return {"node_id": None, "node_ip": None, "pid": os.getpid()}
+        from workers.placement import where
+
+        return where()
 
     def describe(self) -> dict[str, Any]:
         loop = self._loop

@@ -27,6 +27,9 @@ delivered the batch). From those this module derives:
   wait attributable to stragglers, and whether stragglers cost utilisation (and which worker);
 * ``time_to_first_step_s``: from the start of the run to the end of the first step on the wafer
   (tracing, compile and start-up included), with ``trace_s`` and ``compile_s`` beside it.
+* ``worker_nodes`` and ``restart_events``: the node (id, ip) and process of each input worker
+  at the end of the run, and every restart of a worker: when, at which step, the node it died
+  on, the cause, and the node it was started again on.
 
 The same figures go to a TensorBoard writer (:class:`StepScalars` every step,
 :func:`write_summary_scalars` at the end) and to
@@ -48,9 +51,11 @@ The same figures go to a TensorBoard writer (:class:`StepScalars` every step,
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
+import time
 from collections import deque
 from pathlib import Path
 from typing import Any, Optional
@@ -215,9 +220,45 @@ def summarize(records: list[dict], *, global_rate: Optional[float] = None,
     })
     if stream_stats:
         out["worker_restarts"] = sum(int(s.get("restarts", 0)) for s in stream_stats)
+        out["restart_events"] = sorted((e for s in stream_stats
+                                        for e in s.get("restart_events", [])),
+                                       key=lambda e: e["t_unix"])
+        out["worker_nodes"] = worker_nodes(stream_stats)
         out["straggler_reports"] = sum(len(s.get("stragglers", [])) for s in stream_stats)
         out["input_assignment"] = input_assignment(stream_stats, wait, wall)
     return out
+
+
+def worker_nodes(stream_stats: list) -> list[dict]:
+    """Where each input worker ran at the end of the run: ``{"csx", "worker", "node_id",
+    "node_ip", "pid"}`` from the streams' reports."""
+    return [{"csx": s.get("wse_id", c), "worker": w["local_worker_id"],
+             "node_id": w.get("node_id"), "node_ip": w.get("node_ip"), "pid": w.get("pid")}
+            for c, s in enumerate(stream_stats) for w in s.get("workers", [])]
+
+
+def _node(node_id: Optional[str], node_ip: Optional[str] = None) -> str:
+    return f"{node_id[:12]} ({node_ip or '?'})" if node_id else "unknown"
+
+
+def input_side_lines(report: dict) -> list[tuple[str, str]]:
+    """The summary's rows on where the input workers ran and every restart: when, at which
+    step, on which node it died and where it was started again."""
+    rows = []
+    nodes = [n for n in report.get("worker_nodes") or [] if n.get("node_id")]
+    if nodes:
+        count = collections.Counter((n["node_id"], n["node_ip"]) for n in nodes)
+        rows.append(("input workers per node", ", ".join(
+            f"{_node(i, ip)}: {k}" for (i, ip), k in sorted(count.items()))))
+    for e in report.get("restart_events") or []:
+        when = time.strftime("%H:%M:%S", time.gmtime(e["t_unix"])) + \
+            f".{int(1000 * (e['t_unix'] % 1)):03d} UTC"
+        rows.append((f"CS-X {e['wse_id']} worker {e['local_worker_id']} restart "
+                     f"{e['restart']}",
+                     f"at {when}, step {e['step'] + 1}: died on node {e['died_on']} "
+                     f"({e['cause']}); started again on node {e['restarted_on']} from its "
+                     f"batch {e['from_batch']}"))
+    return rows
 
 
 STRAGGLER_COST_FRACTION = 0.02
@@ -528,6 +569,7 @@ def summary_lines(report: dict) -> list[tuple[str, str]]:
         cpus = report.get("machine_cpus")
         rows.append(("input workers' CPU demand", f"{report['input_cpu_cores']:.2f} cores"
                      + (f" of {cpus}" if cpus else "")))
+    rows += input_side_lines(report)
     assignment = report.get("input_assignment")
     if assignment:
         rows.append(("input assignment", f"{assignment['mode']} ({assignment['reason']})"))

@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import BatchSampler, RandomSampler
 
 from executor.driver import remap_worker_states
-from workers import CSConfig
+from workers import CSConfig, sharding
 from workers.context import BatchAssignment, WorkerInfo, batch_assignment, worker_context
 from workers.coordinator import CoordinatedInputStream, cost_summary
 from workers.dataloader import DataLoader
@@ -143,7 +143,19 @@ def test_a_worker_given_no_batch_of_an_epoch_still_draws_the_next_epochs_shuffle
     assert got == [expected[2], expected[16], expected[17]]
 
 
-def test_a_number_behind_the_worker_is_refused_not_streamed():
+def test_a_number_the_worker_walked_past_is_made_from_what_it_kept():
+    # a dead worker's numbers go to live workers that may have passed them already
+    assignment = BatchAssignment()
+    assignment.extend(0, [3, 1, 4, 0])
+    sampler = ShardedSampler(BatchSampler(range(12), 2, drop_last=True))
+    with batch_assignment(assignment):
+        it = iter(sampler)
+        assert [next(it) for _ in range(4)] == [[6, 7], [2, 3], [8, 9], [0, 1]]
+        assert sampler.state_dict()["next_global_batch"] == 1  # the position after batch 0
+
+
+def test_a_number_behind_what_the_worker_kept_is_refused_not_streamed(monkeypatch):
+    monkeypatch.setattr(sharding, "PASSED_BATCHES", 1)  # it keeps batch 2 only
     assignment = BatchAssignment()
     assignment.extend(0, [3, 1])
     sampler = ShardedSampler(BatchSampler(range(12), 2, drop_last=True))

@@ -29,8 +29,11 @@ batch holds the wafer while the other workers sit with full buffers. Here:
   sampler's position counts only the batches the loader yielded: order, exactly-once and
   resume are those of a loader that draws nothing ahead;
 - a worker whose process dies is restarted from the position after the last batch received
-  from it, and its undelivered numbers are assigned again to the new process, in order:
-  nothing is lost or repeated;
+  from it (on another node where there is one, :mod:`workers.placement`); the numbers it
+  had not delivered go to the live workers that can make them at once (each keeps the last
+  global batches it walked past, :data:`~workers.sharding.PASSED_BATCHES`), the rest to the
+  new process, in order; the new process gets new numbers once it answers: nothing is lost or
+  repeated, and the wafer does not wait for a process to start;
 - the resume position is the position after the last delivered batch (global-batch units,
   :mod:`workers.resume`'s one format), the same for every worker: it resumes with any number
   of workers, in either mode.
@@ -54,6 +57,7 @@ import ray
 
 from workers.context import DataLoaderCheckpoint
 from workers.resume import start_position
+from workers.sharding import PASSED_BATCHES
 from workers.stream import CsxInputStream, _Worker
 
 __all__ = ["ASSIGNMENT_MODES", "CoordinatedInputStream", "cost_summary", "global_position"]
@@ -174,6 +178,14 @@ class CoordinatedInputStream(CsxInputStream):
         self._deliveries = 0
         self._failed = [False] * W  # a worker's error reply is in the window
         self._draws_ahead = [0] * W  # index batches each worker's loader draws ahead
+        # each worker's current process: the first and the highest number assigned to it
+        self._first_number: list[int | None] = [None] * W
+        self._last_number: list[int | None] = [None] * W
+        self._starting = [False] * W  # a restarted process that has not answered yet
+        self._batches_per_epoch: int | None = None  # global batches of an epoch (dynamic)
+        self._pump_cpu_s = 0.0  # the coordinator thread's CPU time
+        self._issue_cpu_s = 0.0  # its CPU time choosing workers for numbers and sending them
+        self._first_issued = 0
         self._cond = threading.Condition()  # guards everything the pump thread touches
         self._pump_thread: threading.Thread | None = None
         self._pump_error: BaseException | None = None
@@ -206,14 +218,75 @@ class CoordinatedInputStream(CsxInputStream):
         actor = super()._spawn(wk, ahead)
         w = wk.info.local_worker_id
         self._sends[w] = 0
-        # the numbers the dead process did not deliver (those of replies received and not yet
-        # moved into the window are delivered): the new process produces them, in order
+        if self.mode != "dynamic":
+            return actor
+        # a restart. The numbers the dead process did not deliver (those of replies received
+        # and not yet moved into the window are delivered) go to live workers that can make
+        # them now; the new process makes the rest, in order, and gets new numbers once it
+        # answers (a process starts in seconds: numbers given to it would wait as long)
+        self._first_number[w] = self._last_number[w] = None
+        self._starting[w] = True
         received = sum(1 for it in wk.ready if it["kind"] != "error")
-        redo = list(self._outstanding[w])[received:]
-        if self.mode == "dynamic" and redo:
-            actor.assign.remote(0, redo)
+        out = list(self._outstanding[w])
+        kept = self._hand_over(w, out[received:])
+        self._outstanding[w] = deque(out[:received] + kept)
+        if self._restart_events:  # the event _restart recorded for this restart
+            self._restart_events[-1].update(
+                numbers_owed=len(out) - received, handed_to_live_workers=len(out) - received
+                - len(kept))
+        if kept:
+            actor.assign.remote(0, kept)
             self._sends[w] = 1
+            self._first_number[w], self._last_number[w] = kept[0], kept[-1]
         return actor
+
+    def _can_take(self, w: int, number: int) -> bool:
+        """Whether live worker ``w`` can make ``number`` next after what it holds: its
+        process started before that number (it walks the epoch from a position at or before
+        its first number), the number is in the epoch of its highest one, and is among the
+        last :data:`PASSED_BATCHES` it walked past or ahead of it."""
+        first, last, n = self._first_number[w], self._last_number[w], self._batches_per_epoch
+        return (not self._starting[w] and first is not None and n is not None
+                and first < number and number // n == last // n
+                and last - number < PASSED_BATCHES)
+
+    def _hand_over(self, dead: int, numbers: list) -> list:
+        """Give each of ``numbers`` (those worker ``dead`` owed, in order) to the live worker
+        holding the fewest that can make it (:meth:`_can_take`), one on a node where no worker
+        just died if there is one; returns those none can take."""
+        suspects = set(self._placer.suspects())
+        given: dict[int, list[int]] = {}
+        kept = []
+        for number in numbers:
+            able = [w for w in range(self.num_workers)
+                    if w != dead and self._can_take(w, number)]
+            healthy = [w for w in able if (self._workers[w].node or {}).get("node_id")
+                       not in suspects]
+            if not able:
+                kept.append(number)
+                continue
+            w = min(healthy or able, key=lambda i: len(self._outstanding[i]))
+            self._outstanding[w].append(number)
+            given.setdefault(w, []).append(number)
+        for w, nums in given.items():
+            wk = self._workers[w]
+            sent = (self._sends[w], nums)
+            if wk.pending or not self._top_up(wk, assign=sent):
+                wk.actor.assign.remote(*sent)
+            self._sends[w] += 1
+        return kept
+
+    def _wait_after_restart(self, wk: _Worker) -> bool:
+        # dynamic: the pump goes back to every worker's replies (the numbers the dead one
+        # owed may now be with the others)
+        return self.mode != "dynamic"
+
+    def _check_started(self) -> None:
+        """A restarted process that answered ``where()`` takes new numbers from now on."""
+        for w, wk in enumerate(self._workers):
+            if self._starting[w]:
+                self._node_of(wk, 0)
+                self._starting[w] = wk.where_ref is not None
 
     def _decide_mode(self) -> None:
         if self.requested_mode == "static":
@@ -243,7 +316,12 @@ class CoordinatedInputStream(CsxInputStream):
                     f"assignment ({[m for m, _ in modes]}); input_fn must build the same kind "
                     "of loader in every worker.")
             return
-        self._next_number = self._step
+        self._next_number = self._first_issued = self._step
+        try:
+            self._batches_per_epoch = ray.get(
+                self._workers[0].actor.batches_per_epoch.remote(), timeout=60)
+        except ray.exceptions.RayError:
+            pass  # None: a dead worker's numbers wait for its new process
         if self._dynamic_start is not None:
             for wk in self._workers:  # a restart before any batch starts here too
                 wk.received_after = wk.consumed_after = self._dynamic_start
@@ -324,7 +402,8 @@ class CoordinatedInputStream(CsxInputStream):
         if self._refill_due(self._step):
             self._refilling = False
             while not self._window_full():
-                free = [w for w in range(self.num_workers) if len(self._outstanding[w]) < k[w]]
+                free = [w for w in range(self.num_workers)
+                        if len(self._outstanding[w]) < k[w] and not self._starting[w]]
                 if not free:
                     break
                 w = min(free, key=lambda i: len(self._outstanding[i]))
@@ -342,6 +421,9 @@ class CoordinatedInputStream(CsxInputStream):
     def _give(self, w: int, new: dict) -> None:
         """Assign the next number to worker ``w`` (sent with ``new``'s numbers)."""
         self._outstanding[w].append(self._next_number)
+        if self._first_number[w] is None:
+            self._first_number[w] = self._next_number
+        self._last_number[w] = self._next_number
         new.setdefault(w, []).append(self._next_number)
         self._next_number += 1
 
@@ -426,10 +508,15 @@ class CoordinatedInputStream(CsxInputStream):
         come and hand out numbers, whether or not the wafer's feeder is asking for a batch
         (it asks once a step while the wafer's input buffer is full), so a worker is never
         left waiting for its next number."""
+        cpu0 = time.thread_time()
         try:
             while not self._closed:
+                self._pump_cpu_s = time.thread_time() - cpu0
                 with self._cond:
+                    self._check_started()
+                    t0 = time.thread_time()
                     self._issue()
+                    self._issue_cpu_s += time.thread_time() - t0
                     by_ref = {}
                     for wk in self._workers:
                         if self._outstanding[wk.info.local_worker_id] and not wk.pending \
@@ -618,6 +705,9 @@ class CoordinatedInputStream(CsxInputStream):
             "draws_ahead": list(self._draws_ahead) if self.mode == "dynamic" else None,
         }
         if self.mode == "dynamic":
+            out["coordinator"] = {
+                "numbers_assigned": self._next_number - self._first_issued,
+                "thread_cpu_s": self._pump_cpu_s, "issuing_cpu_s": self._issue_cpu_s}
             out["reorder_window"] = {
                 "max_batches": self._occupancy_max,
                 "mean_batches": self._occupancy_sum / self._deliveries if self._deliveries

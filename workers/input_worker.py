@@ -36,7 +36,7 @@ from workers.dataloader import DataLoader
 from workers.duplicates import content_digest, sample_keys
 from workers.errors import user_traceback
 from workers.resume import Source, check_position, start_position
-from workers.sharding import draws_ahead, dynamic_assignment_support
+from workers.sharding import draws_ahead, dynamic_assignment_support, global_batches_per_epoch
 from workers.stall import thread_stacks
 
 # ---------------------------------------------------------------------------------------------
@@ -354,6 +354,7 @@ class InputWorkerImpl:
         self._draws_ahead = 0
         self._mode: tuple[str, str] | None = None
         self._mode_known = threading.Event()
+        self._batches_per_epoch: int | None = None  # dynamic: global batches of an epoch
         self.info = info
         self.dataloader = dataloader
         self.capacity = max(1, int(capacity))
@@ -429,6 +430,7 @@ class InputWorkerImpl:
             self._mode = ("dynamic", why) if ok else ("static", why)
         if self._mode[0] == "dynamic":
             self._draws_ahead = draws_ahead(loader)
+            self._batches_per_epoch = global_batches_per_epoch(loader)
             if self._dynamic_start is not None:
                 self._position = check_position(dict(self._dynamic_start))
                 self.state.user_state_dict = self._position
@@ -596,6 +598,12 @@ class InputWorkerImpl:
             return ("failed", f"the dataloader was not built within {timeout_s:.0f} s", 0)
         return (*(self._mode or ("failed", "")), self._draws_ahead)
 
+    def batches_per_epoch(self, timeout_s: float = 600.0) -> int | None:
+        """Under dynamic assignment, the global batches of an epoch (numbers ``e * n`` to
+        ``e * n + n - 1`` are epoch ``e``'s), once the dataloader is built; else None."""
+        self._mode_known.wait(timeout_s)
+        return self._batches_per_epoch
+
     def dump_stack(self) -> str:
         """The Python stacks of this worker's threads, producer first."""
         frames = sys._current_frames()
@@ -686,12 +694,23 @@ class InputWorker(InputWorkerImpl):
         return InputWorkerImpl.pid(self)
 
     @ray.method(concurrency_group=_CONTROL)
+    def where(self) -> dict:
+        """``{"node_id", "node_ip", "pid"}`` of this worker's process."""
+        from workers.placement import where
+
+        return where()
+
+    @ray.method(concurrency_group=_CONTROL)
     def assign(self, send: int, numbers: list) -> None:
         return InputWorkerImpl.assign(self, send, numbers)
 
     @ray.method(concurrency_group=_CONTROL)
     def assignment_mode(self, timeout_s: float = 600.0) -> tuple:
         return InputWorkerImpl.assignment_mode(self, timeout_s)
+
+    @ray.method(concurrency_group=_CONTROL)
+    def batches_per_epoch(self, timeout_s: float = 600.0) -> int | None:
+        return InputWorkerImpl.batches_per_epoch(self, timeout_s)
 
     @ray.method(concurrency_group=_CONTROL)
     def stop(self, join_s: float = 0.0) -> bool:

@@ -233,7 +233,8 @@ class ShardedSampler:
 
     def _iter_assigned(self, assignment) -> Iterator:
         """Dynamic assignment: yield the global batches whose numbers the worker's coordinator
-        assigned (in increasing order), as long as they fall in this epoch.
+        assigned (in increasing order; or one of the last :data:`PASSED_BATCHES` it walked
+        past, which a dead worker owed), as long as they fall in this epoch.
 
         Number ``s`` is global batch ``s % n`` of epoch ``s // n`` (``n = len(data_source)``).
         The epoch's global batches are walked in order (the shuffle is drawn once, as in the
@@ -251,6 +252,9 @@ class ShardedSampler:
         order = hashlib.blake2b(digest_size=16)
         source = iter(self.data_source)
         walked = 0  # global batches of this epoch walked (and digested)
+        # the last PASSED_BATCHES global batches walked and not yielded, with the digest after
+        # each: one handed to this worker later (its worker died) is yielded from here
+        passed: collections.OrderedDict[int, tuple] = collections.OrderedDict()
         batch = None
         while True:
             try:
@@ -258,6 +262,13 @@ class ShardedSampler:
             except AssignmentClosed:
                 return
             epoch, index = divmod(number, n)
+            if epoch == self.epoch and index in passed:
+                batch, digest = passed.pop(index)
+                part = self._slice(batch, index, C, c)
+                assignment.take()
+                self._next, self._digest = index + 1, digest
+                yield part
+                continue
             if epoch > self.epoch:
                 # walk the rest of the epoch as the round-robin path does: a sampler may draw
                 # random numbers up to its end (RandomSampler draws again there), and the
@@ -287,6 +298,10 @@ class ShardedSampler:
                     batch = list(batch)
                 order.update(_batch_bytes(batch))
                 walked += 1
+                if walked <= index:
+                    passed[walked - 1] = (batch, order.hexdigest())
+                    if len(passed) > PASSED_BATCHES:
+                        passed.popitem(last=False)
             part = self._slice(batch, index, C, c)
             assignment.take()
             self._yielded(index, order.hexdigest())
@@ -361,7 +376,12 @@ class ShardedSampler:
         return f"ShardedSampler({self.data_source!r})"
 
 
-def _sharded_sampler_of(loader) -> ShardedSampler | None:
+PASSED_BATCHES = 1024
+"""Under dynamic assignment a worker can still produce this many of the latest global batches
+it walked past (the numbers a dead worker owed, handed to it by its coordinator)."""
+
+
+def sharded_sampler_of(loader) -> ShardedSampler | None:
     """The :class:`ShardedSampler` ``loader`` draws its batches from: the loader itself, its
     ``batch_sampler`` or ``sampler``, or the ``sampler`` that such a part wraps (a user's
     prefetching wrapper keeps the sampler it reads from as ``.sampler``, as torch's
@@ -391,7 +411,7 @@ def dynamic_assignment_support(loader) -> tuple[bool, str]:
                            f"{processes}, whose worker processes cannot be given batch "
                            "numbers; round-robin delivers the same sequence")
         return True, "the loader reads its global batches from a ParquetDataset"
-    sampler = _sharded_sampler_of(loader)
+    sampler = sharded_sampler_of(loader)
     if sampler is None:
         return False, (f"the loader input_fn returned ({type(loader).__name__}) does not draw "
                        "its batches from a cstream ShardedSampler (an iterable dataset or "
@@ -406,6 +426,15 @@ def dynamic_assignment_support(loader) -> tuple[bool, str]:
                        "order its worker processes finish them, not in the order it drew their "
                        "global batch numbers; leave in_order=True for dynamic assignment")
     return True, "the loader draws its global batches from a ShardedSampler"
+
+
+def global_batches_per_epoch(loader) -> int:
+    """The global batches of one epoch of a loader that takes part in dynamic assignment
+    (:func:`dynamic_assignment_support`): its ShardedSampler's, or its ParquetDataset's."""
+    parquet = loader if isinstance(loader, ParquetDataset) else getattr(loader, "dataset", None)
+    if isinstance(parquet, ParquetDataset):
+        return parquet.num_global_batches
+    return len(sharded_sampler_of(loader).data_source)
 
 
 def draws_ahead(loader) -> int:
@@ -847,14 +876,16 @@ class ParquetDataset(torch.utils.data.IterableDataset):
             if epoch > self.epoch:
                 self.skipped_epoch = not yielded
                 return
-            if epoch < self.epoch or b < self._next:
+            if epoch < self.epoch:
                 raise RuntimeError(
                     f"ParquetDataset: global batch number {number} (batch {b} of epoch {epoch})"
-                    f" was assigned after this worker had passed it (epoch {self.epoch}, batch "
-                    f"{self._next}); numbers must reach a worker in increasing order.")
+                    f" was assigned after this worker had passed its epoch (epoch {self.epoch});"
+                    " numbers of an earlier epoch cannot be read again.")
+            # a batch this worker passed (a lost worker's number) is read again; the position
+            # stays after the furthest batch made
             batch = self._global_batch(b, info)
             assignment.take()
-            self._next = b + 1
+            self._next = max(self._next, b + 1)
             yielded = True
             yield batch
 

@@ -6,10 +6,14 @@ few ``fetch`` requests outstanding so that transport overlaps production, and ne
 than a bounded number of batches ahead of the consumer. A worker whose process dies is restarted
 from the position right after the last batch received from it, so no batch is lost or
 duplicated; an exception from ``input_fn`` stops the stream with :class:`InputWorkerError`.
+Workers are spread round-robin over the cluster's live nodes, and a restarted one goes to a
+live node away from the one it died on (:mod:`workers.placement`); :meth:`CsxInputStream.stats`
+says where each runs and records every restart.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import logging
@@ -31,9 +35,11 @@ from workers.errors import InputWorkerError, StragglerWarning, WorkerCrashLoopEr
 from workers.flow import FlowPolicy, input_bytes_in_flight_per_worker
 from workers.input_worker import InputWorker, unpack_reply
 from workers.local_stream import BatchInfo, sample_key_batches
+from workers.placement import NodePlacer
 from workers.resume import ExhaustedIteratorError, ResumeError, check_position, start_position
 
-__all__ = ["BatchInfo", "CsxInputStream", "kill_workers", "start_workers_ahead"]
+__all__ = ["BatchInfo", "CsxInputStream", "kill_named_workers", "kill_workers",
+           "start_workers_ahead"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,13 +48,17 @@ _NAME_RELEASE_S = 5.0  # a name freed by close() or ray.kill is released within 
 _DUMP_STACK_TIMEOUT_S = 5.0
 _STOP_JOIN_S = 1.0  # how long close() lets producers finish the batch they are making
 _MAX_STRAGGLER_RECORDS = 100
+_WHERE_WAIT_S = 2.0  # how long stats() waits for the workers to say where they run
 
 
 DEFAULT_NAME_PREFIX = "cstream"
 
 
-def _worker_name(name_prefix: str, wse_id: int, w: int) -> str:
-    return f"{name_prefix}-csx{wse_id}-w{w}"
+def _worker_name(name_prefix: str, wse_id: int, w: int, restart: int = 0) -> str:
+    """The actor name of a worker's process; a restarted one's names its restart (the dead
+    one's name stays taken until Ray declares it dead, which takes seconds when its node
+    died)."""
+    return f"{name_prefix}-csx{wse_id}-w{w}" + (f"-r{restart}" if restart else "")
 
 
 def _name_taken(e: ValueError) -> bool:
@@ -56,8 +66,10 @@ def _name_taken(e: ValueError) -> bool:
     return "already" in str(e) or "taken" in str(e)
 
 
-def _actor_options(name: str) -> dict:
-    return dict(name=name, num_cpus=_NUM_CPUS, scheduling_strategy="SPREAD", max_concurrency=2)
+def _actor_options(name: str, node: dict | None = None) -> dict:
+    """A worker's actor options: placed on ``node`` (:class:`~workers.placement.NodePlacer`),
+    or spread by Ray where it is None."""
+    return dict(name=name, num_cpus=_NUM_CPUS, max_concurrency=2, **NodePlacer.options(node))
 
 
 def start_workers_ahead(cs_config: CSConfig, name_prefix: str = DEFAULT_NAME_PREFIX) -> list:
@@ -70,15 +82,18 @@ def start_workers_ahead(cs_config: CSConfig, name_prefix: str = DEFAULT_NAME_PRE
     actor's name is still taken (by a stream that is closing; that worker is started by its
     stream). Pass CS-X ``c``'s list as ``workers_ahead`` to its :class:`CsxInputStream`, which
     sets the workers up and takes them (their entries become None); kill what is left with
-    :func:`kill_workers`.
+    :func:`kill_workers`. The workers are spread round-robin over the cluster's live nodes
+    (:meth:`workers.placement.NodePlacer.initial`), as the streams would place them.
     """
+    W = cs_config.num_workers_per_csx
+    nodes = NodePlacer(_NUM_CPUS).initial(cs_config.num_csx * W)
     ahead = []
     for c in range(cs_config.num_csx):
         row = []
-        for w in range(cs_config.num_workers_per_csx):
+        for w in range(W):
             try:
                 row.append(InputWorker.options(
-                    **_actor_options(_worker_name(name_prefix, c, w))).remote())
+                    **_actor_options(_worker_name(name_prefix, c, w), nodes[c * W + w])).remote())
             except ValueError as e:
                 if not _name_taken(e):
                     raise
@@ -94,6 +109,25 @@ def kill_workers(ahead: list) -> None:
             if actor is not None:
                 with contextlib.suppress(Exception):
                     ray.kill(actor, no_restart=True)
+
+
+def kill_named_workers(cs_config: CSConfig, name_prefix: str = DEFAULT_NAME_PREFIX) -> list:
+    """Kill every input worker of ``cs_config``'s CS-Xs that Ray still knows by name: those
+    started ahead and any replacement a stream started (a stream whose process died cannot
+    close them itself). Returns their names."""
+    killed = []
+    names = {_worker_name(name_prefix, c, w, r) for c in range(cs_config.num_csx)
+             for w in range(cs_config.num_workers_per_csx)
+             for r in range(cs_config.max_worker_restarts + 1)}
+    for name in sorted(names.intersection(ray.util.list_named_actors())):
+        try:
+            actor = ray.get_actor(name)
+        except ValueError:  # gone already, or never started
+            continue
+        with contextlib.suppress(Exception):
+            ray.kill(actor, no_restart=True)
+            killed.append(name)
+    return killed
 
 
 _MIN_BATCHES_FOR_LOW_WATER = 16
@@ -120,6 +154,8 @@ class _Worker:
     replies: int = 0  # fetch replies received (each one Ray call and one object)
     keys_until: int = 0  # batches below this index carry sample keys
     keys: list = field(default_factory=list)  # the sample keys received, in order
+    node: dict | None = None  # where the actor was placed, then where it says it runs
+    where_ref: Any = None  # the actor's answer to where(), until it is read
 
 
 def _position_of(state: DataLoaderCheckpoint, wse_id: int) -> dict:
@@ -163,6 +199,20 @@ def local_object_store_bytes() -> int | None:
         if n.get("NodeID") == node:
             return int(n.get("Resources", {}).get("object_store_memory", 0)) or None
     return None
+
+
+def _node_label(node: dict | None) -> str:
+    """``"<node id, 12 hex digits> (<ip>)"``, or ``"unknown"``."""
+    if not node:
+        return "unknown"
+    return f"{node['node_id'][:12]} ({node.get('node_ip') or '?'})"
+
+
+def _where_fields(node: dict | None) -> dict:
+    """A worker's node for its stats: ``node_id``, ``node_ip`` and ``pid`` (None if unknown)."""
+    node = node or {}
+    return {"node_id": node.get("node_id"), "node_ip": node.get("node_ip"),
+            "pid": node.get("pid")}
 
 
 def _first_lines(text: str, n: int = 6) -> str:
@@ -287,6 +337,8 @@ class CsxInputStream:
         self._step = 0
         self._wait_s = 0.0
         self._stragglers: list[dict] = []
+        self._restart_events: list[dict] = []
+        self._placer = NodePlacer(_NUM_CPUS)
         self.key_batches = sample_key_batches(cs_config)
         self._poll_s = min(0.25, cs_config.straggler_timeout_s / 4)
         self._workers = [
@@ -309,8 +361,10 @@ class CsxInputStream:
         self._t_first: float | None = None
         ahead = workers_ahead if workers_ahead is not None else []
         try:
+            nodes = self._placer.initial(W, first=wse_id * W)  # as start_workers_ahead's
             for wk in self._workers:
                 w = wk.info.local_worker_id
+                wk.node = nodes[w]
                 actor = ahead[w] if w < len(ahead) else None
                 if actor is not None:
                     ahead[w] = None  # taken: set up, or killed if that fails
@@ -374,14 +428,15 @@ class CsxInputStream:
         self._step = total
 
     def _spawn(self, wk: _Worker, ahead=None):
-        """Start ``wk``'s actor, or set up ``ahead`` (a worker of :func:`start_workers_ahead`)
-        as it."""
+        """Start ``wk``'s actor on the node ``wk.node``, or set up ``ahead`` (a worker of
+        :func:`start_workers_ahead`) as it; ``wk.where_ref`` asks the actor where it runs."""
         args = (self._dataloader_ref, wk.info, _start_of(wk.received_after), self.capacity)
         kwargs = dict(capacity_bytes=self.in_flight_bytes_per_worker, keys_until=wk.keys_until,
                       owns_global_rng=True, **self._spawn_options(wk))
         if ahead is not None:
             try:
                 ray.get(ahead.setup.remote(*args, **kwargs))
+                wk.where_ref = ahead.where.remote()
                 return ahead
             except BaseException as e:
                 with contextlib.suppress(Exception):
@@ -392,7 +447,10 @@ class CsxInputStream:
         deadline = time.perf_counter() + _NAME_RELEASE_S
         while True:
             try:
-                return InputWorker.options(**_actor_options(wk.name)).remote(*args, **kwargs)
+                actor = InputWorker.options(**_actor_options(wk.name, wk.node)).remote(
+                    *args, **kwargs)
+                wk.where_ref = actor.where.remote()
+                return actor
             except ValueError as e:
                 if not _name_taken(e):
                     raise
@@ -497,11 +555,15 @@ class CsxInputStream:
                         "traceback": str(e), "during": "while starting its actor",
                         "index": index})
                 self._restart(wk, e)
+                if not self._wait_after_restart(wk):
+                    return False
                 wait_start, next_report = time.perf_counter(), timeout
                 continue
             except (ray.exceptions.ObjectLostError, ray.exceptions.OwnerDiedError) as e:
                 self._check_open()
                 self._restart(wk, e)
+                if not self._wait_after_restart(wk):
+                    return False
                 wait_start, next_report = time.perf_counter(), timeout
                 continue
             except ray.exceptions.RayTaskError as e:
@@ -511,6 +573,8 @@ class CsxInputStream:
             break
         wk.pending.popleft()
         wk.replies += 1
+        if wk.where_ref is not None:
+            self._node_of(wk, 0)  # it answered a fetch: where() is answered too, as a rule
         if reply["kind"] == "need_numbers":
             # dynamic assignment: the worker's loader draws more batches ahead than it was
             # granted numbers for; ask for batch ``index`` again once it has more
@@ -568,23 +632,55 @@ class CsxInputStream:
         raise input_error(self.wse_id, wk.info.local_worker_id, self.num_workers, reply,
                           self._global_batch(wk, reply))
 
+    def _node_of(self, wk: _Worker, wait_s: float) -> dict | None:
+        """Where ``wk``'s actor runs: its answer to ``where()`` (waited for up to ``wait_s``),
+        else the node it was placed on (an actor that died before answering)."""
+        if wk.where_ref is not None:
+            try:
+                wk.node = ray.get(wk.where_ref, timeout=wait_s)
+                wk.where_ref = None
+            except ray.exceptions.GetTimeoutError:
+                pass
+            except ray.exceptions.RayError:
+                wk.where_ref = None  # it died before answering: where it was placed
+        return wk.node
+
     def _restart(self, wk: _Worker, cause: BaseException) -> None:
         wk.restarts += 1
+        w = wk.info.local_worker_id
         cause_text = f"{type(cause).__name__}: {_first_lines(str(cause))}"
+        died_on = self._node_of(wk, 0)
         if wk.restarts > self.cs_config.max_worker_restarts:
             self.close()
-            raise WorkerCrashLoopError(self.wse_id, wk.info.local_worker_id, wk.restarts,
+            raise WorkerCrashLoopError(self.wse_id, w, wk.restarts,
                                        self.cs_config.max_worker_restarts, cause_text)
+        # the node it died on may be dying too (Ray lists it alive for a while): the new
+        # process goes to a live node with the fewest of this CS-X's workers
+        self._placer.suspect(died_on and died_on["node_id"])
+        load = collections.Counter(o.node["node_id"] for o in self._workers
+                                   if o is not wk and o.node)
+        wk.node = self._placer.replacement(load)
+        self._restart_events.append({
+            "t_unix": time.time(), "wse_id": self.wse_id, "local_worker_id": w,
+            "restart": wk.restarts, "step": self._step, "from_batch": wk.received,
+            "cause": cause_text.splitlines()[0], "died_on": _node_label(died_on),
+            "restarted_on": _node_label(wk.node)})
         logger.warning(
-            "CS-X %d, input worker %d died (%s); restarting it from batch %d (restart %d of at "
-            "most %d).", self.wse_id, wk.info.local_worker_id, cause_text, wk.received,
-            wk.restarts, self.cs_config.max_worker_restarts)
+            "CS-X %d, input worker %d died on node %s (%s); restarting it from batch %d on node "
+            "%s (restart %d of at most %d).", self.wse_id, w, _node_label(died_on), cause_text,
+            wk.received, _node_label(wk.node), wk.restarts, self.cs_config.max_worker_restarts)
         with contextlib.suppress(Exception):
             ray.kill(wk.actor, no_restart=True)  # it may be gone already
         wk.pending.clear()
         wk.next_request = wk.received
+        wk.name = _worker_name(self.name_prefix, self.wse_id, w, wk.restarts)
         wk.actor = self._spawn(wk)
         self._top_up(wk)
+
+    def _wait_after_restart(self, wk: _Worker) -> bool:
+        """Whether :meth:`_receive_reply` waits for the reply of ``wk``'s new process after
+        restarting it (a subclass's: its caller may have other replies to take first)."""
+        return True
 
     def _report_straggler(self, wk: _Worker, waited: float) -> None:
         try:
@@ -752,6 +848,11 @@ class CsxInputStream:
         """Per worker: batches delivered, batches/s, restarts, straggler reports; plus totals.
 
         Rates count from the first batch handed out (``startup_s`` is the time until then)."""
+        asked = [wk.where_ref for wk in self._workers if wk.where_ref is not None]
+        if asked and not self._closed:  # workers that have not said where they run yet
+            with contextlib.suppress(Exception):
+                ray.wait(asked, num_returns=len(asked), timeout=_WHERE_WAIT_S,
+                         fetch_local=False)
         now = time.perf_counter()
         startup = (self._t_first if self._t_first is not None else now) - self._t_start
         elapsed = max(now - self._t_first, 1e-9) if self._t_first is not None else float("inf")
@@ -764,6 +865,7 @@ class CsxInputStream:
             "restarts": wk.restarts,
             "straggler_reports": wk.straggler_reports,
             "replies": wk.replies,
+            **_where_fields(self._node_of(wk, 0) if not self._closed else wk.node),
         } for wk in self._workers]
         batches = sum(w["batches"] for w in workers)
         return {
@@ -780,6 +882,7 @@ class CsxInputStream:
             "elapsed_s": now - self._t_start,
             "restarts": sum(w["restarts"] for w in workers),
             "stragglers": list(self._stragglers),
+            "restart_events": list(self._restart_events),
             "workers": workers,
         }
 

@@ -26,7 +26,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
 from executor import phases
-from executor.driver import matmul_flops
+from executor.driver import DriverError, matmul_flops
 from executor.engine import warmup
 from executor.engine.capture import Captured, OutputLeaf, capture, first_difference
 from executor.engine.errors import CompileError
@@ -356,6 +356,7 @@ class CSXRun:
         self._checkpoint_step = step
         try:
             yield
+            self.driver.checkpoint_done(step + 1)
         finally:
             self.store.read_context = None
             self._checkpoint_step = None
@@ -399,6 +400,12 @@ class CSXRun:
                 summary["startup"] = self._startup(summary, t_finished)
             else:
                 self.driver.finish(wait=False)
+        except DriverError as e:
+            if ok:
+                raise
+            # the run is ending on an earlier error, which the user sees; a driver that died
+            # with it cannot report, and saying so again would hide the first failure
+            log.warning("the wafer driver could not end the run: %s", e)
         finally:
             self.store.running = False
             self.store.output_reader = None

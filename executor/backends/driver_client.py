@@ -57,10 +57,12 @@ def _unpacked(values: list) -> list:
 
 
 class Future:
-    """The result of an asynchronous call."""
+    """The result of an asynchronous call (``get``: reads ``ref``'s value, raising the
+    client's errors; default :func:`_ray_get`)."""
 
-    def __init__(self, value=None, error: Optional[BaseException] = None, ref=None):
+    def __init__(self, value=None, error: Optional[BaseException] = None, ref=None, get=None):
         self._value, self._error, self._ref = value, error, ref
+        self._get = get or _ray_get
 
     def ready(self) -> bool:
         if self._ref is None:
@@ -72,7 +74,7 @@ class Future:
 
     def result(self):
         if self._ref is not None:
-            return _ray_get(self._ref)
+            return self._get(self._ref)
         if self._error is not None:
             raise self._error
         return self._value
@@ -82,6 +84,8 @@ class DriverClient:
     """The calls the client makes to the wafer driver (see :class:`WaferDriver`)."""
 
     startup: dict
+    last_checkpoint_step: Optional[int] = None
+    """The newest step (counted from 1) whose checkpoint closures finished in the client."""
 
     @staticmethod
     def create(backend) -> "DriverClient":
@@ -108,6 +112,11 @@ class DriverClient:
     def worker_states(self, step: int) -> list: ...
     def finish(self, wait: bool) -> dict: ...
     def describe(self) -> dict: ...
+
+    def checkpoint_done(self, step: int) -> None:
+        """The client finished the checkpoint closures of ``step`` (counted from 1): a
+        failure from here on names it as the step to resume from."""
+        self.last_checkpoint_step = step
 
     def close(self) -> None:
         pass
@@ -219,18 +228,23 @@ class RayDriverClient(DriverClient):
             compiler=backend.compiler, use_ray_workers=True, num_threads=backend.num_threads,
             cpus=max(1, int(node_cpus)))
         self._ping = self.actor.ping.remote()
+        self.where: dict = {}  # the driver's node, once it answered the ping
+        self._dead: Optional[DriverError] = None  # the error that reported its death
+        self._input_config = None  # the cs_config of the run's input workers
         self._t_asked = t1
         self.startup = {"ray_start_s": t1 - t0, "num_cpus": options["num_cpus"]}
         atexit.register(self.close)
 
     def _actor(self):
+        if self._dead is not None:
+            raise self._dead  # every later call: the first failure, at once
         if self.actor is None:
             raise DriverError("the wafer driver was shut down with its backend; create a new "
                               "backend with cstream.backend(...).")
         if self._ping is not None:
             ping, self._ping = self._ping, None
             with phase("starting the wafer driver"):
-                self._get(ping, "start-up")
+                self.where = self._get(ping, "start-up") or {}
             self.startup["driver_ready_s"] = time.perf_counter() - self._t_asked
         return self.actor
 
@@ -240,12 +254,33 @@ class RayDriverClient(DriverClient):
         try:
             return _ray_get(ref)
         except ray.exceptions.RayActorError as e:
-            raise DriverError(
-                f"the wafer driver actor died during {what}: {e}. The run cannot continue. "
-                "Checkpoints already written are complete (cstream.save writes atomically): "
-                "resume from the newest one with cstream.load and load_state_dict on the model, "
-                "optimizer and dataloader."
-            ) from e
+            if self._dead is not None:
+                raise self._dead  # the first failure, not a later symptom of it
+            self._dead = self._died(what, e)
+            raise self._dead from e
+
+    def _died(self, what: str, e: BaseException) -> DriverError:
+        """The error for the driver's death during ``what``; the run's input workers, which
+        would otherwise go on producing until Ray notices, are stopped first."""
+        from workers.stream import kill_named_workers
+
+        stopped = kill_named_workers(self._input_config) if self._input_config else []
+        node = self.where.get("node_id")
+        on = (f" on node {node[:12]} ({self.where.get('node_ip') or '?'})" if node
+              else " before it said where it runs")
+        cause = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        step = self.last_checkpoint_step
+        resume = (f"The newest checkpoint step of this run is step {step} (its checkpoint "
+                  "closures finished); checkpoints already written are complete (cstream.save "
+                  "writes atomically): resume from the newest one with cstream.load and "
+                  "load_state_dict on the model, optimizer and dataloader."
+                  if step is not None else
+                  "No checkpoint step of this run had finished its checkpoint closures: run it "
+                  "again from where it started.")
+        return DriverError(
+            f"the wafer driver actor died during {what}{on}: {cause}. The run cannot "
+            f"continue: cstream stopped the {len(stopped)} input workers Ray still listed. "
+            f"{resume}")
 
     def put_state(self, items):
         return self._get(self._actor().put_state.remote(items), "put_state")
@@ -260,6 +295,7 @@ class RayDriverClient(DriverClient):
         from workers.stream import kill_workers, start_workers_ahead
 
         # the input workers' processes start beside the driver's, not after it
+        self._input_config = cs_config
         ahead = start_workers_ahead(cs_config)
         try:
             return self._get(self._actor().open_input.remote(
@@ -285,7 +321,7 @@ class RayDriverClient(DriverClient):
         return self._get(self._actor().wait_done.remote(step), "wait_done")
 
     def ack_async(self, step):
-        return Future(ref=self._actor().ack.remote(step))
+        return Future(ref=self._actor().ack.remote(step), get=lambda r: self._get(r, "ack"))
 
     def snapshot(self, step, keys):
         return self._get(self._actor().snapshot.remote(step, keys), "snapshot")
@@ -297,7 +333,8 @@ class RayDriverClient(DriverClient):
         return self._get(self._actor().input_checks.remote(), "input_checks")
 
     def feed_consts_async(self, step, values):
-        return Future(ref=self._actor().feed_consts.remote(step, values))
+        return Future(ref=self._actor().feed_consts.remote(step, values),
+                      get=lambda r: self._get(r, "feed_consts"))
 
     def worker_states(self, step):
         return self._get(self._actor().worker_states.remote(step), "worker_states")
@@ -313,8 +350,9 @@ class RayDriverClient(DriverClient):
 
         actor, self.actor = getattr(self, "actor", None), None
         if actor is not None and ray.is_initialized():
-            with contextlib.suppress(Exception):
-                ray.get(actor.finish.remote(wait=False), timeout=10)
+            if self._dead is None:  # a dead driver's call would wait for Ray to notice
+                with contextlib.suppress(Exception):
+                    ray.get(actor.finish.remote(wait=False), timeout=10)
             with contextlib.suppress(Exception):
                 ray.kill(actor)
         if self.started_ray and ray.is_initialized():
