@@ -69,7 +69,16 @@ def install() -> None:
 def become(alias: str) -> None:
     """Make the alias package ``alias`` (being imported) the module it names, and submodules too."""
     install()
-    module = importlib.import_module(ALIASES[alias])
+    target = ALIASES[alias]
+    module = importlib.import_module(target)
+    # Submodules already imported are entered under the alias too, so that importing one by
+    # the alias finds it in sys.modules and does not set it as an attribute of the package:
+    # ``import cerebras.pytorch.backend`` must leave ``cstorch.backend`` the function.
+    for name in [n for n in sys.modules if n.startswith(target + ".")]:
+        sys.modules.setdefault(alias + name[len(target):], sys.modules[name])
+    from cstream._cerebras_check import check_alias_in_use
+
+    check_alias_in_use(alias)
     sys.modules[alias] = module
     parent, _, child = alias.rpartition(".")
     if parent and parent in sys.modules:

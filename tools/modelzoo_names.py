@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.missing:
         for name, (good, why) in results.items():
             if not good:
-                print(f"  {name}: {why}  [{where[name][0]}{' +%d' % (len(where[name]) - 1) if len(where[name]) > 1 else ''}]")
+                more = f" +{len(where[name]) - 1}" if len(where[name]) > 1 else ""
+                print(f"  {name}: {why}  [{where[name][0]}{more}]")
     if args.json:
         args.json.write_text(json.dumps({n: {"resolves": g, "why": w, "files": where[n]}
                                          for n, (g, w) in results.items()}, indent=1))

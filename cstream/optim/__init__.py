@@ -7,6 +7,8 @@ import inspect
 from typing import Any
 
 from cstream.optim import lr_scheduler
+from cstream.optim.configure import (configure_optimizer_params, configure_param_groups,
+                                     configure_scheduler_params)
 from cstream.optim.optimizer import Optimizer
 from cstream.optim.optimizers import (
     ASGD, SGD, Adadelta, Adafactor, Adagrad, Adam, Adamax, AdamW, Lamb, Lion, NAdam, RAdam,
@@ -17,7 +19,9 @@ OPTIMIZERS = {cls.__name__: cls for cls in (
     SGD, Adam, AdamW, Adagrad, Adadelta, Adamax, ASGD, NAdam, RAdam, RMSprop, Rprop, Lamb, Lion,
     Adafactor)}
 
-__all__ = ["Optimizer", "configure_lr_scheduler", "configure_optimizer", "lr_scheduler",
+__all__ = ["Optimizer", "configure_lr_scheduler", "configure_optimizer",
+           "configure_optimizer_params", "configure_param_groups", "configure_scheduler_params",
+           "lr_scheduler",
            *OPTIMIZERS]
 
 
