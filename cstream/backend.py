@@ -90,9 +90,12 @@ def backend(backend_type: str = "CSX", **options):
 
 
 def use_cs() -> bool:
-    """True when the current backend is the (simulated) Cerebras system, CSX."""
+    """True when the current backend is the (simulated) Cerebras system, CSX, and inside the
+    CSX backend's input workers (which exist only for CSX runs)."""
+    from workers.context import is_streamer
+
     b = runtime.current_backend()
-    return b is not None and b.is_csx
+    return (b is not None and b.is_csx) or is_streamer()
 
 
 def current_backend_impl():

@@ -93,3 +93,35 @@ class Profiler:
         """Seconds from the executor's creation to the end of the last step (to now before)."""
         end = self.last_step_end if self.last_step_end is not None else self._clock()
         return end - self.started
+
+    @property
+    def rate_tracker(self) -> "RateTrackerView":
+        """The Release 2.2 API's view of these figures (``executor.profiler.rate_tracker.rate``
+        and so on, properties instead of calls)."""
+        return RateTrackerView(self)
+
+
+class RateTrackerView:
+    """``profiler.rate_tracker``: :class:`Profiler`'s figures as properties."""
+
+    def __init__(self, profiler: Profiler):
+        self._profiler = profiler
+
+    @property
+    def total_samples(self) -> int:
+        return self._profiler.total_samples()
+
+    @property
+    def total_time(self) -> float:
+        return self._profiler.total_time()
+
+    @property
+    def rate(self) -> float:
+        return self._profiler.rate()
+
+    @property
+    def global_rate(self) -> float:
+        return self._profiler.global_rate()
+
+    samples_per_sec = global_rate
+

@@ -99,6 +99,8 @@ def test_inside_a_worker_the_tasks_are_the_input_workers_in_global_order():
         # 10 samples over 3 CS-Xs: 4, 3, 3
         assert [dist.get_streaming_batch_size(10, r) for r in (0, 2, 4)] == [4, 3, 3]
         assert dist.get_worker_state().wse_id == 2
+        assert cstorch.use_cs()  # input workers exist only for CSX runs
+    assert not cstorch.use_cs()
 
 
 def _run_python(code: str, pythonpath: list[str]) -> subprocess.CompletedProcess:
@@ -283,6 +285,9 @@ def test_a_cpu_run_in_the_flow_shape_writes_summaries_at_base_step_and_counts_sa
         writer.close()
         assert (executor.profiler.total_samples(), num_steps) == (24, 4)
         assert executor.profiler.total_time() > 0
+        tracker = executor.profiler.rate_tracker  # the Release 2.2 spelling
+        assert tracker.total_samples == 24 and tracker.total_time > 0
+        assert tracker.global_rate >= 0 and tracker.rate >= 0
         assert loader.batch_size == 6
     finally:
         backend.shutdown()
@@ -371,8 +376,10 @@ def test_annotations_that_change_nothing_run_the_function_unchanged():
         cstorch.pol(level=5)
     assert cstorch.amp.set_half_dtype("bfloat16") is torch.bfloat16
     cstorch.amp.set_half_dtype(torch.float16)
-    with cstorch.profiler.profile(schedule=cstorch.profiler.schedule(start_step=-1, end_step=-1)):
+    with cstorch.profiler.profile(schedule=cstorch.profiler.schedule(start_step=-1,
+                                                                     end_step=-1)) as prof:
         pass
+    assert prof.op_profiler_json is None
 
 
 @pytest.mark.parametrize("call,feature", [

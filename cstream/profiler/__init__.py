@@ -40,6 +40,11 @@ class profile:
             unsupported(f"per-op profiling of steps {schedule.start_step}-{schedule.end_step} "
                         "(cerebras.pytorch.profiler.profile)")()
         self.schedule = schedule
+        self.op_profiler_json = None
+        """The per-op trace: None, none is taken (see the module's docstring)."""
+
+    def get_summary(self) -> str:
+        return "no per-op profile (cstream does not simulate per-op profiling)"
 
     def __enter__(self):
         return self
