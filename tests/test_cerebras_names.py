@@ -417,3 +417,12 @@ def test_no_deprecation_or_other_warning_on_import():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         import cerebras.appliance.environment  # noqa: F401
+
+
+def test_the_worker_cache_is_a_named_error_where_the_cluster_disk_is_absent(tmp_path):
+    import cerebras.pytorch.distributed as dist
+
+    if os.path.isdir(dist.WORKER_CACHE_ROOT):
+        pytest.skip(f"{dist.WORKER_CACHE_ROOT} exists on this machine")
+    with pytest.raises(FileNotFoundError, match="use_worker_cache: False"):
+        dist.hit_worker_cache_limit(str(tmp_path), dist.WORKER_CACHE_ROOT + "/x")

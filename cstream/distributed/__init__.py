@@ -114,6 +114,11 @@ def hit_worker_cache_limit(src_dir: str, dest_dir: str):
     fill the cache past :data:`SSD_LIMIT` of its disk: ``(is_limit_hit, dir_size,
     available_space_for_copy)``, as on a Cerebras cluster, measured on this machine's disk."""
     Path(dest_dir).resolve().relative_to(Path(WORKER_CACHE_ROOT).resolve())
+    if not os.path.isdir(WORKER_CACHE_ROOT):
+        raise FileNotFoundError(
+            f"the worker cache {WORKER_CACHE_ROOT} does not exist on this machine: it is a "
+            "Cerebras cluster's worker disk, which cstream does not simulate. Set "
+            "use_worker_cache: False in the input configuration.")
     usage = shutil.disk_usage(WORKER_CACHE_ROOT)
     dir_size = sum(f.stat().st_size for f in Path(src_dir).rglob("*") if f.is_file())
     cached = sum(f.stat().st_size for f in Path(dest_dir).rglob("*") if f.is_file()) \
