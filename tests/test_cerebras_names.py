@@ -80,6 +80,7 @@ def test_the_client_is_the_master_and_streams_nothing():
     assert (dist.is_streamer(), dist.num_streamers(), dist.get_ordinal(), dist.num_tasks(),
             dist.is_master_ordinal(), dist.get_streaming_batch_size(10)) == (
         False, 0, 0, 1, True, 10)
+    assert (dist.get_rank(), dist.get_world_size()) == (0, 1)  # no torch.distributed group
     with pytest.raises(RuntimeError, match="does not stream inputs.*is_streamer"):
         dist.get_streaming_rank()
 

@@ -99,14 +99,24 @@ def is_receiver() -> bool:
     return get_ordinal() in service_resolver().receiver_ordinals()
 
 
+def _torch_distributed():
+    import torch.distributed as td
+
+    return td if td.is_available() and td.is_initialized() else None
+
+
 def get_world_size() -> int:
-    """The number of tasks (Release 2.0's name for :func:`num_tasks`)."""
-    return num_tasks()
+    """Processes of an initialised ``torch.distributed`` group (Release 2.0 flows call it on
+    GPU with DDP); without one, :func:`num_tasks`."""
+    td = _torch_distributed()
+    return td.get_world_size() if td is not None else num_tasks()
 
 
 def get_rank() -> int:
-    """The current task's rank (Release 2.0's name for :func:`get_ordinal`)."""
-    return get_ordinal()
+    """This process's rank in an initialised ``torch.distributed`` group; without one,
+    :func:`get_ordinal`."""
+    td = _torch_distributed()
+    return td.get_rank() if td is not None else get_ordinal()
 
 
 def hit_worker_cache_limit(src_dir: str, dest_dir: str):
