@@ -25,9 +25,7 @@ class ApplianceEnviron(MutableMapping):
     """``os.environ`` for the keys set through it, which are also tracked for the input workers."""
 
     def __getitem__(self, key):
-        if key not in environ.tracked():
-            raise KeyError(key)
-        return os.environ[key]
+        return os.environ[key]  # as the Cerebras class: reads see every variable
 
     def __setitem__(self, key, value):
         if not isinstance(key, str) or not isinstance(value, str):
