@@ -12,11 +12,18 @@ import os as _os
 # Ray binds loopback only when this is set before it is imported (see README, "Security").
 _os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
-from cstream import amp, distributed, metrics, optim, utils  # noqa: E402
+from cstream import _cerebras_check  # noqa: E402,F401
+from cstream import amp, core, distributed, metrics, nn, optim, profiler, sparse, utils  # noqa: E402
 from cstream._compile import compile  # noqa: E402,A004
 from cstream._trace import TracedStep, compile_step, trace  # noqa: E402
-from cstream.backend import backend, current_backend  # noqa: E402
+from cstream.backend import backend, current_backend, use_cs  # noqa: E402
 from cstream.closures import checkpoint_closure, current_executor, step_closure  # noqa: E402
+from cstream.core.name_scope import (  # noqa: E402
+    add_debug_name,
+    get_debug_name,
+    name_scope,
+    set_debug_scope,
+)
 from cstream.creation import full, full_like, ones, ones_like, zeros, zeros_like  # noqa: E402
 from cstream.errors import (  # noqa: E402
     CompileError,
@@ -29,9 +36,12 @@ from cstream.errors import (  # noqa: E402
     UnshardedInputWarning,
     WorkerCrashLoopError,
 )
-from cstream.rng import get_rng_state, set_rng_state  # noqa: E402
+from cstream.rng import get_rng_state, manual_seed, set_rng_state  # noqa: E402
 from cstream.saving import load, save  # noqa: E402
-from cstream.summaries import summarize_scalar  # noqa: E402
+from cstream.summaries import summarize_scalar, summarize_tensor  # noqa: E402
+from cstream.utils.constant import make_constant  # noqa: E402
+from cstream.utils.data.utils import from_numpy, to_numpy  # noqa: E402
+from cstream.utils.pol import current_pol, pol  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -42,4 +52,9 @@ __all__ = [
     "compile_step", "current_backend", "current_executor", "distributed", "full", "full_like",
     "get_rng_state", "load", "metrics", "ones", "ones_like", "optim", "save", "set_rng_state",
     "step_closure", "summarize_scalar", "trace", "utils", "zeros", "zeros_like",
+    "add_debug_name", "core", "current_pol", "experimental", "from_numpy", "get_debug_name",
+    "make_constant", "manual_seed", "name_scope", "nn", "pol", "profiler", "set_debug_scope",
+    "sparse", "summarize_tensor", "to_numpy", "use_cs",
 ]
+
+from cstream import experimental  # noqa: E402  (re-exports the names above)

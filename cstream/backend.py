@@ -9,6 +9,27 @@ from executor.backends import CPUBackend, GPUBackend
 
 BACKENDS = {"CPU": CPUBackend, "GPU": GPUBackend}
 
+# Options of the Cerebras API's backends that change nothing in cstream: accepted, recorded in
+# the backend's ``accepted_without_effect`` (and the run's profile). Why, per option:
+WITHOUT_EFFECT = {
+    "CSX": {
+        "mixed_precision": "precision is what the step's cstream.amp.autocast() gives",
+        "use_cs_grad_accum": "the simulated wafer runs each CS-X's batch whole (no micro-batches)",
+        "micro_batch_size": "the simulated wafer runs each CS-X's batch whole (no micro-batches)",
+    },
+    "CPU": {
+        "mixed_precision": "precision is what the step's cstream.amp.autocast() gives",
+    },
+    "GPU": {
+        "mixed_precision": "precision is what the step's cstream.amp.autocast() gives",
+        "enable_distributed": "cstream's GPU backend runs on one device",
+        "main_process_id": "cstream's GPU backend runs on one device",
+        "dist_backend": "cstream's GPU backend runs on one device",
+        "init_method": "cstream's GPU backend runs on one device",
+        "sync_batchnorm": "cstream's GPU backend runs on one device",
+    },
+}
+
 
 def _csx_backend():
     from executor.backends.csx import CSXBackend
@@ -31,7 +52,10 @@ def backend(backend_type: str = "CSX", **options):
     ``backend_type`` is ``"CSX"`` (the simulated Wafer-Scale Cluster), ``"CPU"`` (eager, one
     process: the debugging path) or ``"GPU"`` (eager on CUDA). Options are the seed's:
     ``artifact_dir``, ``max_checkpoints`` and, for CSX, ``compile_dir``, ``compile_only``,
-    ``validate_only``, ``drop_data``, ``retrace_every_iteration`` and more.
+    ``validate_only``, ``drop_data``, ``retrace_every_iteration`` and more. The Cerebras
+    API's options that change nothing here (:data:`WITHOUT_EFFECT`: ``mixed_precision``,
+    ``use_cs_grad_accum``, ``micro_batch_size``, the GPU's distributed settings) are accepted
+    and listed in the backend's ``accepted_without_effect``.
 
     >>> import cstream
     >>> b = cstream.backend("CPU", max_checkpoints=2)
@@ -51,6 +75,7 @@ def backend(backend_type: str = "CSX", **options):
         raise ValueError(
             f"unknown backend type {backend_type!r}; choose one of 'CSX', 'CPU', 'GPU'."
         )
+    without_effect = {k: options.pop(k) for k in list(options) if k in WITHOUT_EFFECT[key]}
     existing = runtime.current_backend()
     if existing is not None:
         raise RuntimeError(
@@ -58,7 +83,28 @@ def backend(backend_type: str = "CSX", **options):
             "Get it with cstream.current_backend(), or call its .shutdown() before creating "
             f"a {key} backend."
         )
-    return cls(**options)
+    created = cls(**options)
+    created.accepted_without_effect.update(
+        {f"backend.{k}": v for k, v in without_effect.items() if v is not None})
+    return created
+
+
+def use_cs() -> bool:
+    """True when the current backend is the (simulated) Cerebras system, CSX, and inside the
+    CSX backend's input workers (which exist only for CSX runs)."""
+    from workers.context import is_streamer
+
+    b = runtime.current_backend()
+    return (b is not None and b.is_csx) or is_streamer()
+
+
+def current_backend_impl():
+    """The current backend (the Cerebras API's name for the object behind it); an error
+    when there is none."""
+    b = runtime.current_backend()
+    if b is None:
+        raise RuntimeError("No backend has been created: call cstream.backend(...) first.")
+    return b
 
 
 def current_backend():

@@ -44,3 +44,14 @@ def set_rng_state(state: torch.Tensor) -> None:
         torch.set_rng_state(state)
     else:
         backend.set_rng_state(state)
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the step's random numbers: this process's generator (``torch.manual_seed``) and,
+    where a backend exists, its generator (the wafer's on CSX) with the same state."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"cstream.manual_seed expects an int seed, got {seed!r}.")
+    torch.manual_seed(seed)
+    backend = runtime.current_backend()
+    if backend is not None:
+        backend.set_rng_state(torch.get_rng_state())

@@ -21,7 +21,43 @@ def _write_scalar(name: str, value) -> None:
                 f"summarize_scalar({name!r}, ...): expected a scalar (one element), got a tensor "
                 f"of shape {tuple(value.shape)}. Reduce it first, e.g. value.mean().")
         value = value.item()
-    writer.add_scalar(name, float(value), executor.user_iteration)
+    writer.add_scalar(name, float(value), summary_step(executor, writer))
+
+
+def summary_step(executor, writer) -> int:
+    """The step a summary of the executor's current step is written at: ``base_step + s - 1``
+    for a :class:`cstream.utils.tensorboard.SummaryWriter`, ``s`` for another writer."""
+    return getattr(writer, "base_step", 1) + executor.user_iteration - 1
+
+
+@step_closure
+def _write_tensor(name: str, value) -> None:
+    executor = runtime.current_executor()
+    writer = None if executor is None else executor.writer
+    if writer is None:
+        return
+    step = summary_step(executor, writer)
+    if hasattr(writer, "add_tensor"):
+        writer.add_tensor(name, value, step)
+    else:
+        writer.add_histogram(name, value.detach().float(), step)
+
+
+def summarize_tensor(name: str, tensor: torch.Tensor) -> None:
+    """Write ``tensor`` to the DataExecutor's ``writer`` under the tag ``name``, at every step
+    (a histogram of its values; on CSX fetched at the end of the step, as
+    :func:`summarize_scalar`)."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"summarize_tensor: name must be a non-empty string, got {name!r}.")
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"summarize_tensor({name!r}, ...): expected a tensor, got "
+                        f"{type(tensor).__name__}.")
+    if runtime.current_executor() is None:
+        raise RuntimeError(
+            f"summarize_tensor({name!r}, ...) was called outside a DataExecutor run; it writes "
+            "to the executor's writer at the current step. Call it inside the traced step or "
+            "the loop over the executor.")
+    _write_tensor(name, tensor)
 
 
 def summarize_scalar(name: str, scalar) -> None:

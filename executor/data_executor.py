@@ -20,6 +20,7 @@ from workers.errors import InputWorkerError
 
 _PARAMS = (
     "dataloader", "num_steps", "checkpoint_steps", "cs_config", "writer", "profiler_activities",
+    "activation_steps", "listeners", "micro_batch_size",
 )
 
 
@@ -59,6 +60,16 @@ class DataExecutor:
             worker's figures (:class:`executor.report.StepScalars`) and what the step writes
             with ``cstream.summarize_scalar``; the run summary at the end.
         profiler_activities: subset of ``["rate", "global_rate"]`` (both by default).
+        activation_steps: the Cerebras API's interval for fetching activations (outputs of
+            non-closure tensors) from the system; every step's outputs are available in
+            cstream, so it has no effect. Recorded in the run's profile.
+        listeners: ``cerebras.pytorch.experimental.listener`` objects (tensor listeners that
+            the Cerebras compiler attaches to the graph); cstream attaches none and calls none,
+            so they have no effect. Recorded in the run's profile by their class names.
+        micro_batch_size: the Cerebras API's per-CS-X gradient-accumulation micro-batch
+            (``"auto"``, ``"explore"``, None, an int or a per-mode dict); the simulated wafer
+            runs each CS-X's batch whole, so it has no effect on the numbers. Recorded in the
+            run's profile.
 
     >>> import torch, cstream
     >>> _ = cstream.backend("CPU")
@@ -71,7 +82,8 @@ class DataExecutor:
 
     def __init__(self, dataloader: DataLoader = None, num_steps: Optional[int] = None,
                  checkpoint_steps=None, cs_config: Optional[CSConfig] = None, writer=None,
-                 profiler_activities=None, **unknown: Any):
+                 profiler_activities=None, activation_steps: Optional[int] = None,
+                 listeners=(), micro_batch_size="auto", **unknown: Any):
         if unknown:
             name = next(iter(unknown))
             close = difflib.get_close_matches(name, _PARAMS, n=1)
@@ -96,6 +108,10 @@ class DataExecutor:
         self.dataloader = dataloader
         self.cs_config = cs_config
         self.writer = writer
+        self.accepted_without_effect = {
+            k: v for k, v in (("activation_steps", activation_steps),
+                              ("listeners", [type(x).__name__ for x in listeners or ()]),
+                              ("micro_batch_size", micro_batch_size)) if v not in (None, [])}
         self.profiler = Profiler(profiler_activities)
         self.checkpoint_schedule: Optional[Schedule] = normalize_checkpoint_steps(checkpoint_steps)
         self.checkpoint_steps = checkpoint_steps
@@ -265,6 +281,8 @@ class DataExecutor:
         if samples is None:
             samples = run.samples_in_step(step)
         self.profiler.step_done(samples)
+        if self.dataloader.batch_size is None:
+            self.dataloader.batch_size = samples
         record = {"step": step + 1, "samples": samples, "time": time.perf_counter(),
                   "client_start_unix": self._step_start_unix, "client_end_unix": time.time(),
                   **metrics}
@@ -319,7 +337,10 @@ class DataExecutor:
             "num_steps": self.num_steps,
             "steps_run": len(self.step_records),
             "cs_config": self.cs_config.to_dict(),
-            "total_samples": self.profiler.total_samples,
+            "total_samples": self.profiler.samples,
+            "accepted_without_effect": {
+                **getattr(runtime.current_backend(), "accepted_without_effect", {}),
+                **self.accepted_without_effect},
             "global_rate": self.profiler.global_rate_at_end(),
             "summary": self.summary,
             "steps": steps,

@@ -31,7 +31,8 @@ class Profiler:
             )
         self.activities = activities
         self._clock = clock
-        self.total_samples = 0
+        self.samples = 0
+        self.started = clock()
         self.first_step_end = None
         self.last_step_end = None
         self._window_start = None
@@ -48,7 +49,7 @@ class Profiler:
 
     def step_done(self, num_samples: int, t: float | None = None) -> None:
         t = self._clock() if t is None else t
-        self.total_samples += num_samples
+        self.samples += num_samples
         self.last_step_end = t
         if self.first_step_end is None:  # the first step opens the windows; its samples
             self.first_step_end = t        # were produced before them
@@ -82,4 +83,45 @@ class Profiler:
     def _global_rate(self, now: float) -> float:
         if self.first_step_end is None or now <= self.first_step_end:
             return 0.0
-        return (self.total_samples - self._first_samples) / (now - self.first_step_end)
+        return (self.samples - self._first_samples) / (now - self.first_step_end)
+
+    def total_samples(self) -> int:
+        """Samples of all the steps that have ended."""
+        return self.samples
+
+    def total_time(self) -> float:
+        """Seconds from the executor's creation to the end of the last step (to now before)."""
+        end = self.last_step_end if self.last_step_end is not None else self._clock()
+        return end - self.started
+
+    @property
+    def rate_tracker(self) -> "RateTrackerView":
+        """The Release 2.2 API's view of these figures (``executor.profiler.rate_tracker.rate``
+        and so on, properties instead of calls)."""
+        return RateTrackerView(self)
+
+
+class RateTrackerView:
+    """``profiler.rate_tracker``: :class:`Profiler`'s figures as properties."""
+
+    def __init__(self, profiler: Profiler):
+        self._profiler = profiler
+
+    @property
+    def total_samples(self) -> int:
+        return self._profiler.total_samples()
+
+    @property
+    def total_time(self) -> float:
+        return self._profiler.total_time()
+
+    @property
+    def rate(self) -> float:
+        return self._profiler.rate()
+
+    @property
+    def global_rate(self) -> float:
+        return self._profiler.global_rate()
+
+    samples_per_sec = global_rate
+

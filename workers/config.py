@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 
+AUTOMATIC_WORKERS_PER_CSX = 1
+"""Input workers per CS-X when ``num_workers_per_csx`` is 0 or None (automatic)."""
 DUPLICATE_SAMPLES = ("warn", "error", "ignore")
 INPUT_ASSIGNMENTS = ("dynamic", "static")
 
@@ -28,10 +30,12 @@ class CSConfig:
     8
     """
 
-    num_csx: int = 1
-    """Number of CS-X systems; the global batch is split across them (data parallel)."""
-    num_workers_per_csx: int = 1
-    """Input workers streaming into each CS-X's input buffer."""
+    num_csx: Optional[int] = 1
+    """Number of CS-X systems; the global batch is split across them (data parallel). None
+    (a Cerebras run configuration without ``num_csx``): 1."""
+    num_workers_per_csx: Optional[int] = 1
+    """Input workers streaming into each CS-X's input buffer. 0 or None: chosen automatically,
+    as on a Cerebras cluster; cstream chooses :data:`AUTOMATIC_WORKERS_PER_CSX`."""
     wafer_samples_per_sec: Optional[float] = None
     """Simulated compute speed of one CS-X in samples/s: each step takes at least
     ``samples_on_this_csx / wafer_samples_per_sec`` seconds. None: as fast as the step runs."""
@@ -88,7 +92,31 @@ class CSConfig:
     """How many of each worker's first batches are compared across all workers of all CS-Xs
     (by sample id where the sampler gives them, by content otherwise)."""
 
+    # The Cerebras cluster's settings (``cerebras.pytorch.utils.CSConfig``): accepted, kept in
+    # the run's profile (``cs_config``) and without effect -- the simulated cluster has no
+    # weight or activation servers, management service, job scheduler or compiler to tune.
+    max_wgt_servers: Optional[int] = None
+    max_act_per_csx: Optional[int] = None
+    mgmt_address: Optional[str] = None
+    mgmt_namespace: Optional[str] = None
+    credentials_path: Optional[str] = None
+    debug_args: Any = None
+    mount_dirs: Optional[list] = None
+    python_paths: Optional[list] = None
+    transfer_processes: Optional[int] = None
+    job_labels: Optional[list] = None
+    job_priority: Optional[str] = None
+    job_time_sec: Optional[int] = None
+    disable_version_check: bool = False
+    fabric_type_blacklist: Optional[list] = None
+    precision_opt_level: Optional[int] = None
+
     def __post_init__(self):
+        if self.num_csx is None:
+            self.num_csx = 1
+        self.workers_chosen_automatically = self.num_workers_per_csx in (None, 0)
+        if self.workers_chosen_automatically:
+            self.num_workers_per_csx = AUTOMATIC_WORKERS_PER_CSX
         _positive_int("num_csx", self.num_csx)
         _positive_int("num_workers_per_csx", self.num_workers_per_csx)
         _positive_int("input_buffer_batches", self.input_buffer_batches)
@@ -148,4 +176,7 @@ class CSConfig:
         return 0.0
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if hasattr(out["debug_args"], "to_dict"):
+            out["debug_args"] = out["debug_args"].to_dict()
+        return out

@@ -89,6 +89,26 @@ def worker_context(info: WorkerInfo, state: DataLoaderCheckpoint | None = None):
         _local.state = prev_state
 
 
+_streamer = threading.local()
+
+
+def is_streamer() -> bool:
+    """True inside an input worker of the CSX backend (its thread, and the DataLoader worker
+    processes forked from it); False in the client, on the CPU backend too."""
+    return getattr(_streamer, "value", False)
+
+
+@contextlib.contextmanager
+def streamer_context():
+    """Run a block as an input worker's streaming task (see :func:`is_streamer`)."""
+    prev = getattr(_streamer, "value", False)
+    _streamer.value = True
+    try:
+        yield
+    finally:
+        _streamer.value = prev
+
+
 class AssignmentClosed(Exception):
     """The worker stops: no more global batch numbers will be assigned."""
 

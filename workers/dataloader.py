@@ -12,6 +12,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any, Callable, Iterable
 
+from workers import environ
 from workers.context import DataLoaderCheckpoint, WorkerInfo, get_worker_info, worker_context
 
 STATE_FORMAT = "cstream.dataloader/1"
@@ -68,6 +69,9 @@ class DataLoader:
         self._resume = None
         self._resume_states = None
         self._state_provider = None
+        self.worker_env: dict[str, str] = {}  # set when sent to a worker: workers.environ
+        self.batch_size: int | None = None
+        """The global batch size: samples in the run's first step (None before it ends)."""
 
     # -- building --------------------------------------------------------------------------
     def build(self, info: WorkerInfo | None = None):
@@ -112,6 +116,12 @@ class DataLoader:
             return False
 
     # -- restartable state -------------------------------------------------------------------
+    @property
+    def is_restartable(self) -> bool:
+        """True: cstream saves and restores every loader's position (:meth:`state_dict`,
+        :meth:`load_state_dict`), whatever ``input_fn`` returns."""
+        return True
+
     def state_dict(self) -> dict:
         """The input side's position at the current checkpoint step: every worker's state.
 
@@ -147,6 +157,7 @@ class DataLoader:
         state = dict(self.__dict__)
         state["_state_provider"] = None
         state["_client_loader"] = None
+        state["worker_env"] = environ.snapshot()
         return state
 
     def resume_topology(self):

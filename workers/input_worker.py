@@ -30,8 +30,9 @@ import ray
 import torch
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
+from workers import environ
 from workers.context import (BatchAssignment, DataLoaderCheckpoint, WorkerInfo, batch_assignment,
-                             worker_context)
+                             streamer_context, worker_context)
 from workers.dataloader import DataLoader
 from workers.duplicates import content_digest, sample_keys
 from workers.errors import user_traceback
@@ -440,7 +441,8 @@ class InputWorkerImpl:
 
     def _run(self) -> None:
         info = self.info
-        with worker_context(info, self.state):
+        environ.apply(getattr(self.dataloader, "worker_env", None))
+        with worker_context(info, self.state), streamer_context():
             try:
                 loader = self.dataloader.build(info)
                 self._decide_mode(loader)

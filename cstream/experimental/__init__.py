@@ -9,11 +9,20 @@ True
 import sys as _sys
 
 import cstream as _cstream
-from cstream import *  # noqa: F401,F403
 from cstream import __all__ as _all
 from cstream import amp, distributed, metrics, optim, utils  # noqa: F401
+
+_all = [n for n in _all if n != "experimental"]  # this module itself is the last name set
+globals().update({n: getattr(_cstream, n) for n in _all})
 
 for _name in ("amp", "distributed", "metrics", "optim", "utils"):
     _sys.modules[f"{__name__}.{_name}"] = getattr(_cstream, _name)
 
-__all__ = list(_all)
+from cstream.experimental import listener  # noqa: E402
+from cstream.unsupported import unsupported as _unsupported  # noqa: E402
+
+run_implicit_autoregressive_loop = _unsupported(
+    "the on-device autoregressive generation loop "
+    "(cerebras.pytorch.experimental.run_implicit_autoregressive_loop)")
+
+__all__ = list(_all) + ["listener", "run_implicit_autoregressive_loop"]

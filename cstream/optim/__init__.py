@@ -8,6 +8,8 @@ import warnings
 from typing import Any
 
 from cstream.optim import lr_scheduler, scheduler, weight_decay_scheduler
+from cstream.optim.configure import (configure_optimizer_params, configure_param_groups,
+                                     configure_scheduler_params)
 from cstream.optim.muon import Muon
 from cstream.optim.optimizer import Optimizer
 from cstream.optim.optimizers import (
@@ -19,8 +21,9 @@ OPTIMIZERS = {cls.__name__: cls for cls in (
     SGD, Adam, AdamW, Adagrad, Adadelta, Adamax, ASGD, NAdam, RAdam, RMSprop, Rprop, Lamb, Lion,
     Adafactor, Muon)}
 
-__all__ = ["Optimizer", "configure_lr_scheduler", "configure_optimizer", "lr_scheduler", "scheduler",
-           "weight_decay_scheduler",
+__all__ = ["Optimizer", "configure_lr_scheduler", "configure_optimizer",
+           "configure_optimizer_params", "configure_param_groups", "configure_scheduler_params",
+           "lr_scheduler", "scheduler", "weight_decay_scheduler",
            *OPTIMIZERS]
 
 

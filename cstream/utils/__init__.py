@@ -1,6 +1,8 @@
-"""``cstream.utils``: CSConfig and the data utilities."""
+"""``cstream.utils``: CSConfig, the data utilities and the Cerebras API's helpers."""
 
 from workers.config import CSConfig
-from cstream.utils import data
+from cstream.utils import (constant, data, kernel, nest, pol, step_closures, tensorboard,
+                           tracker)
 
-__all__ = ["CSConfig", "data"]
+__all__ = ["CSConfig", "constant", "data", "kernel", "nest", "pol", "step_closures", "tensorboard",
+           "tracker"]

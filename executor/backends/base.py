@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import enum
 import os
 import weakref
 from collections import deque
@@ -13,6 +14,24 @@ from typing import Optional
 import torch
 
 from executor import runtime
+
+
+class BackendType(enum.Enum):
+    CPU = "CPU"
+    GPU = "GPU"
+    CSX = "CSX"
+
+    @property
+    def is_cpu(self) -> bool:
+        return self is BackendType.CPU
+
+    @property
+    def is_gpu(self) -> bool:
+        return self is BackendType.GPU
+
+    @property
+    def is_csx(self) -> bool:
+        return self is BackendType.CSX
 
 
 def check_options(backend_name: str, given: dict, valid: tuple) -> None:
@@ -26,6 +45,39 @@ def check_options(backend_name: str, given: dict, valid: tuple) -> None:
             )
 
 
+class DeviceConfig:
+    """``backend.device.config`` of the Cerebras API. ``drop_data`` is the backend's own
+    (``cstream.backend("CSX", drop_data=...)``; False elsewhere). ``lazy_initialization``
+    (initialise parameters on the device instead of in the client) is accepted and recorded in
+    the run's profile: cstream's CSX backend always creates parameters lazily."""
+
+    def __init__(self, backend: "Backend"):
+        object.__setattr__(self, "_backend", backend)
+        object.__setattr__(self, "lazy_initialization", True)
+
+    @property
+    def drop_data(self) -> bool:
+        return bool(getattr(self._backend, "drop_data", False))
+
+    @drop_data.setter
+    def drop_data(self, value: bool) -> None:
+        if hasattr(self._backend, "drop_data"):
+            self._backend.drop_data = bool(value) or self._backend.forces_single_step
+        elif value:
+            raise ValueError(f'drop_data=True: the {self._backend.name} backend has no '
+                             'wafer to drop data on; it is an option of cstream.backend("CSX").')
+
+    def __setattr__(self, name, value):
+        if name == "drop_data":
+            DeviceConfig.drop_data.fset(self, value)
+            return
+        if name != "lazy_initialization":
+            raise AttributeError(f"backend.device.config has no setting {name!r}; the settings "
+                                 "are drop_data and lazy_initialization.")
+        object.__setattr__(self, name, value)
+        self._backend.accepted_without_effect["device.config.lazy_initialization"] = value
+
+
 class Device:
     """``with backend.device:`` -- tensors created inside live on the backend's device."""
 
@@ -33,6 +85,7 @@ class Device:
         self.backend = backend
         self.type = backend.name
         self.torch_device = torch.device(torch_device)
+        self.config = DeviceConfig(backend)
         self._stack = []
 
     def __enter__(self):
@@ -104,7 +157,26 @@ class Backend:
         self._checkpoints: deque[Path] = deque()
         self._alive = True
         self._stateful: "weakref.WeakSet" = weakref.WeakSet()
+        self.accepted_without_effect: dict = {}
+        """Cerebras options this run accepted that change nothing here (the run's profile
+        lists them under ``accepted_without_effect``)."""
         runtime.set_backend(self)
+
+    @property
+    def backend_type(self) -> "BackendType":
+        return BackendType[self.name]
+
+    @property
+    def is_csx(self) -> bool:
+        return self.name == "CSX"
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.name == "CPU"
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.name == "GPU"
 
     # -- the interface -------------------------------------------------------------------
     def compile(self, model: torch.nn.Module) -> CompiledModel:

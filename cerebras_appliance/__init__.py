@@ -1,0 +1,5 @@
+"""``cerebras_appliance``: cstream's name for Cerebras programs (see ``cstream._aliases``)."""
+
+from cstream._aliases import become
+
+become(__name__)

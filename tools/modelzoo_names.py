@@ -1,0 +1,161 @@
+"""Which ``cerebras.pytorch`` / ``cerebras.appliance`` names a Model Zoo checkout references, and
+which of them resolve with cstream installed.
+
+    python tools/modelzoo_names.py PATH [PATH ...] [--json OUT] [--missing]
+
+PATH is a Model Zoo checkout (or any folder of Python files). Every ``.py`` file is parsed (never
+imported); a name is each dotted chain rooted at an import of ``cerebras_pytorch``,
+``cerebras.pytorch``, ``cerebras_appliance`` or ``cerebras.appliance``: ``cstorch.optim.Adam`` after
+``import cerebras.pytorch as cstorch``, ``dist.get_worker_state`` after ``import
+cerebras_pytorch.distributed as dist``, ``modes.TRAIN`` after ``from cerebras_pytorch.core import
+modes``. The chain stops at a call or a subscript: ``cstorch.backend(...).device`` counts as
+``cerebras.pytorch.backend``. Both spellings are counted as the ``cerebras.*`` one.
+
+A name resolves when importing its longest module prefix and reading the rest as attributes works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import json
+import pathlib
+import sys
+from collections import defaultdict
+
+ROOTS = {"cerebras_pytorch": "cerebras.pytorch", "cerebras_appliance": "cerebras.appliance",
+         "cerebras.pytorch": "cerebras.pytorch", "cerebras.appliance": "cerebras.appliance"}
+
+
+def canonical(module: str) -> str | None:
+    for root, canon in ROOTS.items():
+        if module == root or module.startswith(root + "."):
+            return canon + module[len(root):]
+    return None
+
+
+def _chain(node: ast.AST) -> list[str] | None:
+    """``a.b.c`` as ["a", "b", "c"] when the chain is names and attributes only."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return [node.id] + parts[::-1]
+    return None
+
+
+def _mark_parents(tree: ast.AST) -> None:
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            child._parent = node
+
+
+def scan(paths: list[pathlib.Path]) -> dict[str, list[str]]:
+    """name -> files (relative) that reference it."""
+    where: dict[str, list[str]] = defaultdict(list)
+    for root in paths:
+        for f in sorted(root.rglob("*.py")):
+            try:
+                src = f.read_text(encoding="utf-8", errors="replace")
+                tree = ast.parse(src)
+            except SyntaxError:
+                continue
+            _mark_parents(tree)
+            for name in _names(tree):
+                where[name].append(str(f.relative_to(root)))
+    return dict(where)
+
+
+def _names(tree: ast.AST) -> set[str]:
+    """The canonical dotted names a parsed file references (parents marked)."""
+    bound: dict[str, str] = {}
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                canon = canonical(a.name)
+                if canon is None:
+                    continue
+                found.add(canon)
+                if a.asname:
+                    bound[a.asname] = canon
+                else:
+                    top = a.name.split(".")[0]
+                    bound[top] = top
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "cerebras":
+                for a in node.names:
+                    c = canonical("cerebras." + a.name)
+                    if c:
+                        found.add(c)
+                        bound[a.asname or a.name] = c
+                continue
+            canon = canonical(node.module)
+            if canon is None:
+                continue
+            for a in node.names:
+                if a.name == "*":
+                    found.add(canon)
+                else:
+                    found.add(f"{canon}.{a.name}")
+                    bound[a.asname or a.name] = f"{canon}.{a.name}"
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or isinstance(getattr(node, "_parent", None), ast.Attribute):
+            continue
+        chain = _chain(node)
+        if not chain or chain[0] not in bound:
+            continue
+        dotted = ".".join([bound[chain[0]]] + chain[1:])
+        canon = canonical(dotted)
+        if canon:
+            found.add(canon)
+    return found
+
+
+def resolves(name: str) -> tuple[bool, str]:
+    parts = name.split(".")
+    for cut in range(len(parts), 1, -1):
+        module = ".".join(parts[:cut])
+        try:
+            obj = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name and (module == e.name or module.startswith(e.name + ".")):
+                continue  # this prefix is not a module: read the rest as attributes
+            return False, f"importing {module}: {e}"
+        except Exception as e:  # noqa: BLE001 - report what the import raised
+            return False, f"importing {module}: {type(e).__name__}: {e}"
+        for attr in parts[cut:]:
+            try:
+                obj = getattr(obj, attr)
+            except AttributeError:
+                return False, f"{module} has no {'.'.join(parts[cut:])}"
+        return True, ""
+    return False, f"no module {parts[0]}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("paths", nargs="+", type=pathlib.Path)
+    ap.add_argument("--json", type=pathlib.Path, help="write every name, its result and files here")
+    ap.add_argument("--missing", action="store_true", help="list the names that do not resolve")
+    args = ap.parse_args(argv)
+    where = scan(args.paths)
+    results = {name: resolves(name) for name in sorted(where)}
+    ok = sum(1 for good, _ in results.values() if good)
+    print(f"{ok} of {len(results)} referenced names resolve ({100 * ok / max(1, len(results)):.0f}%)"
+          f" in {', '.join(map(str, args.paths))}")
+    if args.missing:
+        for name, (good, why) in results.items():
+            if not good:
+                more = f" +{len(where[name]) - 1}" if len(where[name]) > 1 else ""
+                print(f"  {name}: {why}  [{where[name][0]}{more}]")
+    if args.json:
+        args.json.write_text(json.dumps({n: {"resolves": g, "why": w, "files": where[n]}
+                                         for n, (g, w) in results.items()}, indent=1))
+    return 0 if ok == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
