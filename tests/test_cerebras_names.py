@@ -427,3 +427,22 @@ def test_the_worker_cache_is_a_named_error_where_the_cluster_disk_is_absent(tmp_
         pytest.skip(f"{dist.WORKER_CACHE_ROOT} exists on this machine")
     with pytest.raises(FileNotFoundError, match="use_worker_cache: False"):
         dist.hit_worker_cache_limit(str(tmp_path), dist.WORKER_CACHE_ROOT + "/x")
+
+
+def test_the_2_0_saver_class_reads_and_writes_cstream_checkpoints(tmp_path):
+    from cerebras.pytorch.saver import PyTorchH5Saver
+    from cerebras.pytorch.saver.pt_h5_saver import PyTorchH5Saver as same
+
+    assert same is PyTorchH5Saver
+    path = str(tmp_path / "c.h5")
+    weight = torch.arange(6.0).reshape(2, 3)
+    saver = PyTorchH5Saver()
+    saver.save(path, {"model": {"fc.weight": weight}, "state": [torch.ones(2)], "step": 3})
+    assert PyTorchH5Saver.is_valid_checkpoint(path)
+    assert not PyTorchH5Saver.is_valid_checkpoint(str(tmp_path / "missing.h5"))
+    assert PyTorchH5Saver.extract_version(path) == 0.5
+    assert saver.tensor_names(path) == ["model.fc.weight", "state.0"]
+    assert torch.equal(saver.load_tensor(path, "model.fc.weight"), weight)
+    assert [n for n, _ in saver.flatten_state_dict({"a": {"b": 1}, "c": [2]})] == ["a.b", "c.0"]
+    with pytest.raises(KeyError, match="no tensor named 'model.bias'"):
+        saver.load_tensor(path, "model.bias")
