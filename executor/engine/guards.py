@@ -14,6 +14,7 @@ import os
 import sys
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
 
 from executor.engine.errors import TracingError
@@ -127,6 +128,21 @@ KNOWN_READS = {
 }
 
 
+# Python branches on a tensor inside libraries users port that only choose a faster path when
+# the value allows it, and take the general path when the library knows it is being traced: the
+# answer given there while a step is traced (the general path, as under torch.fx or dynamo).
+# transformers' masking_utils asks "does every token attend?" (`fast_all(mask)`, `.all()`) to
+# skip building the attention mask; False builds it, which is right for any mask.
+TRACED_BRANCHES = {
+    os.path.join("transformers", "masking_utils.py"): False,
+}
+
+
+def traced_branch(fn: str):
+    """The answer a bool() of a tensor gets at a line of ``fn`` while a step is traced, or None."""
+    return next((answer for path, answer in TRACED_BRANCHES.items() if fn.endswith(path)), None)
+
+
 HOST_MOVE_FIX = (
     " Fix: to keep the tensor where it is, move it to the device of a tensor of the step, "
     "`t.to(x.device)` (a device taken before the step, e.g. `device = 'cpu'`, names the host), "
@@ -222,24 +238,56 @@ class ReadGuard(TorchFunctionMode):
 
     Every tensor of the step lives on the wafer. A ``torch.device`` read from one of them
     (``x.device``) names the wafer, so ``t.to(x.device)``, ``t.to(x)`` or a dtype-only ``.to``
-    move no value and run as in eager. A device the user names (``"cpu"``, ``.cpu()``) asks for
-    the value on the host: that is a read, refused like ``.item()``, whoever calls it.
+    move no value and run as in eager; so do the devices torch's grouping of tensors by device
+    returns (``clip_grad_norm_``'s ``clip_coef.to(device)``) and those of tensors the step
+    creates. A device the user names (``"cpu"``, ``.cpu()``) asks for the value on the host:
+    that is a read, refused like ``.item()``, whoever calls it.
     """
 
     def __init__(self):
         super().__init__()
-        # devices read from the step's tensors; kept alive so their ids stay theirs
-        self._wafer_devices: list[torch.device] = []
-        self._wafer_ids: set[int] = set()
+        # devices read from the step's tensors, by id; kept alive so their ids stay theirs
+        self._wafer_devices: dict[int, torch.device] = {}
+        self._wafer_ids = self._wafer_devices.keys()
+        self._saved_grouping = self._saved_fake_device = None
+
+    def _note_wafer_device(self, device: torch.device) -> torch.device:
+        self._wafer_devices.setdefault(id(device), device)
+        return device
+
+    def _group_by_device(self, *args, **kwargs):
+        """torch's grouping of tensors by (device, dtype), as used by clip_grad_norm_ and the
+        foreach optimizers: the devices it returns are those of step tensors, the wafer."""
+        grouped = self._saved_grouping(*args, **kwargs)
+        for device, _ in grouped:
+            self._note_wafer_device(device)
+        return grouped
+
+    def __enter__(self):
+        # Two ways a step's device reaches Python without passing this mode, noted while the
+        # step is traced: torch's grouping by device, and the ``.device`` of the tensors the
+        # step creates itself (fake tensors, whose property answers below any mode).
+        self._saved_grouping = torch._C._group_tensors_by_device_and_dtype
+        torch._C._group_tensors_by_device_and_dtype = self._group_by_device
+        self._saved_fake_device = FakeTensor.__dict__["device"]
+        read = self._saved_fake_device.fget
+        FakeTensor.device = property(lambda t: self._note_wafer_device(read(t)))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch._C._group_tensors_by_device_and_dtype = self._saved_grouping
+        FakeTensor.device = self._saved_fake_device
+        return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func == _DEVICE_OF:  # a method-wrapper: a new object on every attribute access
-            device = func(*args, **kwargs)
-            self._wafer_devices.append(device)
-            self._wafer_ids.add(id(device))
-            return device
+            return self._note_wafer_device(func(*args, **kwargs))
         what = READS.get(func)
+        if func is _T.__bool__:
+            answer = traced_branch(user_frame()[0])
+            if answer is not None:
+                return answer
         if what is not None:
             raise read_error(what, HOST_MOVE_FIX if func is _T.cpu else "")
         if func in _MOVES:
