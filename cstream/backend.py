@@ -58,7 +58,12 @@ def backend(backend_type: str = "CSX", **options):
             "Get it with cstream.current_backend(), or call its .shutdown() before creating "
             f"a {key} backend."
         )
-    return cls(**options)
+    mixed_precision = options.pop("mixed_precision", None)
+    if mixed_precision is not None and not isinstance(mixed_precision, bool):
+        raise TypeError(f"mixed_precision: expected True or False, got {mixed_precision!r}.")
+    created = cls(**options)
+    created.mixed_precision = mixed_precision  # steps autocast (cstream.amp.precision)
+    return created
 
 
 def current_backend():

@@ -86,6 +86,9 @@ class Backend:
     name = "?"
     options: tuple = ("artifact_dir", "max_checkpoints")
     forces_single_step = False
+    # automatic mixed precision of steps: True/False, or None to follow cstream.amp's setting
+    # (cstream.backend(..., mixed_precision=...) sets it; see cstream.amp.precision)
+    mixed_precision: Optional[bool] = None
 
     def __init__(self, artifact_dir=None, max_checkpoints: Optional[int] = None,
                  torch_device: str = "cpu"):
@@ -111,7 +114,7 @@ class Backend:
         return CompiledModel(model, self)
 
     def run_step(self, traced, args, kwargs):
-        return traced.fn(*args, **kwargs)
+        return traced.run(*args, **kwargs)
 
     def start_run(self, executor):  # -> Run
         raise NotImplementedError

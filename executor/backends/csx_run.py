@@ -122,7 +122,7 @@ class CSXRun:
             warmup.wait()
             self.backend.preinitialize_all()  # optimizer state exists before tracing (seed 003)
             with phases.phase("tracing"):
-                new = capture(self.store, traced.fn, args, kwargs, take,
+                new = capture(self.store, traced.run, args, kwargs, take,
                               self.backend.param_handles())
             if cap is not None and new.ops != cap.ops:
                 raise CompileError(
