@@ -186,6 +186,7 @@ class DataExecutor:
         t0 = time.perf_counter()
         ok = False
         try:
+            self._run_initial_closures(backend)
             self._run = backend.start_run(self)
             for step in range(self.num_steps):
                 self.iteration = step
@@ -225,6 +226,17 @@ class DataExecutor:
                 self.dataloader.bind_state_provider(None)
                 self.summary.setdefault("wall_s", time.perf_counter() - t0)
                 self._write_profile(completed=ok)
+
+    def _run_initial_closures(self, backend) -> None:
+        """Checkpoint closures called before this run: they run now, before the first step,
+        with the initial values (nothing streams yet, so every state tensor is readable)."""
+        closures, backend.initial_closures = backend.initial_closures, []
+        for fn, args, kwargs in closures:
+            t0 = time.time()
+            fn(*args, **kwargs)
+            self.client_spans.append({
+                "name": getattr(fn, "__qualname__", repr(fn)), "step": 0,
+                "kind": "checkpoint closure", "start_unix": t0, "end_unix": time.time()})
 
     def _dataloader_state(self) -> dict:
         """What ``DataLoader.state_dict()`` returns during this run: every worker's position

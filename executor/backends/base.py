@@ -67,6 +67,12 @@ class CompiledModel:
     def __setattr__(self, name, value):
         setattr(self.model, name, value)
 
+    @property
+    def device(self) -> torch.device:
+        """The torch device of the backend (``t.to(compiled_model.device)`` in a step moves
+        nothing: the step's tensors are there already)."""
+        return self.backend.device.torch_device
+
     def eval(self):
         self.model.eval()
         return self
@@ -107,6 +113,8 @@ class Backend:
         self._checkpoints: deque[Path] = deque()
         self._alive = True
         self._stateful: "weakref.WeakSet" = weakref.WeakSet()
+        # checkpoint closures called before a run: (fn, args, kwargs), run as the next run starts
+        self.initial_closures: list = []
         runtime.set_backend(self)
 
     # -- the interface -------------------------------------------------------------------

@@ -89,8 +89,9 @@ def first_difference(old: list[str], new: list[str]) -> str:
 
 
 def capture(store: Store, fn: Callable, args, kwargs, take_closures: Callable[[], list],
-            param_handles) -> Captured:
-    """Trace ``fn(*args, **kwargs)`` once with fake values; nothing is computed."""
+            param_handles, devices=()) -> Captured:
+    """Trace ``fn(*args, **kwargs)`` once with fake values; nothing is computed. ``devices``
+    name the wafer (the backend's device): ``.to()`` to one of them moves nothing."""
     t0 = time.perf_counter()
     leaves, spec = tree_flatten((args, kwargs))
     batch_pos, const_pos = [], []
@@ -116,7 +117,7 @@ def capture(store: Store, fn: Callable, args, kwargs, take_closures: Callable[[]
         for i, v in zip(const_pos, const_vals):
             new_leaves[i] = v
         a, k = tree_unflatten(new_leaves, spec)
-        with store.capturing_values(pairs), ReadGuard():
+        with store.capturing_values(pairs), ReadGuard(devices):
             out = fn(*a, **k)
             closures = take_closures()
             outputs: list[torch.Tensor] = []

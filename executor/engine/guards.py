@@ -244,10 +244,11 @@ class ReadGuard(TorchFunctionMode):
     that is a read, refused like ``.item()``, whoever calls it.
     """
 
-    def __init__(self):
+    def __init__(self, devices=()):
         super().__init__()
-        # devices read from the step's tensors, by id; kept alive so their ids stay theirs
-        self._wafer_devices: dict[int, torch.device] = {}
+        # devices read from the step's tensors, by id, and ``devices`` (the backend's, as
+        # ``compiled_model.device`` gives it); kept alive so their ids stay theirs
+        self._wafer_devices: dict[int, torch.device] = {id(d): d for d in devices}
         self._wafer_ids = self._wafer_devices.keys()
         self._saved_grouping = self._saved_fake_device = None
 
