@@ -11,9 +11,10 @@ arguments, a traced function reused, BatchNorm(momentum=None), transformers' mas
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import pytest
 import torch
@@ -549,6 +550,64 @@ def bf16_loss(compiled, batch):
     return ((out.float() - y) ** 2).mean()
 
 
+def padded_tokens(n=10):
+    """Causal-LM batches with right padding (id 0, attention_mask 0, label -100) in two rows."""
+    out = []
+    for ids in tokens(n):
+        mask = torch.ones_like(ids)
+        mask[1, SEQ - 4:] = 0
+        mask[3, SEQ - 7:] = 0
+        out.append({"input_ids": torch.where(mask.bool(), ids, 0), "attention_mask": mask,
+                    "labels": torch.where(mask.bool(), ids, -100)})
+    return out
+
+
+def padded_lm_loss(compiled, batch):
+    return compiled(**batch).loss
+
+
+def half_vectors(dtype):
+    """Inputs in ``dtype`` (16-bit: as the Model Zoo's pipelines make under mixed_precision) and
+    int32 class labels."""
+    def make(n=10):
+        g = torch.Generator().manual_seed(4)
+        return [(torch.randn(BATCH, 8, generator=g).to(dtype),
+                 torch.randint(0, 3, (BATCH,), generator=g, dtype=torch.int32))
+                for _ in range(n)]
+    return make
+
+
+def int32_images(n=10):
+    return [(x, y.int()) for x, y in images(n)]
+
+
+class LayerStack(torch.nn.Module):
+    """Layer stacks made by deep copies, built under the backend's device: a ModuleList of
+    copies of one block (the Model Zoo's transformers) and torch's TransformerEncoder (which
+    copies its layer itself)."""
+
+    def __init__(self):
+        super().__init__()
+        with cstorch.current_backend().device:
+            block = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU())
+            self.inp = torch.nn.Linear(8, 16)
+            self.blocks = torch.nn.ModuleList([copy.deepcopy(block) for _ in range(3)])
+            layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+            self.encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+            self.out = torch.nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = self.inp(x)
+        for block in self.blocks:
+            h = h + block(h)
+        return self.out(self.encoder(h.view(BATCH, 2, 8).repeat(1, 1, 2)).mean(1))
+
+
+def ce_loss(compiled, batch):
+    x, y = batch
+    return torch.nn.CrossEntropyLoss()(compiled(x), y)  # int32 labels, as the real stack takes
+
+
 @dataclass
 class Case:
     build: Callable[[], torch.nn.Module]
@@ -556,14 +615,16 @@ class Case:
     loss: Callable
     adam: bool = True       # AdamW (weights compared at 1e-4 with the default CPU backend)
     micro_batches: int = 1  # gradient accumulation inside the step
-    bf16: bool = False      # bfloat16 matmuls: thread counts differ by bfloat16's rounding
+    bf16: bool = False      # 16-bit matmuls: thread counts differ by the 16-bit rounding
+    clip: Optional[float] = None  # torch.nn.utils.clip_grad_norm_ in the step
+    half: Optional[torch.dtype] = None  # mixed precision with this half dtype
 
 
 class BF16Net(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, outputs=1):
         super().__init__()
         self.net = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.GELU(),
-                                       torch.nn.LayerNorm(64), torch.nn.Linear(64, 1))
+                                       torch.nn.LayerNorm(64), torch.nn.Linear(64, outputs))
 
     def forward(self, x):
         return self.net(x)
@@ -578,11 +639,30 @@ CASES = {
     "dropout": Case(DropoutMLP, vectors, mse_loss, adam=False),
     "bf16_autocast": Case(BF16Net, vectors, bf16_loss, bf16=True),
     "grad_accumulation": Case(BF16Net, vectors, mse_loss, micro_batches=2),
+    "gpt2_padded_clipped": Case(lambda: transformers.GPT2LMHeadModel(gpt2_config()),
+                                padded_tokens, padded_lm_loss, clip=0.5),
+    "deepcopied_layers": Case(LayerStack, half_vectors(torch.float32), ce_loss, adam=False,
+                              clip=1.0),
+    "int32_labels": Case(ResNet, int32_images, ce_loss, adam=False),
+    "mixed_precision_fp16": Case(lambda: BF16Net(3), half_vectors(torch.float16), ce_loss, bf16=True,
+                                 clip=1.0, half=torch.float16),
+    "mixed_precision_bf16": Case(lambda: BF16Net(3), half_vectors(torch.bfloat16), ce_loss, bf16=True,
+                                 half=torch.bfloat16),
 }
 
 
 def train(case: Case, backend, steps=10):
     """Losses and final state (model and optimizer) of ``steps`` steps of ``case``."""
+    if case.half is not None:
+        cstorch.amp.set_half_dtype(case.half)  # turns mixed precision on
+    try:
+        return _train(case, backend, steps)
+    finally:
+        cstorch.amp.enable_mixed_precision(False)
+        cstorch.amp.use_bfloat16(False)
+
+
+def _train(case: Case, backend, steps):
     torch.manual_seed(0)
     model = case.build()
     compiled = cstorch.compile(model, backend)
@@ -603,6 +683,8 @@ def train(case: Case, backend, steps=10):
                 micro = case.loss(compiled, part) / case.micro_batches
                 micro.backward()
                 loss = loss + micro.detach()
+        if case.clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), case.clip)
         opt.step()
         opt.zero_grad()
         return loss
