@@ -6,13 +6,14 @@ Mixed precision is on for a step when the backend was created with ``mixed_preci
 ``torch.autocast(device, dtype=get_half_dtype())`` on every backend: the CPU backend runs it
 eagerly, the CSX backend traces it, so the casts autocast inserts are ops of the wafer's graph
 and both backends compute the same numbers. Which ops run in the half dtype is torch's CPU
-autocast policy (``torch.autocast`` documentation, "CPU Ops that can autocast to bfloat16",
-the same list for float16): matrix products and convolutions (``linear``, ``matmul``, ``mm``,
-``bmm``, ``addmm``, ``baddbmm``, ``conv1d/2d/3d``, ``conv_transpose*``, ``prelu``,
-``scaled_dot_product_attention``) take half inputs; reductions and losses torch lists as
-float32 ops (``nll_loss``, ``layer_norm`` inputs of mixed dtypes are promoted, ``softmax`` of
-half stays half) run as listed there; every other op runs in the dtype of its inputs. So
-float16/bfloat16 inputs feed float32 weights, as the real CSX accepts.
+autocast policy (``torch.autocast`` documentation, "CPU Ops that can autocast to bfloat16"; the
+same list for float16): matrix products, convolutions and attention (``linear``, ``matmul``,
+``mm``, ``bmm``, ``addmm``, ``baddbmm``, ``conv1d/2d/3d``, ``conv_transpose*``,
+``scaled_dot_product_attention``) cast their inputs to it; the losses (``cross_entropy``,
+``nll_loss``, ``mse_loss``, ...) compute in float32; every other op (``layer_norm``,
+``softmax``, ``gelu``, additions) runs in the dtype of its inputs, so a half activation stays
+half and meets a float32 tensor by type promotion. So float16/bfloat16 inputs feed float32
+weights, as on the real CSX.
 
 The real CSX always autocasts; cstream autocasts when mixed precision is on, on CSX and CPU
 alike, so that the CPU backend stays the oracle of every CSX run.

@@ -3,8 +3,9 @@
 A read is decided by what is called and with which arguments, never by who calls it: the same
 ``.item()`` or ``.to("cpu")`` is refused in the user's step and inside a library, and moves that
 read nothing (``.to(x.device)``, ``.to(tensor)``, dtype casts) pass wherever they are written.
-The error names the line, the module it happened in, and a fix; reads inside code users port
-(BatchNorm's cumulative average, transformers' mask check) get their specific way around.
+The error names the line, the module it happened in, and a fix; BatchNorm's cumulative average
+gets its specific way around. Branches in libraries that pick a faster path when the value
+allows it (transformers' mask checks) take their general path, as when torch traces them.
 """
 
 from __future__ import annotations
@@ -116,18 +117,6 @@ def _module_hint(found) -> tuple[str, str]:
     return where, fix
 
 
-# value reads inside libraries users port, and the way around each (README, "Models")
-KNOWN_READS = {
-    os.path.join("transformers", "masking_utils.py"): (
-        " transformers reads the attention mask to decide whether it can skip it. Fix: when no "
-        "token of the batch is padding, call the model without attention_mask; with padding, "
-        "pass the mask in 4-D form, (batch, 1, query, key) bool with True where a token may "
-        "attend, e.g. `mask[:, None, None, :].expand(-1, 1, seq, -1).bool()`, which "
-        "transformers uses as it is."
-    ),
-}
-
-
 # Python branches on a tensor inside libraries users port that only choose a faster path when
 # the value allows it, and take the general path when the library knows it is being traced: the
 # answer given there while a step is traced (the general path, as under torch.fx or dynamo).
@@ -156,7 +145,6 @@ def read_error(what: str, fix: str = "") -> TracingError:
     where = f"{fn}:{line}" + (f" (`{src}`)" if src else "")
     inside, module_fix = _module_hint(module_of_frame())
     fix = module_fix or fix
-    fix = fix or next((text for path, text in KNOWN_READS.items() if fn.endswith(path)), "")
     return TracingError(
         f"{what} at {where} reads a tensor's value inside a traced step, which is not allowed."
         f"{inside} The step is traced once into a static graph that runs on the wafer; at trace "
