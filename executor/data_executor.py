@@ -240,7 +240,15 @@ class DataExecutor:
 
     def _dataloader_state(self) -> dict:
         """What ``DataLoader.state_dict()`` returns during this run: every worker's position
-        after the current step (only on a checkpoint step, inside a checkpoint closure)."""
+        after the current step (only on a checkpoint step, inside a checkpoint closure); in a
+        checkpoint closure called before the run, where the run will start (the state loaded
+        with ``load_state_dict``, or no worker state: the start)."""
+        if self._run is None and self.iteration == -1 and runtime.current_executor() is self:
+            loaded = getattr(self.dataloader, "_resume", None)
+            return dict(loaded) if loaded is not None else {
+                "format": STATE_FORMAT, "num_csx": self.cs_config.num_csx,
+                "num_workers_per_csx": self.cs_config.num_workers_per_csx,
+                "appliance_step": 0, "workers": []}
         if self._run is None or not self.on_checkpoint_step:
             raise RuntimeError(
                 "DataLoader.state_dict() reads the workers' positions at a checkpoint step: call "

@@ -757,12 +757,20 @@ def test_the_model_on_the_in_process_wafer_equals_the_cpu_backend(name, cpu_refe
             assert torch.allclose(default[1][k], v, rtol=0, atol=weight_tol), k
 
 
-def test_every_model_on_a_ray_wafer_equals_the_cpu_backend(cpu_reference, ray_session):
-    """One Ray wafer trains every model in turn (one run each), at the CPU runs' thread count.
-    The dropout model draws the CPU backend's masks: the wafer's stream is the client's seed."""
-    references = {name: cpu_reference(name, THREADS) for name in sorted(CASES)}
+# what the Model Zoo's programs do (the rest: models users port)
+ZOO_HABITS = ("deepcopied_layers", "gpt2_padded_clipped", "int32_labels", "mixed_precision_bf16",
+              "mixed_precision_fp16")
+
+
+@pytest.mark.parametrize("group", ["ported", "zoo_habits"])
+def test_every_model_on_a_ray_wafer_equals_the_cpu_backend(group, cpu_reference, ray_session):
+    """One Ray wafer trains every model of the group in turn (one run each), at the CPU runs'
+    thread count. The dropout model draws the CPU backend's masks: the wafer's stream is the
+    client's seed."""
+    names = [n for n in sorted(CASES) if (n in ZOO_HABITS) == (group == "zoo_habits")]
+    references = {name: cpu_reference(name, THREADS) for name in names}
     with cstorch.backend("CSX", **csx_options("ray")) as backend:
-        for name in sorted(CASES):
+        for name in names:
             assert_same(train(CASES[name], backend), references[name], name)
 
 
@@ -965,3 +973,76 @@ def test_the_half_dtype_setting_names_the_accepted_values():
         cstorch.amp.set_half_dtype(torch.float32)
     with pytest.raises(TypeError, match="mixed_precision: expected True or False"):
         cstorch.backend("CPU", mixed_precision="yes")
+
+
+class RestartableBatches:
+    """The real stack's RestartableDataLoader protocol: state_dict / load_state_dict of the
+    loader itself (aggregate_state_dict / deaggregate_state_dict combine the workers' states
+    there; cstream keeps each worker's own, so it needs neither)."""
+
+    def __init__(self, n=8):
+        self.n, self.next = n, 0
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        while self.next < self.n:
+            self.next += 1
+            yield torch.full((2, 3), float(self.next - 1))
+        self.next = 0
+
+    def state_dict(self):
+        return {"next": self.next}
+
+    def load_state_dict(self, state, strict=True):
+        self.next = state["next"]
+
+    def aggregate_state_dict(self, worker_states):
+        return {"workers": worker_states}
+
+    def deaggregate_state_dict(self, aggregated, strict=True):
+        return aggregated["workers"][0]
+
+
+def test_the_restartable_protocol_round_trips(ray_session):
+    """A run saves the loader's state before it starts and at step 3; runs resumed from either
+    stream from there, on every backend."""
+    def run(steps, state=None):
+        dataloader = cstorch.utils.data.DataLoader(RestartableBatches)
+        assert dataloader.is_restartable
+        if state is not None:
+            dataloader.load_state_dict(state)
+        model = torch.nn.Linear(3, 1)
+        compiled = cstorch.compile(model, cstorch.current_backend())
+        firsts, saved = [], {}
+
+        @cstorch.trace
+        def step(x):
+            return compiled(x).sum(), x[0, 0]
+
+        @cstorch.step_closure
+        def keep(_, first):
+            firsts.append(first.item())
+
+        @cstorch.checkpoint_closure
+        def save(i):
+            saved[i] = dataloader.state_dict()
+
+        save(0)
+        executor = cstorch.utils.data.DataExecutor(dataloader, num_steps=steps,
+                                                   checkpoint_steps=3)
+        for i, batch in enumerate(executor, 1):
+            keep(*step(batch))
+            save(i)
+        return firsts, saved
+
+    for kind, options in (("CPU", {}), ("CSX", csx_options("in_process")),
+                          ("CSX", csx_options("ray"))):
+        with cstorch.backend(kind, **options):
+            firsts, saved = run(6)
+            assert firsts == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0], kind
+            assert sorted(saved) == [0, 3, 6]
+            assert saved[3]["workers"][0]["user_state_dict"]["loader_state"] == {"next": 3}
+            assert run(3, saved[3])[0] == [3.0, 4.0, 5.0], kind
+            assert run(2, saved[0])[0] == [0.0, 1.0], kind

@@ -112,6 +112,13 @@ class DataLoader:
             return False
 
     # -- restartable state -------------------------------------------------------------------
+    @property
+    def is_restartable(self) -> bool:
+        """True: every cstream DataLoader can save and resume its position (a loader with
+        ``state_dict``/``load_state_dict`` -- the real stack's RestartableDataLoader protocol --
+        by its own state, any other by the batches it streamed)."""
+        return True
+
     def state_dict(self) -> dict:
         """The input side's position at the current checkpoint step: every worker's state.
 
