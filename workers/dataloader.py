@@ -146,6 +146,9 @@ class DataLoader:
                 f"a checkpoint closure (a dict with format 'cstream.dataloader/1'), got "
                 f"{type(state_dict).__name__}."
             )
+        if not state_dict["workers"]:  # saved before the run started: start from the beginning
+            self._resume = self._resume_states = None
+            return
         self._resume = dict(state_dict)
         self._resume_states = [DataLoaderCheckpoint(**w) for w in state_dict["workers"]]
 
