@@ -853,7 +853,7 @@ def flow_run(kind, **options):
             x, y = batch
             norm = torch.tensor(0.0).to(compiled.device)
             for p in compiled.parameters():
-                norm = norm + torch.norm(p) ** 2
+                norm += torch.norm(p) ** 2
             loss = ((compiled(x) - y) ** 2).mean()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
