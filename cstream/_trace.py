@@ -30,6 +30,17 @@ class TracedStep:
         backend = runtime.current_backend(required=True)
         return backend.run_step(self, args, kwargs)
 
+    def run(self, *args, **kwargs):
+        """The user's function under what every backend runs a step with: the acceptance of
+        :mod:`executor.engine.accept` (int32 labels) and, when mixed precision is on, autocast
+        (:mod:`cstream.amp.precision`). The CPU backend calls it, the CSX backend traces it."""
+        from cstream.amp.precision import step_autocast
+        from executor.engine.accept import AcceptMode
+
+        backend = runtime.current_backend(required=True)
+        with AcceptMode(), step_autocast(backend):
+            return self.fn(*args, **kwargs)
+
     def __repr__(self) -> str:
         return f"<cstream.trace {getattr(self.fn, '__qualname__', self.fn)!r}>"
 

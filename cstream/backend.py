@@ -13,15 +13,11 @@ BACKENDS = {"CPU": CPUBackend, "GPU": GPUBackend}
 # the backend's ``accepted_without_effect`` (and the run's profile). Why, per option:
 WITHOUT_EFFECT = {
     "CSX": {
-        "mixed_precision": "precision is what the step's cstream.amp.autocast() gives",
         "use_cs_grad_accum": "the simulated wafer runs each CS-X's batch whole (no micro-batches)",
         "micro_batch_size": "the simulated wafer runs each CS-X's batch whole (no micro-batches)",
     },
-    "CPU": {
-        "mixed_precision": "precision is what the step's cstream.amp.autocast() gives",
-    },
+    "CPU": {},
     "GPU": {
-        "mixed_precision": "precision is what the step's cstream.amp.autocast() gives",
         "enable_distributed": "cstream's GPU backend runs on one device",
         "main_process_id": "cstream's GPU backend runs on one device",
         "dist_backend": "cstream's GPU backend runs on one device",
@@ -53,8 +49,8 @@ def backend(backend_type: str = "CSX", **options):
     process: the debugging path) or ``"GPU"`` (eager on CUDA). Options are the seed's:
     ``artifact_dir``, ``max_checkpoints`` and, for CSX, ``compile_dir``, ``compile_only``,
     ``validate_only``, ``drop_data``, ``retrace_every_iteration`` and more. The Cerebras
-    API's options that change nothing here (:data:`WITHOUT_EFFECT`: ``mixed_precision``,
-    ``use_cs_grad_accum``, ``micro_batch_size``, the GPU's distributed settings) are accepted
+    API's options that change nothing here (:data:`WITHOUT_EFFECT`: ``use_cs_grad_accum``,
+   , ``micro_batch_size``, the GPU's distributed settings) are accepted
     and listed in the backend's ``accepted_without_effect``.
 
     >>> import cstream
@@ -83,7 +79,11 @@ def backend(backend_type: str = "CSX", **options):
             "Get it with cstream.current_backend(), or call its .shutdown() before creating "
             f"a {key} backend."
         )
+    mixed_precision = options.pop("mixed_precision", None)
+    if mixed_precision is not None and not isinstance(mixed_precision, bool):
+        raise TypeError(f"mixed_precision: expected True or False, got {mixed_precision!r}.")
     created = cls(**options)
+    created.mixed_precision = mixed_precision  # steps autocast (cstream.amp.precision)
     created.accepted_without_effect.update(
         {f"backend.{k}": v for k, v in without_effect.items() if v is not None})
     return created

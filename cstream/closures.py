@@ -30,17 +30,23 @@ def step_closure(fn):
 def checkpoint_closure(fn):
     """A step closure that only runs on checkpoint steps (``checkpoint_steps`` of the executor,
     and always the final step); on other steps calling it does nothing. Inside it, the model's
-    and optimizer's ``state_dict()`` hold the values at that step."""
+    and optimizer's ``state_dict()`` hold the values at that step.
+
+    Called before a run (the Model Zoo's ``save_initial_checkpoint``), it runs when the next
+    DataExecutor starts iterating, before its first step, with the initial values."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         executor = runtime.current_executor()
         if executor is None:
-            raise RuntimeError(
-                f"checkpoint closure {fn.__qualname__} was called outside a DataExecutor run. "
-                "Weights can only be fetched on checkpoint steps: call it inside "
-                "`for batch in executor:` and set checkpoint_steps on the DataExecutor."
-            )
+            backend = runtime.current_backend()
+            if backend is None:
+                raise RuntimeError(
+                    f"checkpoint closure {fn.__qualname__} was called with no backend and no "
+                    "DataExecutor run. Create the backend first; called before a run, the "
+                    "closure runs as the next DataExecutor starts, before its first step.")
+            backend.initial_closures.append((fn, args, kwargs))
+            return None
         if not executor.on_checkpoint_step:
             return None
         executor.queue_closure(fn, args, kwargs, checkpoint=True)

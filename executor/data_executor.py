@@ -202,6 +202,7 @@ class DataExecutor:
         t0 = time.perf_counter()
         ok = False
         try:
+            self._run_initial_closures(backend)
             self._run = backend.start_run(self)
             for step in range(self.num_steps):
                 self.iteration = step
@@ -242,9 +243,28 @@ class DataExecutor:
                 self.summary.setdefault("wall_s", time.perf_counter() - t0)
                 self._write_profile(completed=ok)
 
+    def _run_initial_closures(self, backend) -> None:
+        """Checkpoint closures called before this run: they run now, before the first step,
+        with the initial values (nothing streams yet, so every state tensor is readable)."""
+        closures, backend.initial_closures = backend.initial_closures, []
+        for fn, args, kwargs in closures:
+            t0 = time.time()
+            fn(*args, **kwargs)
+            self.client_spans.append({
+                "name": getattr(fn, "__qualname__", repr(fn)), "step": 0,
+                "kind": "checkpoint closure", "start_unix": t0, "end_unix": time.time()})
+
     def _dataloader_state(self) -> dict:
         """What ``DataLoader.state_dict()`` returns during this run: every worker's position
-        after the current step (only on a checkpoint step, inside a checkpoint closure)."""
+        after the current step (only on a checkpoint step, inside a checkpoint closure); in a
+        checkpoint closure called before the run, where the run will start (the state loaded
+        with ``load_state_dict``, or no worker state: the start)."""
+        if self._run is None and self.iteration == -1 and runtime.current_executor() is self:
+            loaded = getattr(self.dataloader, "_resume", None)
+            return dict(loaded) if loaded is not None else {
+                "format": STATE_FORMAT, "num_csx": self.cs_config.num_csx,
+                "num_workers_per_csx": self.cs_config.num_workers_per_csx,
+                "appliance_step": 0, "workers": []}
         if self._run is None or not self.on_checkpoint_step:
             raise RuntimeError(
                 "DataLoader.state_dict() reads the workers' positions at a checkpoint step: call "

@@ -19,10 +19,15 @@ def _run_in_tmp_path(tmp_path, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _clean_backend():
-    """Every test starts and ends without a current backend or executor."""
+    """Every test starts and ends without a current backend or executor, and with mixed
+    precision off (its switch is process-wide, as in cerebras.pytorch)."""
+    from cstream import amp
+
     runtime.reset()
     yield
     runtime.reset()
+    amp.set_half_dtype("float16")
+    amp.enable_mixed_precision(False)
 
 
 @pytest.fixture(scope="session")

@@ -207,10 +207,10 @@ def test_csconfig_takes_the_cluster_keywords_the_flow_passes():
 
 
 def test_backend_options_of_the_flow_are_accepted_and_recorded():
-    b = cstorch.backend("CPU", mixed_precision=True, artifact_dir="logs")
+    b = cstorch.backend("CPU", mixed_precision=False, artifact_dir="logs")
     try:
         assert (b.is_cpu, b.is_csx, b.is_gpu, b.backend_type.name) == (True, False, False, "CPU")
-        assert b.accepted_without_effect == {"backend.mixed_precision": True}
+        assert b.accepted_without_effect == {} and b.mixed_precision is False
         assert not cstorch.use_cs()
         b.device.config.lazy_initialization = False
         assert b.accepted_without_effect["device.config.lazy_initialization"] is False
@@ -296,7 +296,7 @@ def test_a_cpu_run_in_the_flow_shape_writes_summaries_at_base_step_and_counts_sa
     assert [e.step for e in events.Scalars("loss_s")] == [11, 12, 13, 14]
     profile = json.loads(next((tmp_path / "a").rglob("profile.json")).read_text())
     assert profile["accepted_without_effect"] == {
-        "backend.mixed_precision": False, "activation_steps": 1, "micro_batch_size": "auto"}
+        "activation_steps": 1, "micro_batch_size": "auto"}
 
 
 # -- the helpers models call ---------------------------------------------------------------------

@@ -222,19 +222,21 @@ def test_step_closures_run_at_the_end_of_the_step_with_the_last_value():
     assert float(order[1][1]) == 5.0
 
 
-def test_checkpoint_closures_run_only_on_checkpoint_steps_and_never_outside_a_run():
-    cstorch.backend("CPU")
+def test_checkpoint_closures_run_on_checkpoint_steps_and_before_the_first_step():
     ran = []
 
     @cstorch.checkpoint_closure
     def save(step):
         ran.append(step)
 
+    with pytest.raises(RuntimeError, match="with no backend and no DataExecutor run"):
+        save(0)
+    cstorch.backend("CPU")
+    save(0)  # before the run: runs as the next run starts (save_initial_checkpoint)
+    assert ran == []
     for i, _ in enumerate(make_executor(num_steps=5, checkpoint_steps=2)):
         save(i)
-    assert ran == [1, 3, 4]
-    with pytest.raises(RuntimeError, match="called outside a DataExecutor run"):
-        save(0)
+    assert ran == [0, 1, 3, 4]
 
 
 def test_current_executor_is_the_one_being_iterated():

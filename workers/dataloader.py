@@ -118,8 +118,9 @@ class DataLoader:
     # -- restartable state -------------------------------------------------------------------
     @property
     def is_restartable(self) -> bool:
-        """True: cstream saves and restores every loader's position (:meth:`state_dict`,
-        :meth:`load_state_dict`), whatever ``input_fn`` returns."""
+        """True: every cstream DataLoader can save and resume its position (a loader with
+        ``state_dict``/``load_state_dict`` -- the real stack's RestartableDataLoader protocol --
+        by its own state, any other by the batches it streamed)."""
         return True
 
     def state_dict(self) -> dict:
@@ -149,6 +150,9 @@ class DataLoader:
                 f"a checkpoint closure (a dict with format 'cstream.dataloader/1'), got "
                 f"{type(state_dict).__name__}."
             )
+        if not state_dict["workers"]:  # saved before the run started: start from the beginning
+            self._resume = self._resume_states = None
+            return
         self._resume = dict(state_dict)
         self._resume_states = [DataLoaderCheckpoint(**w) for w in state_dict["workers"]]
 

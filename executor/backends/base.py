@@ -120,6 +120,12 @@ class CompiledModel:
     def __setattr__(self, name, value):
         setattr(self.model, name, value)
 
+    @property
+    def device(self) -> torch.device:
+        """The torch device of the backend (``t.to(compiled_model.device)`` in a step moves
+        nothing: the step's tensors are there already)."""
+        return self.backend.device.torch_device
+
     def eval(self):
         self.model.eval()
         return self
@@ -139,6 +145,9 @@ class Backend:
     name = "?"
     options: tuple = ("artifact_dir", "max_checkpoints")
     forces_single_step = False
+    # automatic mixed precision of steps: True/False, or None to follow cstream.amp's setting
+    # (cstream.backend(..., mixed_precision=...) sets it; see cstream.amp.precision)
+    mixed_precision: Optional[bool] = None
 
     def __init__(self, artifact_dir=None, max_checkpoints: Optional[int] = None,
                  torch_device: str = "cpu"):
@@ -160,6 +169,8 @@ class Backend:
         self.accepted_without_effect: dict = {}
         """Cerebras options this run accepted that change nothing here (the run's profile
         lists them under ``accepted_without_effect``)."""
+        # checkpoint closures called before a run: (fn, args, kwargs), run as the next run starts
+        self.initial_closures: list = []
         runtime.set_backend(self)
 
     @property
@@ -183,7 +194,7 @@ class Backend:
         return CompiledModel(model, self)
 
     def run_step(self, traced, args, kwargs):
-        return traced.fn(*args, **kwargs)
+        return traced.run(*args, **kwargs)
 
     def start_run(self, executor):  # -> Run
         raise NotImplementedError

@@ -122,8 +122,9 @@ class CSXRun:
             warmup.wait()
             self.backend.preinitialize_all()  # optimizer state exists before tracing (seed 003)
             with phases.phase("tracing"):
-                new = capture(self.store, traced.fn, args, kwargs, take,
-                              self.backend.param_handles())
+                new = capture(self.store, traced.run, args, kwargs, take,
+                              self.backend.param_handles(),
+                              devices=(self.backend.device.torch_device,))
             if cap is not None and new.ops != cap.ops:
                 raise CompileError(
                     f"the graph of {traced!r} changed at step {ex.user_iteration}: "

@@ -88,9 +88,27 @@ def first_difference(old: list[str], new: list[str]) -> str:
     return "no difference"
 
 
+def _keep_constants_through_pickling(gm: torch.fx.GraphModule) -> None:
+    """A pickled graph (the Ray wafer's) is traced anew from its code, and an op whose inputs
+    are all constants then runs once and becomes a constant itself: ``torch.tensor(0.0)``'s
+    fresh copy would turn into one shared tensor that ``+=`` in the step changes every step.
+    Tensor constants held as (frozen) parameters are traced as graph values, so their copy stays
+    an op of the graph. (A factory call with literal arguments only, ``torch.zeros(3)``, still
+    becomes a constant there: changed in place in the step, it is wrong on a Ray wafer.)"""
+    gm._tracer_cls = None
+    for node in gm.graph.nodes:
+        if node.op != "get_attr" or "." in node.target:
+            continue
+        value = getattr(gm, node.target)
+        if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+            delattr(gm, node.target)
+            setattr(gm, node.target, torch.nn.Parameter(value, requires_grad=False))
+
+
 def capture(store: Store, fn: Callable, args, kwargs, take_closures: Callable[[], list],
-            param_handles) -> Captured:
-    """Trace ``fn(*args, **kwargs)`` once with fake values; nothing is computed."""
+            param_handles, devices=()) -> Captured:
+    """Trace ``fn(*args, **kwargs)`` once with fake values; nothing is computed. ``devices``
+    name the wafer (the backend's device): ``.to()`` to one of them moves nothing."""
     t0 = time.perf_counter()
     leaves, spec = tree_flatten((args, kwargs))
     batch_pos, const_pos = [], []
@@ -116,7 +134,7 @@ def capture(store: Store, fn: Callable, args, kwargs, take_closures: Callable[[]
         for i, v in zip(const_pos, const_vals):
             new_leaves[i] = v
         a, k = tree_unflatten(new_leaves, spec)
-        with store.capturing_values(pairs), ReadGuard():
+        with store.capturing_values(pairs), ReadGuard(devices):
             out = fn(*a, **k)
             closures = take_closures()
             outputs: list[torch.Tensor] = []
@@ -184,6 +202,7 @@ def capture(store: Store, fn: Callable, args, kwargs, take_closures: Callable[[]
     finally:
         for h in list(param_handles):
             h.grad = None
+    _keep_constants_through_pickling(gm)
     o_spec, o_leaves = result["out"]
     cap = Captured(
         graph=gm,

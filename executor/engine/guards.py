@@ -3,8 +3,9 @@
 A read is decided by what is called and with which arguments, never by who calls it: the same
 ``.item()`` or ``.to("cpu")`` is refused in the user's step and inside a library, and moves that
 read nothing (``.to(x.device)``, ``.to(tensor)``, dtype casts) pass wherever they are written.
-The error names the line, the module it happened in, and a fix; reads inside code users port
-(BatchNorm's cumulative average, transformers' mask check) get their specific way around.
+The error names the line, the module it happened in, and a fix; BatchNorm's cumulative average
+gets its specific way around. Branches in libraries that pick a faster path when the value
+allows it (transformers' mask checks) take their general path, as when torch traces them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import sys
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
 
 from executor.engine.errors import TracingError
@@ -115,16 +117,19 @@ def _module_hint(found) -> tuple[str, str]:
     return where, fix
 
 
-# value reads inside libraries users port, and the way around each (README, "Models")
-KNOWN_READS = {
-    os.path.join("transformers", "masking_utils.py"): (
-        " transformers reads the attention mask to decide whether it can skip it. Fix: when no "
-        "token of the batch is padding, call the model without attention_mask; with padding, "
-        "pass the mask in 4-D form, (batch, 1, query, key) bool with True where a token may "
-        "attend, e.g. `mask[:, None, None, :].expand(-1, 1, seq, -1).bool()`, which "
-        "transformers uses as it is."
-    ),
+# Python branches on a tensor inside libraries users port that only choose a faster path when
+# the value allows it, and take the general path when the library knows it is being traced: the
+# answer given there while a step is traced (the general path, as under torch.fx or dynamo).
+# transformers' masking_utils asks "does every token attend?" (`fast_all(mask)`, `.all()`) to
+# skip building the attention mask; False builds it, which is right for any mask.
+TRACED_BRANCHES = {
+    os.path.join("transformers", "masking_utils.py"): False,
 }
+
+
+def traced_branch(fn: str):
+    """The answer a bool() of a tensor gets at a line of ``fn`` while a step is traced, or None."""
+    return next((answer for path, answer in TRACED_BRANCHES.items() if fn.endswith(path)), None)
 
 
 HOST_MOVE_FIX = (
@@ -140,7 +145,6 @@ def read_error(what: str, fix: str = "") -> TracingError:
     where = f"{fn}:{line}" + (f" (`{src}`)" if src else "")
     inside, module_fix = _module_hint(module_of_frame())
     fix = module_fix or fix
-    fix = fix or next((text for path, text in KNOWN_READS.items() if fn.endswith(path)), "")
     return TracingError(
         f"{what} at {where} reads a tensor's value inside a traced step, which is not allowed."
         f"{inside} The step is traced once into a static graph that runs on the wafer; at trace "
@@ -222,24 +226,57 @@ class ReadGuard(TorchFunctionMode):
 
     Every tensor of the step lives on the wafer. A ``torch.device`` read from one of them
     (``x.device``) names the wafer, so ``t.to(x.device)``, ``t.to(x)`` or a dtype-only ``.to``
-    move no value and run as in eager. A device the user names (``"cpu"``, ``.cpu()``) asks for
-    the value on the host: that is a read, refused like ``.item()``, whoever calls it.
+    move no value and run as in eager; so do the devices torch's grouping of tensors by device
+    returns (``clip_grad_norm_``'s ``clip_coef.to(device)``) and those of tensors the step
+    creates. A device the user names (``"cpu"``, ``.cpu()``) asks for the value on the host:
+    that is a read, refused like ``.item()``, whoever calls it.
     """
 
-    def __init__(self):
+    def __init__(self, devices=()):
         super().__init__()
-        # devices read from the step's tensors; kept alive so their ids stay theirs
-        self._wafer_devices: list[torch.device] = []
-        self._wafer_ids: set[int] = set()
+        # devices read from the step's tensors, by id, and ``devices`` (the backend's, as
+        # ``compiled_model.device`` gives it); kept alive so their ids stay theirs
+        self._wafer_devices: dict[int, torch.device] = {id(d): d for d in devices}
+        self._wafer_ids = self._wafer_devices.keys()
+        self._saved_grouping = self._saved_fake_device = None
+
+    def _note_wafer_device(self, device: torch.device) -> torch.device:
+        self._wafer_devices.setdefault(id(device), device)
+        return device
+
+    def _group_by_device(self, *args, **kwargs):
+        """torch's grouping of tensors by (device, dtype), as used by clip_grad_norm_ and the
+        foreach optimizers: the devices it returns are those of step tensors, the wafer."""
+        grouped = self._saved_grouping(*args, **kwargs)
+        for device, _ in grouped:
+            self._note_wafer_device(device)
+        return grouped
+
+    def __enter__(self):
+        # Two ways a step's device reaches Python without passing this mode, noted while the
+        # step is traced: torch's grouping by device, and the ``.device`` of the tensors the
+        # step creates itself (fake tensors, whose property answers below any mode).
+        self._saved_grouping = torch._C._group_tensors_by_device_and_dtype
+        torch._C._group_tensors_by_device_and_dtype = self._group_by_device
+        self._saved_fake_device = FakeTensor.__dict__["device"]
+        read = self._saved_fake_device.fget
+        FakeTensor.device = property(lambda t: self._note_wafer_device(read(t)))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch._C._group_tensors_by_device_and_dtype = self._saved_grouping
+        FakeTensor.device = self._saved_fake_device
+        return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func == _DEVICE_OF:  # a method-wrapper: a new object on every attribute access
-            device = func(*args, **kwargs)
-            self._wafer_devices.append(device)
-            self._wafer_ids.add(id(device))
-            return device
+            return self._note_wafer_device(func(*args, **kwargs))
         what = READS.get(func)
+        if func is _T.__bool__:
+            answer = traced_branch(user_frame()[0])
+            if answer is not None:
+                return answer
         if what is not None:
             raise read_error(what, HOST_MOVE_FIX if func is _T.cpu else "")
         if func in _MOVES:

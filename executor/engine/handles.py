@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from copy import deepcopy
 import weakref
 from typing import Callable, Optional
 
@@ -113,6 +114,30 @@ class StateHandle(torch.Tensor):
             return (f"StateHandle({self._slot.kind}, shape={tuple(self.shape)}, "
                     f"dtype={self.dtype})")
         return repr(value)
+
+    def __deepcopy__(self, memo):
+        """A new state tensor with this one's value (``copy.deepcopy`` of a module built under
+        ``backend.device``: transformer layer stacks are made that way). A lazy value stays
+        lazy: the copy replays the same recorded initialisation, so it equals the original as an
+        eager copy would."""
+        if id(self) in memo:
+            return memo[id(self)]
+        slot, store = self._slot, self._slot.store
+        if slot.kind in ("temp", "batch", "output") or store.capturing:
+            store.refuse("copy.deepcopy of a tensor")
+        if slot.kind == "lazy":
+            program = LazyInit(slot.program.shape, slot.program.dtype, slot.program.fill)
+            program.ops = list(slot.program.ops)
+            new = store.new_slot("lazy", slot.value, program)
+        else:
+            new = store.new_slot("host", store.read(slot).clone())
+        new.readable = slot.readable
+        copy = store.handle(new, requires_grad=self.requires_grad)
+        memo[id(self)] = copy
+        for k, v in self.__dict__.items():  # e.g. nn.Parameter's _is_param marker
+            if k != "_slot":
+                setattr(copy, k, deepcopy(v, memo))
+        return copy
 
     def __reduce_ex__(self, proto):
         return (torch.Tensor.clone, (self._slot.store.read(self._slot),))
