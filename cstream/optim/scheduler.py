@@ -173,8 +173,7 @@ class Scheduler(ABC):
     def _bind_groups(self, value_of) -> None:
         """Bind every group that still holds what this scheduler put there to
         ``value_of(state)``; groups another scheduler or the user rebound are left alone."""
-        for i, group in enumerate(self.optimizer.param_groups):
-            held = self._last_value[i]
+        for i, (group, held) in enumerate(zip(self.optimizer.param_groups, self._last_value)):
             if held is not None and group.get(self.param_group_key) is self._bound[i]:
                 self._bound[i] = group[self.param_group_key] = value_of(held)
 
