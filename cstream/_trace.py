@@ -7,14 +7,28 @@ import functools
 from executor import runtime
 
 
+def _one_step(fn):
+    """``fn`` with what every step does around the user's code (run eagerly, or traced): the
+    schedulers' param group values of this step (:func:`group_values_in_step`)."""
+    @functools.wraps(fn)
+    def step(*args, **kwargs):
+        from cstream.optim.scheduler import group_values_in_step
+
+        with group_values_in_step():
+            return fn(*args, **kwargs)
+
+    return step
+
+
 class TracedStep:
     """A user step function. On eager backends calling it runs the function; on CSX it is
-    traced once into a static graph and replayed (see :mod:`executor.engine`)."""
+    traced once into a static graph and replayed (see :mod:`executor.engine`). ``fn`` is what
+    the backends run or trace: the user's function within the step's set-up."""
 
     def __init__(self, fn):
         if not callable(fn):
             raise TypeError(f"cstream.trace expects a function, got {type(fn).__name__}.")
-        self.fn = fn
+        self.fn = _one_step(fn)
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args, **kwargs):

@@ -3,8 +3,7 @@ metric, a checkpoint at step 10) prints under cstream's CSX backend what it prin
 ``cerebras.pytorch`` CPU backend (``fixtures/newcomer_real.txt``, by ``gen_newcomer.py``), and each
 resumes from the other's step-10 checkpoint to the other's steps 11-20.
 
-The printouts agree only once cstream's Adam, LinearLR and optimizer state layout agree with the
-real package's; until then these tests are expected failures that print the first differing line.
+A failing comparison names the first line that differs.
 """
 
 from __future__ import annotations
@@ -19,10 +18,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "tests" / "reference"
 FIXTURES = REFERENCE / "fixtures"
-PENDING = pytest.mark.xfail(
-    strict=True, reason="cstream's Adam / LinearLR (the lr it reports in the step) and its "
-                        "optimizer state layout do not yet agree with cerebras.pytorch 2.10.0; "
-                        "when this passes, remove the mark")
 
 
 def newcomer(tmp_path: Path, *args: str) -> list[str]:
@@ -60,18 +55,15 @@ def test_the_script_runs_under_cstream_and_writes_its_step_10_checkpoint(cstream
         [line.split()[:2] for line in lines]
 
 
-@PENDING
 def test_cstream_prints_what_the_real_package_printed(cstream_run):
     compare(cstream_run[0], real("newcomer_real.txt"), "the 20-step run")
 
 
-@PENDING
 def test_cstream_resumes_the_real_packages_step_10_checkpoint_to_its_steps_11_to_20(tmp_path):
     got = newcomer(tmp_path, "--resume", str(FIXTURES / "newcomer_real_step_10.h5"))
     compare(got[:-1], real("newcomer_real.txt")[10:20], "steps 11-20 resumed from the real file")
 
 
-@PENDING
 def test_the_real_package_resumed_cstreams_checkpoint_to_cstreams_steps_11_to_20(cstream_run):
     compare(real("newcomer_real_from_cstream.txt")[:-1], cstream_run[0][10:20],
             "steps 11-20 the real package ran from cstream's file")

@@ -7,14 +7,23 @@ with tensor ops only (``torch.where`` for the pieces), in float32 as the real pa
 Python branches on the step, so a traced step replays the whole schedule.
 
 How a value reaches the optimizer: every targeted param group gets a 0-d float32 state tensor
-of this scheduler (readable inside a ``@step_closure``), created by the constructor, written in
-place on every step, and set as ``group[param_group_key]``; whatever the group held before (a
-Python float or a tensor) is replaced. ``param_group_tags`` picks the groups by their ``tags``.
+of this scheduler (readable inside a ``@step_closure``), created by the constructor and written
+in place on every step, so a traced step replays the schedule. Outside a step the group holds
+that state tensor (``group[param_group_key]``; whatever it held before, a Python float or a
+tensor, is replaced), so ``state_dict()`` and checkpoint closures read the current value.
+Inside a step the group holds values, as in the real package, which rebinds the group entry on
+every ``step()``: :func:`group_values_in_step` binds each group to a copy of the state at the
+start of the step, ``step()`` binds it to the new value, and the end of the step binds the
+state back. So a reference to ``group["lr"]`` taken before ``step()`` keeps the rate that step's
+optimizer used. ``param_group_tags`` picks the groups by their ``tags``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
+import weakref
 from abc import ABC, abstractmethod
 from typing import List, Optional, Union
 
@@ -23,8 +32,31 @@ import torch
 
 from cstream.creation import state_tensor
 from cstream.optim.optimizer import Optimizer
+from executor import runtime
 
 Tags = Optional[Union[str, List[Union[str, None]]]]
+
+# backend -> {creation number: scheduler}: the schedulers whose groups a step of that backend
+# binds to values (in creation order, so every trace of a step records the same ops)
+_SCHEDULERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_numbers = itertools.count()
+
+
+@contextlib.contextmanager
+def group_values_in_step():
+    """Around one step (run eagerly, or traced): the schedulers of the current backend bind
+    their param groups to a copy of their state at the start and back to the state at the end
+    (see the module docstring)."""
+    backend = runtime.current_backend()
+    by_number = _SCHEDULERS.get(backend) if backend is not None else None
+    schedulers = [by_number[n] for n in sorted(by_number)] if by_number else []
+    for scheduler in schedulers:
+        scheduler._bind_groups(lambda held: held.clone())
+    try:
+        yield
+    finally:
+        for scheduler in schedulers:
+            scheduler._bind_groups(lambda held: held)
 
 
 def _state(value, dtype) -> torch.Tensor:
@@ -64,7 +96,7 @@ class Scheduler(ABC):
     """
 
     # bookkeeping of cstream's own, left out of state_dict()
-    _NOT_STATE = frozenset({"optimizer", "_epoch_offset"})
+    _NOT_STATE = frozenset({"optimizer", "_epoch_offset", "_bound"})
 
     def __init__(self, optimizer: Optimizer, total_iters: Optional[int], last_epoch: int = -1,
                  param_group_tags: Tags = None):
@@ -86,9 +118,13 @@ class Scheduler(ABC):
         self.last_epoch = _state(int(last_epoch) + 1, torch.int64)
         self._last_value = [_state(0.0, torch.float32) if self._applies(g) else None
                             for g in optimizer.param_groups]
+        self._bound = [None] * len(self._last_value)  # what this scheduler put in each group
         self._get_called_within_step = False
         self._post_init()
         self._write_last_value()
+        backend = runtime.current_backend()
+        if backend is not None:
+            _SCHEDULERS.setdefault(backend, weakref.WeakValueDictionary())[next(_numbers)] = self
 
     @property
     @abstractmethod
@@ -124,13 +160,22 @@ class Scheduler(ABC):
         return [value if self._applies(g) else None for g in self.optimizer.param_groups]
 
     @torch.no_grad()
-    def _write_last_value(self) -> None:
+    def _write_last_value(self, bind_value: bool = False) -> None:
+        """Write the value at ``last_epoch`` into the state; bind the groups to it, or to the
+        new value itself (``bind_value``: in ``step()``, as the real package rebinds them)."""
         for i, (group, value) in enumerate(zip(self.optimizer.param_groups, self.get())):
             if value is None:
                 continue
             held = self._last_value[i]
             held.copy_(value)
-            group[self.param_group_key] = held
+            self._bound[i] = group[self.param_group_key] = value if bind_value else held
+
+    def _bind_groups(self, value_of) -> None:
+        """Bind every group that still holds what this scheduler put there to
+        ``value_of(state)``; groups another scheduler or the user rebound are left alone."""
+        for i, (group, held) in enumerate(zip(self.optimizer.param_groups, self._last_value)):
+            if held is not None and group.get(self.param_group_key) is self._bound[i]:
+                self._bound[i] = group[self.param_group_key] = value_of(held)
 
     # -- stepping --------------------------------------------------------------------------------
     @torch.no_grad()
@@ -142,7 +187,7 @@ class Scheduler(ABC):
         """Advance one step and write the new value into the param groups (arguments, such as
         torch's ``epoch``, are ignored as the real package ignores them)."""
         self.increment_last_epoch()
-        self._write_last_value()
+        self._write_last_value(bind_value=True)
 
     def get_last_value(self) -> list:
         """The value each param group got last (0-d tensors; None for groups not targeted).

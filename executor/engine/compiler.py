@@ -127,12 +127,21 @@ class CompiledStep:
     def _run(self, state: list, batch: list, consts: list) -> list:
         if self._changed is None:
             _, outputs = self._fn(state, batch, consts)
-            return outputs
+            return _unaliased(outputs, state)
         flat = self._fn(*state, *batch, *consts)
         n = len(self._changed)
         for i, value in zip(self._changed, flat[:n]):
             state[i] = value
         return list(flat[n:])
+
+
+def _unaliased(outputs: list, state: list) -> list:
+    """``outputs``, with a copy of each one that shares memory with a state tensor (a step that
+    returns state it updated in place): the next step updates the state in place, and the
+    output must keep this step's value."""
+    memory = {t.untyped_storage().data_ptr() for t in state if isinstance(t, torch.Tensor)}
+    return [o.clone() if isinstance(o, torch.Tensor)
+            and o.untyped_storage().data_ptr() in memory else o for o in outputs]
 
 
 def functionalize(gm: torch.fx.GraphModule, example: tuple):
