@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from executor.engine.errors import TracingError
 from executor.engine.guards import ReadGuard, user_frame_of, value_dependent_error
 from executor.engine.handles import Slot, StateHandle, Store
+from executor.engine.portable import portable
 
 
 @dataclass
@@ -186,7 +187,7 @@ def capture(store: Store, fn: Callable, args, kwargs, take_closures: Callable[[]
             h.grad = None
     o_spec, o_leaves = result["out"]
     cap = Captured(
-        graph=gm,
+        graph=portable(gm),  # it travels pickled (to a Ray driver, to the compile process)
         state_slots=slots,
         batch_metas=[(tuple(s.value.shape), s.value.dtype) for s in batch_slots],
         const_positions=const_pos,
