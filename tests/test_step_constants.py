@@ -11,11 +11,12 @@ import cstream as cstorch
 from cstream import metrics
 from executor import runtime
 
-IDIOMS = ("scatter_add_", "index_add_", "full_add_", "tensor_mul_", "loop_fill")
+IDIOMS = ("scatter_add_", "index_add_", "full_add_", "tensor_mul_", "loop_fill", "ones_sum",
+          "where_scalar")
 
 
 def made_in_step(idiom: str, x: torch.Tensor) -> torch.Tensor:
-    """A tensor created inside the step and changed in place, from the batch ``x`` (5,)."""
+    """A tensor created inside the step (changed in place), from the batch ``x`` (5,)."""
     if idiom == "scatter_add_":
         z = torch.zeros(5, dtype=torch.float64)
         z.scatter_add_(0, torch.arange(5), x)
@@ -28,6 +29,10 @@ def made_in_step(idiom: str, x: torch.Tensor) -> torch.Tensor:
     elif idiom == "tensor_mul_":
         z = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], dtype=torch.float64)
         z.mul_(x)
+    elif idiom == "ones_sum":  # no input of the step: the graph's own value
+        z = torch.ones(5, dtype=torch.float64).sum()
+    elif idiom == "where_scalar":
+        z = torch.where(x > 3, x, 1.0)
     else:
         z = torch.zeros(5, dtype=torch.float64)
         for i in range(5):
@@ -80,11 +85,12 @@ def run(kind: str, **options) -> list[dict]:
 def test_the_cpu_backend_sums_each_steps_fresh_tensor():
     """The reference the other tests compare with: step ``k`` adds only its own batch."""
     steps = run("CPU")
-    first = {idiom: made_in_step(idiom, batches()[0].double()) for idiom in IDIOMS}
+    zeros = torch.zeros(5, dtype=torch.float64)
     assert len(steps) == 3
     for idiom in IDIOMS:
-        assert steps[0][idiom] == first[idiom].tolist()
-        total = sum(made_in_step(idiom, b.double()) for b in batches())
+        first = zeros + made_in_step(idiom, batches()[0].double())
+        assert steps[0][idiom] == first.tolist()
+        total = zeros + sum(made_in_step(idiom, b.double()) for b in batches())
         assert steps[2][idiom] == total.tolist()
 
 
@@ -96,3 +102,15 @@ def test_fresh_tensors_changed_in_place_equal_the_cpu_backend_in_process(options
 
 def test_fresh_tensors_changed_in_place_equal_the_cpu_backend_on_ray(ray_session):
     assert run("CSX") == run("CPU")
+
+
+def test_steps_with_tensors_made_inside_compile_with_inductor_and_equal_fx():
+    """Constants of the graph (``torch.tensor``, ``torch.full``, a scalar of ``where``) and
+    values that depend on no input of the step are inputs of inductor's compiled function
+    like any other."""
+    fx = run("CSX", in_process=True, compiler="fx")
+    inductor = run("CSX", in_process=True, compiler="inductor")
+    assert len(inductor) == 3
+    for got, want in zip(inductor, fx):
+        for idiom in IDIOMS:
+            assert got[idiom] == pytest.approx(want[idiom], rel=1e-12), idiom
