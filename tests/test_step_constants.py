@@ -68,13 +68,13 @@ def run(kind: str, **options) -> list[dict]:
     per_step = []
 
     @cstorch.step_closure
-    def record(*values):
-        per_step.append({idiom: v.tolist() for idiom, v in zip(IDIOMS, values)})
+    def record():
+        per_step.append({idiom: v.tolist() for idiom, v in sums.compute().items()})
 
     @cstorch.trace
     def step(x):
         sums(x)
-        record(*(getattr(sums, idiom) for idiom in IDIOMS))
+        record()
 
     loader = cstorch.utils.data.DataLoader(batches)
     for batch in cstorch.utils.data.DataExecutor(loader, num_steps=3):

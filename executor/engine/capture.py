@@ -122,15 +122,11 @@ def capture(store: Store, fn: Callable, args, kwargs, take_closures: Callable[[]
             closures = take_closures()
             outputs: list[torch.Tensor] = []
 
-            state_now = [s.value for s in slots]
-
             def as_leaf(x):
                 if isinstance(x, StateHandle):
                     x = x._slot.value
                 elif not isinstance(x, torch.Tensor):
                     return x
-                if any(torch._C._is_alias_of(x, v) for v in state_now):
-                    x = x.clone()  # the value after this step, not after the one that is run last
                 outputs.append(x)
                 meta = torch.empty(x.shape, dtype=x.dtype, device="meta")
                 return OutputLeaf(len(outputs) - 1, meta)
