@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from executor.engine.errors import TracingError
 from executor.engine.guards import ReadGuard, user_frame_of, value_dependent_error
 from executor.engine.handles import Slot, StateHandle, Store
+from executor.engine.portable import portable
 
 
 @dataclass
@@ -86,23 +87,6 @@ def first_difference(old: list[str], new: list[str]) -> str:
         return (f"op #{i}: the {which} has more ops ({len(old)} vs {len(new)}), starting with "
                 f"`{longer[i]}`")
     return "no difference"
-
-
-def _keep_constants_through_pickling(gm: torch.fx.GraphModule) -> None:
-    """A pickled graph (the Ray wafer's) is traced anew from its code, and an op whose inputs
-    are all constants then runs once and becomes a constant itself: ``torch.tensor(0.0)``'s
-    fresh copy would turn into one shared tensor that ``+=`` in the step changes every step.
-    Tensor constants held as (frozen) parameters are traced as graph values, so their copy stays
-    an op of the graph. (A factory call with literal arguments only, ``torch.zeros(3)``, still
-    becomes a constant there: changed in place in the step, it is wrong on a Ray wafer.)"""
-    gm._tracer_cls = None
-    for node in gm.graph.nodes:
-        if node.op != "get_attr" or "." in node.target:
-            continue
-        value = getattr(gm, node.target)
-        if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
-            delattr(gm, node.target)
-            setattr(gm, node.target, torch.nn.Parameter(value, requires_grad=False))
 
 
 def capture(store: Store, fn: Callable, args, kwargs, take_closures: Callable[[], list],
@@ -202,10 +186,9 @@ def capture(store: Store, fn: Callable, args, kwargs, take_closures: Callable[[]
     finally:
         for h in list(param_handles):
             h.grad = None
-    _keep_constants_through_pickling(gm)
     o_spec, o_leaves = result["out"]
     cap = Captured(
-        graph=gm,
+        graph=portable(gm),  # it travels pickled (to a Ray driver, to the compile process)
         state_slots=slots,
         batch_metas=[(tuple(s.value.shape), s.value.dtype) for s in batch_slots],
         const_positions=const_pos,

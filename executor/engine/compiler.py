@@ -104,9 +104,11 @@ class CompiledStep:
     """
 
     def __init__(self, fn: Callable, changed: Optional[list[int]], compiler: str,
-                 generator: Optional[torch.Generator] = None, seeded: bool = True):
+                 generator: Optional[torch.Generator] = None, seeded: bool = True,
+                 constants: tuple = ()):
         self._fn = fn
         self._changed = changed  # None: the graph mutates state tensors itself (fx)
+        self._constants = tuple(constants)  # the graph's own tensors, its last inputs
         self.compiler = compiler
         self._generator = generator
         self._seeded = seeded or generator is None
@@ -128,7 +130,7 @@ class CompiledStep:
         if self._changed is None:
             _, outputs = self._fn(state, batch, consts)
             return _unaliased(outputs, state)
-        flat = self._fn(*state, *batch, *consts)
+        flat = self._fn(*state, *batch, *consts, *self._constants)
         n = len(self._changed)
         for i, value in zip(self._changed, flat[:n]):
             state[i] = value
@@ -144,8 +146,41 @@ def _unaliased(outputs: list, state: list) -> list:
             and o.untyped_storage().data_ptr() in memory else o for o in outputs]
 
 
+def _lift_constants(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
+    """Make every tensor ``gm`` holds (a ``torch.tensor([...])`` of the step, ...) an input
+    after its others, in place; returns their values. Inductor takes a graph's tensor
+    attributes as inputs of the function it compiles, which a saved artifact does not
+    remember; as inputs of the graph they are passed like the others."""
+    last = [n for n in gm.graph.nodes if n.op == "placeholder"][-1]
+    values, lifted = [], {}
+    for node in list(gm.graph.nodes):
+        if node.op != "get_attr":
+            continue
+        if node.target in lifted:
+            node.replace_all_uses_with(lifted[node.target])
+            gm.graph.erase_node(node)
+            continue
+        *path, name = node.target.split(".")
+        owner = gm
+        for part in path:
+            owner = getattr(owner, part)
+        value = getattr(owner, name)
+        if not isinstance(value, torch.Tensor):
+            continue
+        with gm.graph.inserting_after(last):
+            last = lifted[node.target] = gm.graph.placeholder(f"graph_constant_{len(values)}")
+        node.replace_all_uses_with(last)
+        gm.graph.erase_node(node)
+        delattr(owner, name)  # inductor would take it as an input too
+        values.append(value.detach().clone())
+    gm.graph.lint()
+    gm.recompile()
+    return values
+
+
 def functionalize(gm: torch.fx.GraphModule, example: tuple):
-    """A pure, flat graph ``(*state, *batch, *consts) -> (*changed_state, *outputs)``."""
+    """A pure, flat graph ``(*state, *batch, *consts, *constants) -> (*changed_state,
+    *outputs)``, the indices of the changed state and the graph's own ``constants``."""
     state, batch, consts = example
     ns, nb = len(state), len(batch)
 
@@ -170,8 +205,8 @@ def functionalize(gm: torch.fx.GraphModule, example: tuple):
             changed.append(i)
     out_node.args = (tuple([outs[i] for i in changed] + outs[ns:]),)
     pure.graph.eliminate_dead_code()
-    pure.recompile()
-    return pure, changed
+    constants = _lift_constants(pure)
+    return pure, changed, constants
 
 
 def _drop_detach(gm: torch.fx.GraphModule) -> None:
@@ -294,8 +329,12 @@ class CacheEntry:
     def changed_file(self) -> Path:
         return self.dir / "inductor.changed.json"
 
+    @property
+    def constants_file(self) -> Path:
+        return self.dir / "inductor.constants.pt"
+
     def has_artifact(self) -> bool:
-        return self.artifact.exists() and self.changed_file.exists()
+        return all(p.exists() for p in (self.artifact, self.constants_file, self.changed_file))
 
     def write_manifest(self, gm: torch.fx.GraphModule, spec: list, device: str) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -322,15 +361,17 @@ def compile_inductor_artifact(gm: torch.fx.GraphModule, example: tuple, entry: C
     from torch._inductor import standalone_compile
 
     _inductor_env(entry)
-    pure, changed = functionalize(gm, example)
+    pure, changed, constants = functionalize(gm, example)
     state, batch, consts = example
-    artifact = standalone_compile(pure, [*state, *batch, *consts],
+    artifact = standalone_compile(pure, [*state, *batch, *consts, *constants],
                                   dynamic_shapes="from_example_inputs")
     entry.dir.mkdir(parents=True, exist_ok=True)
     tmp = entry.dir / f"inductor.tmp{os.getpid()}"
     artifact.save(path=str(tmp), format="binary")
     os.replace(tmp, entry.artifact)
-    _write_atomic(entry.changed_file, json.dumps(changed))
+    torch.save(constants, tmp)
+    os.replace(tmp, entry.constants_file)
+    _write_atomic(entry.changed_file, json.dumps(changed))  # last: the artifact is complete
 
 
 def load_inductor_artifact(entry: CacheEntry, generator: Optional[torch.Generator] = None,
@@ -343,7 +384,9 @@ def load_inductor_artifact(entry: CacheEntry, generator: Optional[torch.Generato
     _inductor_env(entry)
     fn = CompiledArtifact.load(path=str(entry.artifact), format="binary")
     changed = json.loads(entry.changed_file.read_text())
-    return CompiledStep(fn, changed, "inductor", generator, seeded=not random)
+    constants = torch.load(entry.constants_file, weights_only=True)
+    return CompiledStep(fn, changed, "inductor", generator, seeded=not random,
+                        constants=constants)
 
 
 def start_inductor_compile(gm: torch.fx.GraphModule, example: tuple,
