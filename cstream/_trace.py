@@ -52,7 +52,7 @@ class TracedStep:
         from executor.engine.accept import AcceptMode
 
         backend = runtime.current_backend(required=True)
-        with AcceptMode(), step_autocast(backend):
+        with AcceptMode(), step_autocast(backend, (args, kwargs)):
             return self.fn(*args, **kwargs)
 
     def __repr__(self) -> str:

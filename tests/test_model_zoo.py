@@ -959,6 +959,34 @@ def test_mixed_precision_runs_the_matrix_products_in_the_half_dtype(half, one_th
             BF16Net(3)(data()[0][0])
 
 
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+def test_half_inputs_on_csx_autocast_as_the_real_system_does(half, one_thread):
+    """A CSX backend given no mixed_precision (the Model Zoo's CSX call) autocasts a step whose
+    batch holds half tensors to their dtype, as the real CSX accepts half inputs to float32
+    weights; the numbers are the CPU backend's under mixed precision in that dtype.
+    mixed_precision=False keeps torch's refusal."""
+    data = half_vectors(half)
+
+    def run(kind, **options):
+        torch.manual_seed(0)
+        with cstorch.backend(kind, **options) as backend:
+            compiled = cstorch.compile(BF16Net(3), backend)
+
+            @cstorch.trace
+            def step(batch):
+                x, y = batch
+                return torch.nn.functional.cross_entropy(compiled(x), y)
+
+            return run_steps(step, executor_of(data, 3))
+
+    cstorch.amp.set_half_dtype(half)
+    cpu = run("CPU", mixed_precision=True)
+    cstorch.amp.enable_mixed_precision(False)
+    assert run("CSX", in_process=True) == cpu
+    with pytest.raises(Exception, match="dtype"):
+        run("CSX", in_process=True, mixed_precision=False)
+
+
 def test_the_half_dtype_setting_names_the_accepted_values():
     assert not cstorch.amp.mixed_precision()
     try:

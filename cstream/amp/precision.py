@@ -16,7 +16,10 @@ half and meets a float32 tensor by type promotion. So float16/bfloat16 inputs fe
 weights, as on the real CSX.
 
 The real CSX always autocasts; cstream autocasts when mixed precision is on, on CSX and CPU
-alike, so that the CPU backend stays the oracle of every CSX run.
+alike, so that the CPU backend stays the oracle of every CSX run. One more case follows the real
+CSX: a CSX backend created without ``mixed_precision`` whose step receives a float16 or bfloat16
+tensor (a Model Zoo loader streams half inputs when ``use_cs()``) autocasts to that dtype, so
+half inputs meet float32 weights as on the real system. ``mixed_precision=False`` turns that off.
 """
 
 from __future__ import annotations
@@ -26,15 +29,27 @@ import contextlib
 import torch
 
 
-def step_autocast(backend):
+def _half_input(inputs) -> torch.dtype | None:
+    """The 16-bit floating dtype of the first such tensor among ``inputs`` (nested), or None."""
+    for leaf in torch.utils._pytree.tree_leaves(inputs):
+        if isinstance(leaf, torch.Tensor) and leaf.dtype in (torch.float16, torch.bfloat16):
+            return leaf.dtype
+    return None
+
+
+def step_autocast(backend, inputs=()):
     """The autocast a step runs under on ``backend``: on when mixed precision is (the backend's
     ``mixed_precision`` option, else :func:`cstream.amp.mixed_precision`), with
-    :func:`cstream.amp.get_half_dtype`."""
+    :func:`cstream.amp.get_half_dtype`; on a CSX backend given no ``mixed_precision``, also when
+    the step's ``inputs`` hold a half tensor (with that tensor's dtype)."""
     from cstream import amp
 
+    device = backend.device.torch_device.type
     on = backend.mixed_precision if backend.mixed_precision is not None else \
         amp.mixed_precision()
-    if not on:
+    if on:
+        return torch.autocast(device_type=device, dtype=amp.get_half_dtype())
+    half = _half_input(inputs) if backend.is_csx and backend.mixed_precision is None else None
+    if half is None:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=backend.device.torch_device.type,
-                          dtype=amp.get_half_dtype())
+    return torch.autocast(device_type=device, dtype=half)
