@@ -393,7 +393,6 @@ def test_annotations_that_change_nothing_run_the_function_unchanged():
     (lambda: cstorch.profiler.profile(schedule=cstorch.profiler.schedule(start_step=1,
                                                                         end_step=2)),
      "per-op profiling of steps 1-2"),
-    (lambda: cstorch.amp.set_half_dtype("cbfloat16"), "cbfloat16"),
 ])
 def test_features_not_simulated_raise_an_error_naming_the_feature_and_the_page(call, feature):
     from cstream.unsupported import UnsupportedFeatureError
