@@ -39,6 +39,22 @@ class _Op:
         return getattr(getattr(getattr(torch.ops, self.namespace), self.packet), self.overload)
 
 
+class _TorchName:
+    """A ``torch.dtype``, ``torch.memory_format`` or ``torch.layout`` argument by its name.
+    Pickled as is, such an object names itself by a bare string that pickle looks up in every
+    loaded module: a user's ``__main__`` that imports torch is found first, and the process
+    that unpickles (a Ray driver) has no such ``__main__.torch``."""
+
+    __slots__ = ("name",)
+    TYPES = (torch.dtype, torch.memory_format, torch.layout)
+
+    def __init__(self, value):
+        self.name = str(value).split(".", 1)[1]  # "torch.preserve_format" -> "preserve_format"
+
+    def resolve(self):
+        return getattr(torch, self.name)
+
+
 def _attr(gm: torch.nn.Module, target: str):
     obj = gm
     for part in target.split("."):
@@ -53,7 +69,8 @@ def _rebuild(nodes: list, attrs: dict, codegen) -> "PortableGraphModule":
         if isinstance(target, _Op):
             target = target.resolve()
         args, kwargs = map_aggregate(
-            (args, kwargs), lambda a: built[a.index] if isinstance(a, _Ref) else a)
+            (args, kwargs), lambda a: built[a.index] if isinstance(a, _Ref)
+            else a.resolve() if isinstance(a, _TorchName) else a)
         built.append(graph.create_node(op, target, args, kwargs, name=name))
     graph._codegen = codegen
     return PortableGraphModule(attrs, graph)
@@ -73,7 +90,8 @@ class PortableGraphModule(torch.fx.GraphModule):
                 attrs[target] = _attr(self, target)
             args, kwargs = map_aggregate(
                 (node.args, node.kwargs),
-                lambda a: _Ref(index[a]) if isinstance(a, torch.fx.Node) else a)
+                lambda a: _Ref(index[a]) if isinstance(a, torch.fx.Node)
+                else _TorchName(a) if isinstance(a, _TorchName.TYPES) else a)
             nodes.append((node.op, node.name, target, args, kwargs))
         return _rebuild, (nodes, attrs, self.graph._codegen)
 
