@@ -388,8 +388,9 @@ class DataExecutor:
         timeline.write_trace(self.run_dir / "trace.json", profile)
         if self.writer is not None:
             self._scalars.write_ready(self.writer, self.step_records, None, final=True)
-            report.write_summary_scalars(self.writer, self.report,
-                                         self.step_records[-1]["step"] if steps else 0)
+            with report.ctrl_c_after_block():
+                report.write_summary_scalars(self.writer, self.report,
+                                             self.step_records[-1]["step"] if steps else 0)
 
     def mark_stopped(self, reason: str) -> None:
         """Say why the run stopped early when the loop body stopped it (an exception, Ctrl-C):

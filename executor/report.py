@@ -52,9 +52,12 @@ The same figures go to a TensorBoard writer (:class:`StepScalars` every step,
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import math
 import os
+import signal
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -404,10 +407,12 @@ class StepScalars:
                 if stats is None:
                     break
                 r.update({k: v for k, v in stats.items() if k != "step"})
-            self._write(writer, r)
+            with ctrl_c_after_block():
+                self._write(writer, r)
             self.written += 1
         if final:
-            writer.flush()
+            with ctrl_c_after_block():
+                writer.flush()
 
     def _span(self, r: dict):
         if has_wafer_figures(r):
@@ -459,6 +464,28 @@ class StepScalars:
             for c, w in delivered:
                 writer.add_scalar(f"workers/csx{c}_w{w}/produce_ms",
                                   1000.0 * (ends[c] - starts[c]), step)
+
+
+@contextlib.contextmanager
+def ctrl_c_after_block():
+    """Run the block whole: a Ctrl-C (SIGINT) that arrives inside it is raised as
+    ``KeyboardInterrupt`` when the block ends. TensorBoard's writer takes a lock for each
+    scalar; an interrupt raised inside it leaves the lock held, and the run's clean-up, which
+    writes the summary, would then wait for that lock for ever. Only in the main thread, and
+    only while Python's own SIGINT handler is installed (a program's own handler is left
+    alone)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def write_summary_scalars(writer, report: dict, step: int) -> int:

@@ -299,3 +299,20 @@ def test_a_ray_sweep_finds_the_worker_count_theory_predicts_from_its_measured_fi
     if ample is not None:  # none on a machine so loaded that even 4 workers barely keep up
         found = best_counts(rows, WIDE_TARGET)[1]
         assert found is not None and found <= ample, (found, theory, rows)
+
+
+def test_a_ctrl_c_inside_a_tensorboard_write_is_raised_after_the_write():
+    """The writes that take TensorBoard's lock run whole: the interrupt comes after them, so the
+    run's clean-up can still write (an interrupt inside the lock left it held for ever)."""
+    import os
+    import signal
+
+    from executor.report import ctrl_c_after_block
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with ctrl_c_after_block():
+            os.kill(os.getpid(), signal.SIGINT)
+            done.append("the block went on after the signal")
+    assert done == ["the block went on after the signal"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
