@@ -342,7 +342,24 @@ class CosineDecayScheduler(Scheduler):
         return progress.mul(self.initial_val - self.end_val).add(self.end_val)
 
 
-class SequentialScheduler(Scheduler):
+class _CombinedScheduler(Scheduler):
+    """A scheduler made of others (``self._schedulers``): its state dict nests theirs under
+    ``_schedulers``, as the real package's does."""
+
+    def state_dict(self):
+        state = super().state_dict()
+        state["_schedulers"] = [s.state_dict() for s in self._schedulers]
+        return state
+
+    def load_state_dict(self, state_dict):
+        state = dict(state_dict)
+        children = state.pop("_schedulers")
+        for scheduler, child in zip(self._schedulers, children):
+            scheduler.load_state_dict(child)
+        super().load_state_dict(state)
+
+
+class SequentialScheduler(_CombinedScheduler):
     """``schedulers[i]`` from step ``milestones[i-1]`` on, each counting its own steps from 0
     there (torch's SequentialLR)."""
 
@@ -383,18 +400,6 @@ class SequentialScheduler(Scheduler):
         self._schedulers[0].last_epoch.add_(1)
         for milestone, scheduler in zip(self._milestones, self._schedulers[1:]):
             scheduler.last_epoch.add_((self.last_epoch > milestone).to(torch.int64))
-
-    def state_dict(self):
-        state = super().state_dict()
-        state["_schedulers"] = [s.state_dict() for s in self._schedulers]
-        return state
-
-    def load_state_dict(self, state_dict):
-        state = dict(state_dict)
-        children = state.pop("_schedulers")
-        for scheduler, child in zip(self._schedulers, children):
-            scheduler.load_state_dict(child)
-        super().load_state_dict(state)
 
 
 class PiecewiseConstantScheduler(SequentialScheduler):
@@ -528,7 +533,7 @@ class MultiplicativeScheduler(Scheduler):
                          self.last_epoch).mul(self.initial_val)
 
 
-class ChainedScheduler(Scheduler):
+class ChainedScheduler(_CombinedScheduler):
     """The first scheduler's value times every other one's relative factor
     ``value_i / initial_i``; all of them share this scheduler's step."""
 
@@ -561,17 +566,8 @@ class ChainedScheduler(Scheduler):
             value = value.mul(scheduler._get_closed_form() / scheduler.initial_val)
         return value
 
-    def state_dict(self):
-        state = super().state_dict()
-        state["_schedulers"] = [s.state_dict() for s in self._schedulers]
-        return state
-
     def load_state_dict(self, state_dict):
-        state = dict(state_dict)
-        children = state.pop("_schedulers")
-        for scheduler, child in zip(self._schedulers, children):
-            scheduler.load_state_dict(child)
-        super().load_state_dict(state)
+        super().load_state_dict(state_dict)
         for scheduler in self._schedulers:
             scheduler.last_epoch = self.last_epoch
 
