@@ -43,6 +43,18 @@ def _weights(metric: Metric, weights, labels: torch.Tensor) -> torch.Tensor | No
     return weights.reshape(-1).to(_ACC)
 
 
+def _class_pairs(metric, labels, predictions, weights):
+    """``(weights or None, label ids, prediction ids)``, flat, after the checks every
+    class-counting metric makes of its inputs."""
+    labels = as_tensor(metric, "labels", labels)
+    predictions = as_tensor(metric, "predictions", predictions)
+    check_same_shape(metric, "labels", labels, "predictions", predictions, _SAME_SHAPE)
+    w = _weights(metric, weights, labels)
+    y = class_ids(metric, "labels", labels).reshape(-1)
+    p = class_ids(metric, "predictions", predictions).reshape(-1)
+    return w, y, p
+
+
 class _ConfusionMatrixMetric(Metric):
     """Accumulates ``confusion_matrix[label, prediction] += weight`` (rows: labels)."""
 
@@ -73,12 +85,7 @@ class _ConfusionMatrixMetric(Metric):
         self.register_state("predictions_out_of_range", torch.zeros((), dtype=_ACC))
 
     def _accumulate(self, labels, predictions, weights, dtype) -> None:
-        labels = as_tensor(self, "labels", labels)
-        predictions = as_tensor(self, "predictions", predictions)
-        check_same_shape(self, "labels", labels, "predictions", predictions, _SAME_SHAPE)
-        w = _weights(self, weights, labels)
-        y = class_ids(self, "labels", labels).reshape(-1)
-        p = class_ids(self, "predictions", predictions).reshape(-1)
+        w, y, p = _class_pairs(self, labels, predictions, weights)
         k = self.num_classes
         y_ok = (y >= 0) & (y < k)
         p_ok = (p >= 0) & (p < k)
@@ -252,12 +259,7 @@ class MeanPerClassAccuracyMetric(Metric):
         self.register_state("labels_out_of_range", torch.zeros((), dtype=_ACC))
 
     def update(self, labels, predictions, weights=None, dtype=None):
-        labels = as_tensor(self, "labels", labels)
-        predictions = as_tensor(self, "predictions", predictions)
-        check_same_shape(self, "labels", labels, "predictions", predictions, _SAME_SHAPE)
-        w = _weights(self, weights, labels)
-        y = class_ids(self, "labels", labels).reshape(-1)
-        p = class_ids(self, "predictions", predictions).reshape(-1)
+        w, y, p = _class_pairs(self, labels, predictions, weights)
         k = self.num_classes
         y_ok = (y >= 0) & (y < k)
         counted = 1.0 if w is None else (w != 0).to(_ACC)
