@@ -1,0 +1,51 @@
+"""The one check for settings that must be positive numbers.
+
+Every layer (``workers``, ``executor``, ``cstream``) checks its positive settings with
+:func:`positive_int` or :func:`positive_number`, so each message has the same shape: what was
+wrong (the setting and the value given), the rule, and the fix.
+
+>>> positive_int(4, "CSConfig.num_csx")
+4
+>>> positive_int(0, "CSConfig.num_csx", fix="e.g. CSConfig(num_csx=1)")
+Traceback (most recent call last):
+...
+ValueError: CSConfig.num_csx: expected a positive int, got 0. Set it to 1 or more, e.g. CSConfig(num_csx=1).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Optional
+
+
+def _message(name: str, rule: str, value, fix: Optional[str], default_fix: str) -> str:
+    got = "true" if value is True else "false" if value is False else repr(value)
+    return f"{name}: expected {rule}, got {got}. {fix or default_fix}"
+
+
+def positive_int(value, name: str, *, allow_none: bool = False, fix: Optional[str] = None,
+                 error: type[Exception] = ValueError):
+    """``value`` if it is an int of 1 or more (``None`` too when ``allow_none``); otherwise
+    ``error`` naming ``name``, the rule and ``fix`` (default: "Set it to 1 or more.").
+
+    bool is refused although it is an int: ``True`` as a count is always a mistake.
+    """
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        rule = "a positive int or None" if allow_none else "a positive int"
+        raise error(_message(name, rule, value, fix, "Set it to 1 or more."))
+    return int(value)
+
+
+def positive_number(value, name: str, *, allow_none: bool = False, fix: Optional[str] = None,
+                    error: type[Exception] = ValueError):
+    """``value`` as a float if it is a real number above 0 (``None`` too when ``allow_none``);
+    otherwise ``error`` naming ``name``, the rule and ``fix``. NaN and infinity are refused."""
+    if value is None and allow_none:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0
+            or value == float("inf")):
+        rule = "a positive number or None" if allow_none else "a positive number"
+        raise error(_message(name, rule, value, fix, "Set it above 0."))
+    return float(value)
