@@ -6,7 +6,7 @@ wrong (the setting and the value given), the rule, and the fix.
 
 >>> positive_int(4, "CSConfig.num_csx")
 4
->>> positive_int(0, "CSConfig.num_csx", fix="e.g. CSConfig(num_csx=1)")
+>>> positive_int(0, "CSConfig.num_csx", fix="Set it to 1 or more, e.g. CSConfig(num_csx=1).")
 Traceback (most recent call last):
 ...
 ValueError: CSConfig.num_csx: expected a positive int, got 0. Set it to 1 or more, e.g. CSConfig(num_csx=1).
