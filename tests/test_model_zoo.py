@@ -1074,3 +1074,33 @@ def test_the_restartable_protocol_round_trips(ray_session):
             assert saved[3]["workers"][0]["user_state_dict"]["loader_state"] == {"next": 3}
             assert run(3, saved[3])[0] == [3.0, 4.0, 5.0], kind
             assert run(2, saved[0])[0] == [0.0, 1.0], kind
+
+
+def shuffled_by_the_global_generator():
+    """The Model Zoo's MNIST loader: a torch DataLoader with shuffle=True and no generator of
+    its own, so its order comes from torch's global random state when it is iterated."""
+    data = torch.utils.data.TensorDataset(torch.arange(32.0).reshape(32, 1))
+    return torch.utils.data.DataLoader(data, batch_size=4, shuffle=True, drop_last=True)
+
+
+def test_a_loader_shuffled_by_the_global_generator_streams_the_cpu_order_on_csx(ray_session):
+    """An input worker starts from the client's torch random state as the run starts, so a
+    seeded run shuffles as on the CPU backend; another seed shuffles otherwise."""
+    def first_rows(seed, kind, **options):
+        with cstorch.backend(kind, **options):
+            torch.manual_seed(seed)
+            compiled = cstorch.compile(torch.nn.Linear(1, 1), cstorch.current_backend())
+            torch.randn(3)  # the client draws between seeding and the run, as a flow does
+
+            @cstorch.trace
+            def step(batch):
+                (x,) = batch
+                return compiled(x).sum(), x[:, 0]
+
+            return run_steps(lambda b: step(b)[1].sum(), executor_of(
+                shuffled_by_the_global_generator, 8))
+
+    cpu = first_rows(5, "CPU")
+    assert cpu != sorted(cpu)  # shuffled: the sums of an epoch in order would rise
+    assert first_rows(5, "CSX", **csx_options("ray")) == cpu
+    assert first_rows(6, "CSX", **csx_options("ray")) != cpu

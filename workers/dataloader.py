@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import torch
 from collections.abc import Mapping
 from typing import Any, Callable, Iterable
 
@@ -70,6 +71,9 @@ class DataLoader:
         self._resume_states = None
         self._state_provider = None
         self.worker_env: dict[str, str] = {}  # set when sent to a worker: workers.environ
+        self.client_rng_state: torch.Tensor | None = None
+        """torch's global random state on the client when the run started (input workers start
+        from it); None before a run."""
         self.batch_size: int | None = None
         """The global batch size: samples in the run's first step (None before it ends)."""
 
@@ -139,8 +143,14 @@ class DataLoader:
 
     def bind_state_provider(self, provider: Callable[[], dict] | None) -> None:
         """Set by the executor running this DataLoader (None when the run ends): the callable
-        :meth:`state_dict` returns the workers' positions from."""
+        :meth:`state_dict` returns the workers' positions from.
+
+        As a run starts it also records torch's global random state: each input worker process
+        starts from it, as the client's own loader does on the CPU backend, so a loader that
+        shuffles with torch's global generator draws the same order on CSX as on CPU."""
         self._state_provider = provider
+        if provider is not None:
+            self.client_rng_state = torch.get_rng_state()
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Resume every worker from ``state_dict`` (from :meth:`state_dict`) in the next run."""

@@ -442,6 +442,8 @@ class InputWorkerImpl:
     def _run(self) -> None:
         info = self.info
         environ.apply(getattr(self.dataloader, "worker_env", None))
+        if self.owns_global_rng and self.dataloader.client_rng_state is not None:
+            torch.set_rng_state(self.dataloader.client_rng_state)
         with worker_context(info, self.state), streamer_context():
             try:
                 loader = self.dataloader.build(info)

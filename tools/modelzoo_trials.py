@@ -1,0 +1,223 @@
+"""Run a Cerebras Model Zoo program unmodified on cstream: train, resume and evaluate, on CPU and CSX.
+
+Given an extracted Model Zoo release (its code is only read and run, never copied), this writes
+the program's data offline (MNIST in the idx-ubyte format from ``examples/digits.npz``; GPT-2
+token files in the Model Zoo's HDF5 format), a copy of the program's shipped configuration with
+the steps, data folder and precision set, and then runs the program's own ``run.py`` with its
+usual command line, each backend in its own process:
+
+1. ``--mode train`` for ``--steps`` steps, a checkpoint every ``--steps // 3`` steps;
+2. the same training resumed from the first checkpoint in a fresh model folder (the Model Zoo
+   flow autoloads the latest checkpoint it finds there);
+3. ``--mode eval`` of the last checkpoint.
+
+It compares the per-step losses of CSX against CPU and of each resumed run against its
+uninterrupted run, writes the figures to ``--out`` (JSON) and prints one line per comparison::
+
+    PYTHONPATH=$PWD python tools/modelzoo_trials.py --release /tmp/mz/Release_2.0.2 \\
+        --program fc_mnist --precision fp32 --out benchmarks/results/modelzoo_fc_mnist_2.0.2.json
+
+``--pythonpath`` adds folders the Model Zoo's own imports need (torchvision for MNIST, the
+registry's dependencies in Release 2.2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+LOSS = re.compile(r"Step=(\d+), Loss=([-\d.einfa]+)")
+EVAL_LOSS = re.compile(r"Avg Eval Loss: ([-\d.einfa]+)")
+METRIC = re.compile(r"Metric: (\S+) = ([-\d.einfa]+)")
+PRECISIONS = {
+    # name: (model.mixed_precision, model.use_bfloat16)
+    "fp32": (False, False),
+    "mixed-bf16": (True, True),
+    "mixed-fp16": (True, False),
+}
+
+
+def program_paths(release: Path, program: str) -> tuple[Path, Path, Path]:
+    """(run.py, shipped params.yaml, the folder to put on PYTHONPATH) of ``program``."""
+    if (release / "src" / "cerebras" / "modelzoo").is_dir():
+        root, code = release / "src", release / "src" / "cerebras" / "modelzoo"
+    else:
+        root, code = release, release / "modelzoo"
+    folder = {"fc_mnist": code / "fc_mnist" / "pytorch",
+              "gpt2": code / "transformers" / "pytorch" / "gpt2"}[program]
+    shipped = {"fc_mnist": "params.yaml", "gpt2": "params_gpt2_small.yaml"}[program]
+    return folder / "run.py", folder / "configs" / shipped, root
+
+
+def write_mnist(folder: Path, n_train: int = 1500) -> None:
+    """MNIST idx-ubyte files from the 8x8 digits, upscaled x3 to 24x24 and padded to 28x28."""
+    raw = folder / "MNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    digits = np.load(REPO / "examples" / "digits.npz")
+    images = digits["images"].astype(np.float32) * (255.0 / max(1, digits["images"].max()))
+    images = np.pad(np.kron(images, np.ones((3, 3), np.float32)), ((0, 0), (2, 2), (2, 2)))
+    images, labels = images.astype(np.uint8), digits["labels"].astype(np.uint8)
+
+    def write(name, array, magic):
+        with open(raw / name, "wb") as f:
+            f.write(struct.pack(">I", magic) + struct.pack(f">{array.ndim}I", *array.shape))
+            f.write(array.tobytes())
+
+    write("train-images-idx3-ubyte", images[:n_train], 0x803)
+    write("train-labels-idx1-ubyte", labels[:n_train], 0x801)
+    write("t10k-images-idx3-ubyte", images[n_train:], 0x803)
+    write("t10k-labels-idx1-ubyte", labels[n_train:], 0x801)
+
+
+def write_gpt_hdf5(folder: Path, files: int = 2, per_file: int = 64, msl: int = 64,
+                   vocab: int = 512) -> None:
+    """Token files as the Model Zoo's GPT HDF5 processor reads them: ``data`` [n, 3, msl]
+    (input ids, attention mask, labels: the ids shifted by one) and the ``n_examples`` attribute."""
+    import h5py
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i in range(files):
+        tokens = rng.integers(0, vocab, size=(per_file, msl + 1), dtype=np.int32)
+        data = np.stack([tokens[:, :-1], np.ones((per_file, msl), np.int32), tokens[:, 1:]], 1)
+        with h5py.File(folder / f"data-{i}.h5", "w") as f:
+            f.attrs["n_examples"] = per_file
+            f.create_dataset("data", data=data)
+
+
+def params_for(program: str, shipped: Path, data: Path, steps: int, precision: str) -> dict:
+    """The shipped configuration with this trial's data, steps, precision and logging."""
+    params = yaml.safe_load(shipped.read_text())
+    mixed, bf16 = PRECISIONS[precision]
+    params["model"]["mixed_precision"] = mixed
+    params["model"]["use_bfloat16"] = bf16
+    every = max(1, steps // 3)
+    run = params["runconfig"]
+    run.update(max_steps=steps, log_steps=1, checkpoint_steps=every, seed=1,
+               save_initial_checkpoint=False)
+    run.pop("eval_frequency", None)
+    for key in ("train_input", "eval_input"):
+        params[key]["data_dir"] = str(data)
+    if program == "fc_mnist":
+        run["steps_per_epoch"] = steps  # 2.0.x reads it; 1,500 images give 375 batches of 4
+        run["eval_steps"] = 20
+    else:  # a GPT-2 small enough for two cores; no dropout so CPU and CSX draw nothing random
+        params["model"].update(hidden_size=64, vocab_size=512, max_position_embeddings=64,
+                               num_hidden_layers=2, num_heads=4, filter_size=256,
+                               dropout_rate=0.0, attention_dropout_rate=0.0)
+        for key in ("train_input", "eval_input"):
+            params[key].update(batch_size=8, num_workers=1)
+        run["eval_steps"] = 4
+    return params
+
+
+def run_program(run_py: Path, backend: str, mode: str, params: Path, model_dir: Path,
+                env: dict, log: Path, extra: tuple = (), timeout: int = 1200) -> dict:
+    """Run ``run.py`` once; its exit code, losses by step, eval loss, metrics and seconds."""
+    cmd = [sys.executable, str(run_py), backend, "--mode", mode, "--params", str(params),
+           "--model_dir", str(model_dir), *extra]
+    start = time.monotonic()
+    with open(log, "w") as out:
+        done = subprocess.run(cmd, cwd=params.parent, env=env, stdout=out,
+                              stderr=subprocess.STDOUT, timeout=timeout)
+    text = log.read_text()
+    found = {"rc": done.returncode, "seconds": round(time.monotonic() - start, 1),
+             "losses": {int(s): float(v) for s, v in LOSS.findall(text)},
+             "metrics": {k: float(v) for k, v in METRIC.findall(text)}, "log": str(log)}
+    if m := EVAL_LOSS.search(text):
+        found["eval_loss"] = float(m.group(1))
+    if done.returncode != 0:
+        found["error"] = text.strip().splitlines()[-1] if text.strip() else "no output"
+    return found
+
+
+def trial(args) -> dict:
+    run_py, shipped, root = program_paths(args.release, args.program)
+    work = args.work / f"{args.release.name}-{args.program}-{args.precision}"
+    shutil.rmtree(work, ignore_errors=True)
+    data = work / "data"
+    (write_mnist if args.program == "fc_mnist" else write_gpt_hdf5)(data)
+    params = work / "params.yaml"
+    params.write_text(yaml.safe_dump(params_for(args.program, shipped, data, args.steps,
+                                                args.precision)))
+    path = [str(REPO), str(root), *args.pythonpath, os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p),
+               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    first = max(1, args.steps // 3)
+    runs = {}
+    for backend in ("CPU", "CSX"):
+        full, resumed = work / f"{backend}-full", work / f"{backend}-resumed"
+        runs[f"{backend} train"] = run_program(run_py, backend, "train", params, full, env,
+                                               work / f"{backend}-train.log")
+        resumed.mkdir()
+        shutil.copy(full / f"checkpoint_{first}.mdl", resumed)
+        runs[f"{backend} resume"] = run_program(run_py, backend, "train", params, resumed, env,
+                                                work / f"{backend}-resume.log")
+        runs[f"{backend} eval"] = run_program(
+            run_py, backend, "eval", params, work / f"{backend}-eval", env,
+            work / f"{backend}-eval.log",
+            extra=("--checkpoint_path", str(full / f"checkpoint_{args.steps}.mdl")))
+    return {"release": args.release.name, "program": args.program, "precision": args.precision,
+            "steps": args.steps, "resumed_from": first, "runs": runs,
+            "compare": compare(runs)}
+
+
+def _max_gap(a: dict, b: dict):
+    steps = sorted(set(a) & set(b))
+    return (max(abs(a[s] - b[s]) for s in steps), len(steps)) if steps else (None, 0)
+
+
+def compare(runs: dict) -> dict:
+    """Largest loss gaps: CSX against CPU (train and eval) and each resumed run against its
+    uninterrupted run over the steps both logged."""
+    out = {}
+    for name, (a, b) in {"CSX vs CPU, train": ("CSX train", "CPU train"),
+                         "CPU resumed vs uninterrupted": ("CPU resume", "CPU train"),
+                         "CSX resumed vs uninterrupted": ("CSX resume", "CSX train")}.items():
+        gap, n = _max_gap(runs[a]["losses"], runs[b]["losses"])
+        out[name] = {"max_abs_loss_gap": gap, "steps_compared": n}
+    cpu, csx = runs["CPU eval"].get("eval_loss"), runs["CSX eval"].get("eval_loss")
+    out["CSX vs CPU, eval loss"] = {"CPU": cpu, "CSX": csx,
+                                    "gap": None if cpu is None or csx is None else abs(cpu - csx)}
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--release", type=Path, required=True,
+                        help="an extracted Model Zoo release (Release_2.0.2, Release_2.2.1, ...)")
+    parser.add_argument("--program", choices=("fc_mnist", "gpt2"), required=True)
+    parser.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/cstream-modelzoo-trials"))
+    parser.add_argument("--pythonpath", action="append", default=[],
+                        help="a folder the Model Zoo's imports need (repeatable)")
+    parser.add_argument("--out", type=Path, help="write the figures here as JSON")
+    args = parser.parse_args(argv)
+    result = trial(args)
+    for name, run in result["runs"].items():
+        status = "ok" if run["rc"] == 0 else f"FAILED ({run.get('error')})"
+        print(f"{name}: {status}, {len(run['losses'])} losses logged, {run['seconds']} s"
+              + (f", eval loss {run['eval_loss']}" if "eval_loss" in run else ""))
+    for name, figures in result["compare"].items():
+        print(f"{name}: {figures}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0 if all(run["rc"] == 0 for run in result["runs"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
