@@ -110,6 +110,8 @@ def params_for(program: str, shipped: Path, data: Path, steps: int, precision: s
     run.pop("eval_frequency", None)
     for key in ("train_input", "eval_input"):
         params[key]["data_dir"] = str(data)
+        if program == "fc_mnist":  # its loader streams half images on CSX unless told not to
+            params[key]["to_float16"] = mixed
     if program == "fc_mnist":
         run["steps_per_epoch"] = steps  # 2.0.x reads it; 1,500 images give 375 batches of 4
         run["eval_steps"] = 20
