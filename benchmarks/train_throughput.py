@@ -31,10 +31,10 @@ reported, because this machine is noisy.
 The wafer's own figures are read from the run summary where they exist (per-step ``compute_s``,
 the start-up breakdown, the compile report, thread counts, tiered-compilation fields).
 
-Writes ``benchmarks/results/train_throughput.json`` and prints tables; ``--readme`` also
-rewrites the generated block of README.md's "Performance" section from the results.
+Writes ``benchmarks/results/train_throughput.json`` and prints tables; ``--docs`` also
+rewrites the generated block of docs/performance.md from the results.
 
-    python benchmarks/train_throughput.py [--rounds 3] [--quick] [--readme]
+    python benchmarks/train_throughput.py [--rounds 3] [--quick] [--docs]
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 RESULT_TAG = "TRAIN_THROUGHPUT_RESULT "
-README_BEGIN = "<!-- train_throughput.py: begin generated block -->"
-README_END = "<!-- train_throughput.py: end generated block -->"
+DOCS_BEGIN = "<!-- train_throughput.py: begin generated block -->"
+DOCS_END = "<!-- train_throughput.py: end generated block -->"
 
 MODEL_LABELS = {
     "mlp_784_512_512_10_b64": "MLP 784-512-512-10, batch 64, Adam",
@@ -621,7 +621,7 @@ def busy_warning(results: dict):
 
 
 def markdown(results: dict) -> str:
-    """The results as the README's generated block."""
+    """The results as docs/performance.md's generated block."""
     m = results["machine"]
     commit = (results["git"]["commit"] or "?")[:7]
     lines = [
@@ -743,14 +743,14 @@ def print_tables(results: dict) -> None:
                   + (f" [{len(e['errors'])} failed]" if e["errors"] else ""))
 
 
-def update_readme(text: str, readme: Path = ROOT / "README.md") -> None:
-    doc = readme.read_text()
-    if README_BEGIN not in doc or README_END not in doc:
-        raise SystemExit(f"--readme: {readme} has no block between {README_BEGIN!r} and "
-                         f"{README_END!r}; add the two markers where the table belongs.")
-    head, rest = doc.split(README_BEGIN, 1)
-    _, tail = rest.split(README_END, 1)
-    readme.write_text(f"{head}{README_BEGIN}\n{text}{README_END}{tail}")
+def update_docs(text: str, page: Path = ROOT / "docs" / "performance.md") -> None:
+    doc = page.read_text()
+    if DOCS_BEGIN not in doc or DOCS_END not in doc:
+        raise SystemExit(f"--docs: {page} has no block between {DOCS_BEGIN!r} and "
+                         f"{DOCS_END!r}; add the two markers where the table belongs.")
+    head, rest = doc.split(DOCS_BEGIN, 1)
+    _, tail = rest.split(DOCS_END, 1)
+    page.write_text(f"{head}{DOCS_BEGIN}\n{text}{DOCS_END}{tail}")
 
 
 def main(argv=None):
@@ -770,12 +770,12 @@ def main(argv=None):
                    help="before each child, wait (up to 2 minutes) until the 1-minute load "
                    "average is at most LOAD and the CPU was at least 90%% idle over the last "
                    "second: on a shared machine, e.g. 1.5 on 2 cores")
-    p.add_argument("--readme", action="store_true",
-                   help="rewrite README.md's generated performance block from this run")
+    p.add_argument("--docs", action="store_true",
+                   help="rewrite docs/performance.md's generated block from this run")
     p.add_argument("--out", default=str(HERE / "results" / "train_throughput.json"))
     p.add_argument("--render", action="store_true",
                    help="measure nothing: print the tables of the results in --out (and with "
-                   "--readme rewrite README.md's block from them)")
+                   "--docs rewrite docs/performance.md's block from them)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -784,9 +784,9 @@ def main(argv=None):
     if args.render:
         results = json.loads(Path(args.out).read_text())
         print_tables(results)
-        if args.readme:
-            update_readme(markdown(results))
-            print("rewrote the generated block of README.md")
+        if args.docs:
+            update_docs(markdown(results))
+            print("rewrote the generated block of docs/performance.md")
         return
     LOAD_GATE["max_load"] = args.wait_for_load
     if args.rounds is None:
@@ -822,9 +822,9 @@ def main(argv=None):
     out.write_text(json.dumps(results, indent=1, default=str))
     print_tables(results)
     print(f"\nwrote {out}")
-    if args.readme:
-        update_readme(results["markdown"])
-        print("rewrote the generated block of README.md")
+    if args.docs:
+        update_docs(results["markdown"])
+        print("rewrote the generated block of docs/performance.md")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os as _os
 
-# Ray binds loopback only when this is set before it is imported (see README, "Security").
+# Ray binds loopback only when this is set before it is imported (see docs/input.md, "Security defaults").
 _os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 from cstream import _cerebras_check  # noqa: E402,F401

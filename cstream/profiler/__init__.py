@@ -4,7 +4,7 @@ Cerebras flows always wrap their run in ``profile(schedule=schedule(start_step=-
 end_step=-1))``, which profiles nothing; that works. A schedule with steps to profile asks for
 the wafer's per-op trace, which cstream does not simulate: ``profile`` raises
 :class:`cstream.unsupported.UnsupportedFeatureError` (cstream's own per-step profile is in the
-run's directory, see the README).
+run's directory, see docs/profiling.md).
 
 >>> with profile(schedule=schedule(start_step=-1, end_step=-1)) as prof:
 ...     pass

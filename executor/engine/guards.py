@@ -157,7 +157,7 @@ def read_error(what: str, fix: str = "") -> TracingError:
 
 
 # ops whose output shape (or Python result) depends on tensor values: what users write that
-# reaches each, and a fixed-size way around (README, "Models")
+# reaches each, and a fixed-size way around (docs/models.md, "What cannot trace")
 _VALUE_SHAPED = {
     "nonzero": ("boolean mask indexing `x[mask]`, `nonzero()`, `argwhere()` or one-argument "
                 "`torch.where(cond)`",
