@@ -14,7 +14,7 @@ delivered the batch). From those this module derives:
   ``steady_wall_s``; the rest (``client_bound_fraction``) is time the wafer was held back by the
   client falling more than ``lookahead`` steps behind; ``utilisation_incl_warmup`` covers the
   whole run;
-* ``samples_per_s``: steady-state samples/s on the wafer; ``global_rate``: the seed's
+* ``samples_per_s``: steady-state samples/s on the wafer; ``global_rate``: the porting guide's
   client-side figure (all samples / time since the first step ended on the client);
 * per input worker: batches delivered, batches/s, the input wait spent on it and, from the
   worker's own production timing, ``produce_batches_per_s`` (batches / seconds spent producing

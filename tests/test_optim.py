@@ -574,9 +574,9 @@ def test_use_bfloat16_switches_autocast_to_bfloat16():
         assert torch.nn.Linear(3, 3)(torch.randn(2, 3)).dtype == torch.float16
 
 
-# -- the seed's skeletons, and tracing ------------------------------------------------------------
+# -- the porting guide's skeletons, and tracing --------------------------------------------------
 class CustomOptimizer(cstorch.optim.Optimizer):
-    """Seed 000's skeleton, filled in: SGD with a decaying trust factor."""
+    """The skeleton of Cerebras' porting guide, filled in: SGD with a decaying trust factor."""
 
     def __init__(self, params, lr=0.1, decay=0.9):
         super().__init__(params, dict(lr=lr, decay=decay), enable_global_step=True)
@@ -600,7 +600,7 @@ class CustomOptimizer(cstorch.optim.Optimizer):
 
 
 class CustomScheduler(cstorch.optim.lr_scheduler.LRScheduler):
-    """Seed 000's skeleton, filled in: linear warm-up then 1/sqrt decay, in closed form."""
+    """The porting guide's skeleton, filled in: linear warm-up then 1/sqrt decay, in closed form."""
 
     def __init__(self, optimizer, peak=0.1, warmup=5):
         self.peak, self.warmup = peak, warmup
@@ -614,8 +614,8 @@ class CustomScheduler(cstorch.optim.lr_scheduler.LRScheduler):
 
 def _train_loop(kind, make_opt, make_sched=None, make_scaler=None, steps=12, hidden=8,
                 **options):
-    """Seed 000's full step (``optimizer_step`` with clipping, optionally a loss scaler and a
-    scheduler) on a 5-``hidden``-2 MLP; returns losses, final weights and the executor."""
+    """The porting guide's full step (``optimizer_step`` with clipping, optionally a loss scaler
+    and a scheduler) on a 5-``hidden``-2 MLP; returns losses, final weights and the executor."""
     torch.manual_seed(0)
     backend = cstorch.backend(kind, **options)
     model = torch.nn.Sequential(torch.nn.Linear(5, hidden), torch.nn.Tanh(),
@@ -742,8 +742,8 @@ def _train_loop_with_scaler(kind, **options):
 
 
 def test_inductor_compiles_the_full_step_with_adamw_and_gives_fx_losses(tmp_path):
-    """Seed 000's full step with AdamW, a dynamic loss scaler and clipping, compiled by inductor
-    and replayed by fx."""
+    """The porting guide's full step with AdamW, a dynamic loss scaler and clipping, compiled by
+    inductor and replayed by fx."""
     def run(compiler):
         return _train_loop("CSX", lambda p: cstorch.optim.AdamW(p, lr=1e-2), steps=6,
                            make_scaler=lambda: cstorch.amp.GradScaler("dynamic",
