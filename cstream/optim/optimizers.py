@@ -1,8 +1,11 @@
 """Traceable optimizers with the update rules, defaults and state layout of ``cerebras.pytorch``
 2.10.
 
-Each ``step`` follows the real package's arithmetic op for op, in float32, so trajectories agree
-to the last bits (``tests/test_reference_optim.py`` checks them against the reference run). Its
+Each optimizer gives its state (``initial_state``) and its update of one parameter (``update``;
+SGD, Adam and AdamW update a bucket of parameters with multi-tensor ops): the loops over groups
+and parameters are :class:`~cstream.optim.optimizer.Optimizer`'s. Each update follows the real
+package's arithmetic op for op, in float32, so trajectories agree to the last bits
+(``tests/test_reference_optim.py`` checks them against the reference run). Its
 constants that the real package keeps as float32 tensors (``torch.tensor(beta2)``) are float32
 here too: :func:`_f32` rounds a Python number the same way before it enters an op, so no value is
 read from a tensor inside a step (tracing forbids it).
