@@ -8,9 +8,9 @@ For three models -- an overhead-bound MLP (16-64-64-4, batch 16), a compute-boun
   ``inductor`` (same Adam, from ``cstream.optim``);
 * trace and compile times.
 
-A fourth case is seed 000's full training step on the small transformer: AdamW, dynamic loss
-scaling and gradient clipping (``cstream.amp.optimizer_step``); eager is the same with
-``torch.amp.GradScaler`` and ``torch.nn.utils.clip_grad_norm_``.
+A fourth case is the full training step of Cerebras' porting guide on the small transformer:
+AdamW, dynamic loss scaling and gradient clipping (``cstream.amp.optimizer_step``); eager is the
+same with ``torch.amp.GradScaler`` and ``torch.nn.utils.clip_grad_norm_``.
 
 Variants are interleaved (A B C A B C ...) and the medians reported, because this machine is
 noisy. Writes ``benchmarks/results/step_replay.json``.
@@ -99,7 +99,7 @@ def cases():
     }
 
 
-# seed 000's full training step: AdamW, dynamic loss scaling, gradient clipping
+# the porting guide's full training step: AdamW, dynamic loss scaling, gradient clipping
 FULL_STEP = "seed_full_step_transformer_adamw_scaler_clip"
 
 

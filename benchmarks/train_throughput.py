@@ -15,7 +15,7 @@ reported, because this machine is noisy.
   - ``csx_inductor``: ``compiler="inductor"``;
 
   all CSX variants with 2 input workers (``CSConfig(num_csx=1, num_workers_per_csx=2)``) and
-  seed 000's loop ``for batch in executor: loss = training_step(batch);
+  the loop of Cerebras' porting guide, ``for batch in executor: loss = training_step(batch);
   post_training_step(loss)``, ``post_training_step`` a step closure reading ``loss.item()``;
   each once with the closure every step and once without. Steady-state steps/s come from
   timestamps taken in the closure (without one: at the end of each loop iteration) over steps

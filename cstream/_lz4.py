@@ -23,22 +23,29 @@ class LZ4Error(ValueError):
     """Compressed bytes that are not a valid LZ4 frame of the HDF5 filter."""
 
 
+def _length(src: bytes, pos: int, n: int, what: str) -> tuple[int, int]:
+    """The length whose 4 bits in the token are ``n``; 15 means it goes on in the bytes from
+    ``pos``, each added to it, up to the first below 255. Returns the length and the position
+    after it."""
+    if n != 15:
+        return n, pos
+    while True:
+        if pos >= len(src):
+            raise LZ4Error(f"a {what} length runs past the end of the block")
+        b = src[pos]
+        pos += 1
+        n += b
+        if b != 255:
+            return n, pos
+
+
 def _decode_block(src: bytes, size: int) -> bytearray:
     out = bytearray()
     pos, end = 0, len(src)
     while pos < end:
         token = src[pos]
         pos += 1
-        n = token >> 4
-        if n == 15:
-            while True:
-                if pos >= end:
-                    raise LZ4Error("a literal length runs past the end of the block")
-                b = src[pos]
-                pos += 1
-                n += b
-                if b != 255:
-                    break
+        n, pos = _length(src, pos, token >> 4, "literal")
         if pos + n > end:
             raise LZ4Error("literals run past the end of the block")
         out += src[pos:pos + n]
@@ -49,16 +56,7 @@ def _decode_block(src: bytes, size: int) -> bytearray:
             raise LZ4Error("a match offset is cut off")
         offset = src[pos] | (src[pos + 1] << 8)
         pos += 2
-        length = token & 15
-        if length == 15:
-            while True:
-                if pos >= end:
-                    raise LZ4Error("a match length runs past the end of the block")
-                b = src[pos]
-                pos += 1
-                length += b
-                if b != 255:
-                    break
+        length, pos = _length(src, pos, token & 15, "match")
         length += 4
         if offset == 0 or offset > len(out):
             raise LZ4Error(f"a match points {offset} bytes back, before the start of the block")

@@ -9,10 +9,19 @@ from cstream.closures import step_closure
 from executor import runtime
 
 
-@step_closure
-def _write_scalar(name: str, value) -> None:
+def _writer_and_step():
+    """The running DataExecutor's writer and the step its current step's summaries are written
+    at; ``(None, None)`` without an executor or a writer."""
     executor = runtime.current_executor()
     writer = None if executor is None else executor.writer
+    if writer is None:
+        return None, None
+    return writer, summary_step(executor, writer)
+
+
+@step_closure
+def _write_scalar(name: str, value) -> None:
+    writer, step = _writer_and_step()
     if writer is None:
         return
     if isinstance(value, torch.Tensor):
@@ -21,7 +30,7 @@ def _write_scalar(name: str, value) -> None:
                 f"summarize_scalar({name!r}, ...): expected a scalar (one element), got a tensor "
                 f"of shape {tuple(value.shape)}. Reduce it first, e.g. value.mean().")
         value = value.item()
-    writer.add_scalar(name, float(value), summary_step(executor, writer))
+    writer.add_scalar(name, float(value), step)
 
 
 def summary_step(executor, writer) -> int:
@@ -32,11 +41,9 @@ def summary_step(executor, writer) -> int:
 
 @step_closure
 def _write_tensor(name: str, value) -> None:
-    executor = runtime.current_executor()
-    writer = None if executor is None else executor.writer
+    writer, step = _writer_and_step()
     if writer is None:
         return
-    step = summary_step(executor, writer)
     if hasattr(writer, "add_tensor"):
         writer.add_tensor(name, value, step)
     else:

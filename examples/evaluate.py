@@ -1,4 +1,5 @@
-"""Seed 000's "Full Example (Evaluation)", runnable: accuracy of a trained checkpoint.
+"""The "Full Example (Evaluation)" of Cerebras' porting guide, runnable: accuracy of a trained
+checkpoint.
 
     python examples/evaluate.py --checkpoint-dir cstream_logs/checkpoints
 """

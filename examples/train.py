@@ -1,4 +1,4 @@
-"""Seed 000's "Full Example (Training)", runnable: an MLP on handwritten digits.
+"""The "Full Example (Training)" of Cerebras' porting guide, runnable: an MLP on handwritten digits.
 
     python examples/train.py                       # simulated wafer (CSX), 2 input workers
     python examples/train.py --backend CPU         # eager, one process

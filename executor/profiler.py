@@ -101,27 +101,21 @@ class Profiler:
         return RateTrackerView(self)
 
 
+def _figure(name: str) -> property:
+    """A property reading the view's profiler's figure ``name`` (a method of :class:`Profiler`)."""
+    return property(lambda view: getattr(view._profiler, name)(),
+                    doc=f":meth:`Profiler.{name}`, as a property.")
+
+
 class RateTrackerView:
     """``profiler.rate_tracker``: :class:`Profiler`'s figures as properties."""
 
     def __init__(self, profiler: Profiler):
         self._profiler = profiler
 
-    @property
-    def total_samples(self) -> int:
-        return self._profiler.total_samples()
-
-    @property
-    def total_time(self) -> float:
-        return self._profiler.total_time()
-
-    @property
-    def rate(self) -> float:
-        return self._profiler.rate()
-
-    @property
-    def global_rate(self) -> float:
-        return self._profiler.global_rate()
-
+    total_samples = _figure("total_samples")
+    total_time = _figure("total_time")
+    rate = _figure("rate")
+    global_rate = _figure("global_rate")
     samples_per_sec = global_rate
 

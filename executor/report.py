@@ -14,7 +14,7 @@ delivered the batch). From those this module derives:
   ``steady_wall_s``; the rest (``client_bound_fraction``) is time the wafer was held back by the
   client falling more than ``lookahead`` steps behind; ``utilisation_incl_warmup`` covers the
   whole run;
-* ``samples_per_s``: steady-state samples/s on the wafer; ``global_rate``: the seed's
+* ``samples_per_s``: steady-state samples/s on the wafer; ``global_rate``: the porting guide's
   client-side figure (all samples / time since the first step ended on the client);
 * per input worker: batches delivered, batches/s, the input wait spent on it and, from the
   worker's own production timing, ``produce_batches_per_s`` (batches / seconds spent producing
@@ -160,6 +160,12 @@ def _spread(values: list) -> Optional[float]:
     return (max(values) - min(values)) / mean if mean > 0 else 0.0
 
 
+#: the wafer's figures of a summary, None in the summary of a run without them
+_WAFER_KEYS = ("samples_per_s", "utilisation", "starved_fraction", "client_bound_fraction",
+               "mean_buffer_occupancy", "worker_rate_spread", "wafer_wall_s",
+               "utilisation_incl_warmup", "warmup_steps", "warmup_s", "input_cpu_cores")
+
+
 def summarize(records: list[dict], *, global_rate: Optional[float] = None,
               wall_s: Optional[float] = None, startup: Optional[dict] = None,
               stream_stats: Optional[list] = None) -> dict:
@@ -181,12 +187,17 @@ def summarize(records: list[dict], *, global_rate: Optional[float] = None,
         out[key] = startup.get(key)
     records = [r for r in records if has_wafer_figures(r)]
     if not records:
-        for key in ("samples_per_s", "utilisation", "starved_fraction", "client_bound_fraction",
-                    "mean_buffer_occupancy", "worker_rate_spread", "wafer_wall_s",
-                    "utilisation_incl_warmup", "warmup_steps", "warmup_s", "input_cpu_cores"):
-            out.setdefault(key, None)
-        out["workers"] = []
+        out.update(dict.fromkeys(_WAFER_KEYS), workers=[])
         return out
+    out.update(_wafer_figures(records))
+    if stream_stats:
+        out.update(_stream_figures(stream_stats, out["input_wait_s"], out["steady_wall_s"]))
+    return out
+
+
+def _wafer_figures(records: list[dict]) -> dict:
+    """The wafer clock's figures of ``records`` (every one with the wafer's figures, in step
+    order): the whole run, its warm-up, the steady state after it, and each input worker."""
     first = records[0]
     start = first["wafer_t"] - first["compute_s"] - first.get("input_wait_s", 0.0)
     wafer_wall = records[-1]["wafer_t"] - start
@@ -200,7 +211,7 @@ def summarize(records: list[dict], *, global_rate: Optional[float] = None,
     wait = sum(r.get("input_wait_s", 0.0) for r in steady)
     occupancy = [float(r.get("buffer_occupancy", 0.0)) for r in steady]
     workers = _worker_figures(steady[:_whole_rounds(steady)] or steady, wall)
-    out.update({
+    return {
         "wafer_wall_s": wafer_wall,
         "warmup_steps": warm,
         "warmup_s": steady_start - start,
@@ -220,16 +231,20 @@ def summarize(records: list[dict], *, global_rate: Optional[float] = None,
                             if workers and all(w["cpu_cores"] is not None for w in workers)
                             else None),
         "workers": workers,
-    })
-    if stream_stats:
-        out["worker_restarts"] = sum(int(s.get("restarts", 0)) for s in stream_stats)
-        out["restart_events"] = sorted((e for s in stream_stats
-                                        for e in s.get("restart_events", [])),
-                                       key=lambda e: e["t_unix"])
-        out["worker_nodes"] = worker_nodes(stream_stats)
-        out["straggler_reports"] = sum(len(s.get("stragglers", [])) for s in stream_stats)
-        out["input_assignment"] = input_assignment(stream_stats, wait, wall)
-    return out
+    }
+
+
+def _stream_figures(stream_stats: list, input_wait_s: float, wall_s: float) -> dict:
+    """The input streams' own counts: restarts (and each one's event), where the workers ran,
+    straggler reports, and :func:`input_assignment`."""
+    return {
+        "worker_restarts": sum(int(s.get("restarts", 0)) for s in stream_stats),
+        "restart_events": sorted((e for s in stream_stats for e in s.get("restart_events", [])),
+                                 key=lambda e: e["t_unix"]),
+        "worker_nodes": worker_nodes(stream_stats),
+        "straggler_reports": sum(len(s.get("stragglers", [])) for s in stream_stats),
+        "input_assignment": input_assignment(stream_stats, input_wait_s, wall_s),
+    }
 
 
 def worker_nodes(stream_stats: list) -> list[dict]:
@@ -287,40 +302,57 @@ def input_assignment(stream_stats: list, input_wait_s: float, wall_s: float) -> 
         "mode": modes[0] if len(modes) == 1 else "mixed",
         "requested": streams[0]["assignment"].get("requested"),
         "reason": streams[0]["assignment"].get("reason"),
+        "reorder_window": _reorder_window(streams),
+        "workers": [_assignment_worker(s.get("wse_id", c), w)
+                    for c, s in enumerate(streams) for w in s.get("workers", [])],
+        "straggler_wait_s": sum(float(s.get("straggler_wait_s", 0.0)) for s in streams),
     }
+    out.update(_straggler_verdict(out, input_wait_s, wall_s))
+    return out
+
+
+def _reorder_window(streams: list) -> Optional[dict]:
+    """The reorder window's occupancy over the streams that report one (None: none does)."""
     windows = [s["reorder_window"] for s in streams if s.get("reorder_window")]
-    out["reorder_window"] = {
+    if not windows:
+        return None
+    return {
         "mean_batches": sum(w["mean_batches"] for w in windows) / len(windows),
         "max_batches": max(w["max_batches"] for w in windows),
         "capacity_batches": max(w["capacity_batches"] for w in windows),
-    } if windows else None
-    workers = []
-    for c, s in enumerate(streams):
-        for w in s.get("workers", []):
-            cost = w.get("batch_cost") or {}
-            workers.append({
-                "csx": s.get("wse_id", c), "worker": w["local_worker_id"],
-                "batches": w.get("batches"),
-                "batch_cost_p50_s": cost.get("p50_s"), "batch_cost_p99_s": cost.get("p99_s"),
-                "batch_cost_mean_s": cost.get("mean_s"), "batch_costs": cost.get("count", 0),
-                "straggler_wait_s": float(w.get("straggler_wait_s", 0.0)),
-                # dynamic assignment: time the worker waited for its next number (None: static)
-                "waiting_for_numbers_s": w.get("waiting_for_numbers_s"),
-                # dynamic assignment: index batches its loader draws ahead (numbers granted)
-                "draws_ahead": w.get("draws_ahead")})
-    out["workers"] = workers
-    straggler = sum(float(s.get("straggler_wait_s", 0.0)) for s in streams)
-    out["straggler_wait_s"] = straggler
+    }
+
+
+def _assignment_worker(csx, w: dict) -> dict:
+    """One input worker's row of :func:`input_assignment` from its stream's report ``w``."""
+    cost = w.get("batch_cost") or {}
+    return {
+        "csx": csx, "worker": w["local_worker_id"],
+        "batches": w.get("batches"),
+        "batch_cost_p50_s": cost.get("p50_s"), "batch_cost_p99_s": cost.get("p99_s"),
+        "batch_cost_mean_s": cost.get("mean_s"), "batch_costs": cost.get("count", 0),
+        "straggler_wait_s": float(w.get("straggler_wait_s", 0.0)),
+        # dynamic assignment: time the worker waited for its next number (None: static)
+        "waiting_for_numbers_s": w.get("waiting_for_numbers_s"),
+        # dynamic assignment: index batches its loader draws ahead (numbers granted)
+        "draws_ahead": w.get("draws_ahead")}
+
+
+def _straggler_verdict(assignment: dict, input_wait_s: float, wall_s: float) -> dict:
+    """Whether stragglers cost utilisation (see :func:`input_assignment`), the worker that cost
+    the most where they did, and the verdict in words."""
+    straggler, workers = assignment["straggler_wait_s"], assignment["workers"]
     starved = input_wait_s / wall_s if wall_s > 0 else 0.0
     worst = max(workers, key=lambda w: w["straggler_wait_s"], default=None)
     costly = starved >= STRAGGLER_COST_FRACTION and straggler >= 0.5 * input_wait_s \
         and worst is not None and worst["straggler_wait_s"] > 0
-    out["stragglers_cost_utilisation"] = bool(costly)
-    out["straggler_worker"] = {"csx": worst["csx"], "worker": worst["worker"]} if costly \
-        else None
+    out: dict[str, Any] = {
+        "stragglers_cost_utilisation": bool(costly),
+        "straggler_worker": {"csx": worst["csx"], "worker": worst["worker"]} if costly else None,
+    }
     if costly:
         hint = (" Dynamic assignment (CSConfig.input_assignment='dynamic') would let the other "
-                "workers go on." if out["mode"] == "static" else
+                "workers go on." if assignment["mode"] == "static" else
                 " Under dynamic assignment this means the reorder window filled behind it: a "
                 "batch slower than the window covers, or a worker much slower than the rest.")
         out["verdict"] = (

@@ -425,7 +425,7 @@ def test_map_location_cpu_then_torch_save_converts_to_the_pickle_format(tmp_path
            "w": torch.randn(3).to(torch.bfloat16), "step": 2, "betas": (0.9, 0.99)}
     cstream.save(obj, tmp_path / "c.h5")
     state_dict = cstream.load(tmp_path / "c.h5", map_location="cpu")
-    torch.save(state_dict, tmp_path / "c.pt")  # the seed's recipe, as written
+    torch.save(state_dict, tmp_path / "c.pt")  # the porting guide's recipe, as written
     back = torch.load(tmp_path / "c.pt")  # weights_only=True: only plain types in the file
     assert bits(back["w"]) == bits(obj["w"]) and back["step"] == 2 and back["betas"] == (0.9, 0.99)
     model2 = torch.nn.Linear(3, 2)

@@ -30,7 +30,7 @@ def input_fn(n=3):
 
 
 def train(kind, steps=6, device_init=False, checkpoint_steps=3, **options):
-    """SGD with momentum written as seed-style user code; returns losses, snapshots, final."""
+    """SGD with momentum written as the porting guide's user code; returns losses, snapshots, final."""
     torch.manual_seed(0)
     backend = cstorch.backend(kind, **options)
     if device_init:

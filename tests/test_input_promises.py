@@ -244,15 +244,21 @@ def parquet_fn(paths, drop_last=True):
     return cstorch.utils.data.ParquetDataset(paths, batch_size=8, drop_last=drop_last)
 
 
+@pytest.mark.parametrize("in_process, drop_last, mode", [
+    (False, True, "dynamic"), (True, True, "static"), (True, False, "static")])
 def test_parquet_with_12_row_groups_over_1x8_workers_streams_the_single_process_rows(
-        ray_session, tmp_path):
+        request, tmp_path, in_process, drop_last, mode):
     # 60 global batches of 8 rows an epoch; each worker's share, 60 rows, is not a multiple of
     # 8, and no worker drops (or shortens) a batch of its own: two epochs, each row once in
-    # each, in the order one process reads them
-    fn = functools.partial(parquet_fn, twelve_row_groups(tmp_path), True)
-    seen, _, executor = run("CSX", fn, 120, cstorch.utils.CSConfig(num_workers_per_csx=8))
+    # each, in the order one process reads them; Ray's input workers take their numbers
+    # dynamically, the in-process ones round-robin
+    if not in_process:
+        request.getfixturevalue("ray_session")
+    fn = functools.partial(parquet_fn, twelve_row_groups(tmp_path), drop_last)
+    seen, _, executor = run("CSX", fn, 120, cstorch.utils.CSConfig(num_workers_per_csx=8),
+                            in_process=in_process)
     assert seen == list(range(480)) * 2
-    assert executor.report["input_assignment"]["mode"] == "dynamic"
+    assert executor.report["input_assignment"]["mode"] == mode
 
 
 @pytest.mark.parametrize("drop_last", [True, False])
@@ -278,15 +284,6 @@ def test_parquet_1x8_any_assignment_of_numbers_gives_the_single_process_rows(tmp
                 if owner[s] == w:
                     rows[s] = next(source)["x"].tolist()
     assert [i for s in range(120) for i in rows[s]] == list(range(480)) * 2
-
-
-@pytest.mark.parametrize("drop_last", [True, False])
-def test_parquet_1x8_in_process_streams_the_single_process_rows(tmp_path, drop_last):
-    fn = functools.partial(parquet_fn, twelve_row_groups(tmp_path), drop_last)
-    seen, _, executor = run("CSX", fn, 120, cstorch.utils.CSConfig(num_workers_per_csx=8),
-                            in_process=True)
-    assert seen == list(range(480)) * 2
-    assert executor.report["input_assignment"]["mode"] == "static"
 
 
 def test_parquet_on_2x2_resumes_with_another_worker_count_exactly(ray_session, tmp_path):

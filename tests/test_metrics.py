@@ -1,5 +1,6 @@
-"""cstream.metrics: values against independent references, seed 004's example and custom
-metric on the CPU backend, traced updates on CSX, and clear errors for wrong input."""
+"""cstream.metrics: values against independent references, the example of Cerebras'
+evaluation-metrics guide and a custom metric on the CPU backend, traced updates on CSX, and
+clear errors for wrong input."""
 
 from __future__ import annotations
 
@@ -209,7 +210,7 @@ def test_pr_auc_minoring_and_majoring_are_the_lower_and_upper_sums_and_bound_int
 # -- the base class ----------------------------------------------------------------------------
 
 class SumOfSquares(metrics.Metric):
-    """A custom metric written from seed 004's skeleton."""
+    """A custom metric written from the evaluation-metrics guide's skeleton."""
 
     def __init__(self, name: str):
         super().__init__(name)
@@ -285,7 +286,7 @@ def test_experimental_metrics_is_the_same_module():
     assert exp_metrics.AccuracyMetric is metrics.AccuracyMetric
 
 
-# -- seed 004 and seed 000 on the CPU backend ---------------------------------------------------
+# -- the metrics guide's and the porting guide's loops on the CPU backend ------------------------
 
 def eval_input_fn():
     g = torch.Generator().manual_seed(11)
@@ -294,9 +295,9 @@ def eval_input_fn():
 
 
 def evaluate(kind, runs=2, per_step=None, **options):
-    """Seed 004's evaluation twice (reset between runs); with ``per_step`` (a list), a step
-    closure called inside the step appends every metric's value after each step, and one
-    called in the loop (seed 000's pattern) appends the accuracy again."""
+    """The metrics guide's evaluation twice (reset between runs); with ``per_step`` (a list), a
+    step closure called inside the step appends every metric's value after each step, and one
+    called in the loop (the porting guide's pattern) appends the accuracy again."""
     torch.manual_seed(0)
     backend = cstorch.backend(kind, **options)
     model = torch.nn.Linear(4, 3)

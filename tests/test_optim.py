@@ -185,6 +185,57 @@ def test_state_created_outside_preinitialize_is_refused():
         opt.step()
 
 
+class HeavyBall(cstorch.optim.Optimizer):
+    """Momentum SGD written with the base class's loop: its state and one parameter's update."""
+
+    def __init__(self, params, lr, momentum):
+        super().__init__(params, dict(lr=lr, momentum=momentum))
+
+    def initial_state(self, group, p):
+        return {"momentum_buffer": cstorch.zeros_like(p)}
+
+    def update(self, group, p, state):
+        buf = state["momentum_buffer"]
+        buf.mul_(group["momentum"]).add_(p.grad)
+        p.add_(buf, alpha=-group["lr"])
+
+
+def test_an_optimizer_giving_its_state_and_one_parameters_update_steps_every_parameter():
+    data = batches(20)
+    got = run(lambda p: HeavyBall(p, lr=0.05, momentum=0.9), make_model(), data)
+    want = run(lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9), make_model(), data)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("closure_enables_grad", [False, True])
+def test_step_returns_the_closures_loss_computed_with_autograd_as_the_class_says(
+        closure_enables_grad):
+    model = make_model()
+    opt = type("Ball", (HeavyBall,), {"closure_enables_grad": closure_enables_grad})(
+        model.parameters(), lr=0.05, momentum=0.9)
+    x, y = batches(1)[0]
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    loss = opt.step(lambda: torch.nn.functional.mse_loss(model(x), y))
+    assert loss.requires_grad is closure_enables_grad
+    sd = opt.state_dict()
+    assert sorted(sd["state"]) == [0, 1, 2, 3]
+    assert all(list(st) == ["momentum_buffer"] for st in sd["state"].values())
+
+
+def test_an_optimizer_without_update_or_step_says_which_to_define():
+    class NoUpdate(cstorch.optim.Optimizer):
+        def __init__(self, params):
+            super().__init__(params, dict(lr=0.1))
+
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = NoUpdate([w])
+    w.sum().backward()
+    with pytest.raises(NotImplementedError, match=r"NoUpdate defines neither step\(\) nor "
+                       r"update\(\); define update\(group, p, state\)"):
+        opt.step()
+
+
 def test_optimizer_state_dict_round_trips_in_the_reference_layout():
     model = make_model()
     opt = cstorch.optim.Adam(model.parameters(), lr=0.01)
@@ -574,9 +625,9 @@ def test_use_bfloat16_switches_autocast_to_bfloat16():
         assert torch.nn.Linear(3, 3)(torch.randn(2, 3)).dtype == torch.float16
 
 
-# -- the seed's skeletons, and tracing ------------------------------------------------------------
+# -- the porting guide's skeletons, and tracing --------------------------------------------------
 class CustomOptimizer(cstorch.optim.Optimizer):
-    """Seed 000's skeleton, filled in: SGD with a decaying trust factor."""
+    """The skeleton of Cerebras' porting guide, filled in: SGD with a decaying trust factor."""
 
     def __init__(self, params, lr=0.1, decay=0.9):
         super().__init__(params, dict(lr=lr, decay=decay), enable_global_step=True)
@@ -600,7 +651,7 @@ class CustomOptimizer(cstorch.optim.Optimizer):
 
 
 class CustomScheduler(cstorch.optim.lr_scheduler.LRScheduler):
-    """Seed 000's skeleton, filled in: linear warm-up then 1/sqrt decay, in closed form."""
+    """The porting guide's skeleton, filled in: linear warm-up then 1/sqrt decay, in closed form."""
 
     def __init__(self, optimizer, peak=0.1, warmup=5):
         self.peak, self.warmup = peak, warmup
@@ -614,8 +665,8 @@ class CustomScheduler(cstorch.optim.lr_scheduler.LRScheduler):
 
 def _train_loop(kind, make_opt, make_sched=None, make_scaler=None, steps=12, hidden=8,
                 **options):
-    """Seed 000's full step (``optimizer_step`` with clipping, optionally a loss scaler and a
-    scheduler) on a 5-``hidden``-2 MLP; returns losses, final weights and the executor."""
+    """The porting guide's full step (``optimizer_step`` with clipping, optionally a loss scaler
+    and a scheduler) on a 5-``hidden``-2 MLP; returns losses, final weights and the executor."""
     torch.manual_seed(0)
     backend = cstorch.backend(kind, **options)
     model = torch.nn.Sequential(torch.nn.Linear(5, hidden), torch.nn.Tanh(),
@@ -742,8 +793,8 @@ def _train_loop_with_scaler(kind, **options):
 
 
 def test_inductor_compiles_the_full_step_with_adamw_and_gives_fx_losses(tmp_path):
-    """Seed 000's full step with AdamW, a dynamic loss scaler and clipping, compiled by inductor
-    and replayed by fx."""
+    """The porting guide's full step with AdamW, a dynamic loss scaler and clipping, compiled by
+    inductor and replayed by fx."""
     def run(compiler):
         return _train_loop("CSX", lambda p: cstorch.optim.AdamW(p, lr=1e-2), steps=6,
                            make_scaler=lambda: cstorch.amp.GradScaler("dynamic",

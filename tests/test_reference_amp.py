@@ -31,7 +31,8 @@ def make_scaler(scenario):
 
 
 def run(scenario, kind, **options):
-    """The scenario's loop in seed 000's form; per step the scaler's state and the weights."""
+    """The scenario's loop in the form of Cerebras' porting guide; per step the scaler's state
+    and the weights."""
     backend = cstorch.backend(kind, **options)
     with backend.device:
         model = torch.nn.Linear(3, 2)
@@ -111,7 +112,7 @@ def test_the_defaults_are_the_references_but_overflow_tolerance_is_the_seeds():
     assert float(scaler.get_scale()) == ref["init_scale"]
     assert (scaler._max_loss_scale, scaler._min_loss_scale, scaler._steps_per_increase) == (
         ref["max_loss_scale"], ref["min_loss_scale"], ref["steps_per_increase"])
-    # seed 000's table gives 0.05; 2.10's signature 0.0 (docs/reference.md, Deviations)
+    # the porting guide's table gives 0.05; 2.10's signature 0.0 (docs/reference.md, Deviations)
     assert ref["overflow_tolerance"] == 0.0 and scaler._overflow_tolerance == 0.05
     assert sorted(scaler.state_dict()) == ["loss_scale", "num_skipped_steps",
                                            "overflows_since_rescale", "steps_since_rescale"]

@@ -109,7 +109,7 @@ def test_constructor_and_update_take_the_cerebras_parameters_in_order(cls):
     assert positional_params(ours.update) == reference_params(want["update"])
     kw_only = [p.name for p in inspect.signature(ours.__init__).parameters.values()
                if p.kind is inspect.Parameter.KEYWORD_ONLY]
-    assert kw_only == ["compute_on_system"]  # seed 000's AccuracyMetric(..., compute_on_system=)
+    assert kw_only == ["compute_on_system"]  # the porting guide's AccuracyMetric(..., compute_on_system=)
 
 
 def test_the_module_exports_the_cerebras_names_and_star_import_works():

@@ -125,7 +125,8 @@ def _data(n=24, batch=4):
 
 
 def _train(kind, steps=12, on_closure=None, workers=1, **options):
-    """Seed 000's loop (a step closure every step); AdamW; returns losses and the executor."""
+    """The loop of Cerebras' porting guide (a step closure every step); AdamW; returns losses
+    and the executor."""
     torch.manual_seed(0)
     backend = cstorch.backend(kind, **options)
     model = torch.nn.Sequential(torch.nn.Linear(8, 4096), torch.nn.Tanh(),

@@ -46,9 +46,9 @@ def get_half_dtype_str() -> str:
 
 
 def use_bfloat16(use: bool = True) -> None:
-    """Seed 000's switch: bfloat16 (True) or float16 (False) as the half dtype of automatic
-    mixed precision. It picks the dtype only; it does not turn mixed precision on (the
-    backend's ``mixed_precision`` option, :func:`set_half_dtype` or
+    """The switch of Cerebras' porting guide: bfloat16 (True) or float16 (False) as the half
+    dtype of automatic mixed precision. It picks the dtype only; it does not turn mixed
+    precision on (the backend's ``mixed_precision`` option, :func:`set_half_dtype` or
     :func:`enable_mixed_precision` do)."""
     if not isinstance(use, bool):
         raise TypeError(f"use_bfloat16 expects True or False, got {use!r}.")

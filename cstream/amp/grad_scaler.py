@@ -269,7 +269,8 @@ def optimizer_step(loss: torch.Tensor, optimizer, grad_scaler: Optional[GradScal
                    max_gradient_val: Optional[float] = None) -> None:
     """backward (scaled with a scaler), unscale, clip (by norm or by value), step, update,
     zero_grad. ``optimizer`` may be a list of optimizers; ``grad_scaler`` None runs without
-    loss scaling; ``max_gradient_val`` is seed 000's spelling of ``max_gradient_value``."""
+    loss scaling; ``max_gradient_val`` is the spelling of Cerebras' porting guide for
+    ``max_gradient_value``."""
     if not isinstance(loss, torch.Tensor):
         raise ValueError(f"optimizer_step: loss should be a single tensor, got "
                          f"{type(loss).__name__}.")

@@ -1,4 +1,5 @@
-"""``cstream.experimental``: the same names as the top level (seed 000 imports this path).
+"""``cstream.experimental``: the same names as the top level (Cerebras' porting guide imports
+this path).
 
 >>> import cstream.experimental as cstorch
 >>> import cstream.experimental.metrics as metrics

@@ -27,9 +27,6 @@ class AccuracyMetric(Metric):
     0.6667
     """
 
-    def __init__(self, name: str | None, *, compute_on_system: bool | None = None):
-        super().__init__(name, compute_on_system=compute_on_system)
-
     def reset(self):
         self.register_state("total_correct_predictions", torch.zeros((), dtype=_ACC))
         self.register_state("total_num_tokens", torch.zeros((), dtype=_ACC))
@@ -80,9 +77,6 @@ class MeanMetric(Metric):
     3.0
     """
 
-    def __init__(self, name: str | None, *, compute_on_system: bool | None = None):
-        super().__init__(name, compute_on_system=compute_on_system)
-
     def reset(self):
         self.register_state("mean_value", torch.zeros((), dtype=_ACC))
         self.register_state("weight", torch.zeros((), dtype=_ACC))
@@ -127,9 +121,6 @@ class PerplexityMetric(Metric):
     >>> round(float(ppl), 5)
     4.0
     """
-
-    def __init__(self, name: str | None, *, compute_on_system: bool | None = None):
-        super().__init__(name, compute_on_system=compute_on_system)
 
     def reset(self):
         self.register_state("total_loss", torch.zeros((), dtype=_ACC))

@@ -10,6 +10,9 @@ from cstream.metrics.metric import _ACC, Metric, as_tensor, class_ids, name_firs
 
 
 class _AtKMetric(Metric):
+    """Counts the (weighted) hits among the top ``k`` classes and the misses
+    :meth:`_misses` says, in the state :attr:`_miss_state` names."""
+
     _miss_state = ""  # false_positive_at_k or false_negative_at_k
 
     @name_first_also
@@ -58,6 +61,15 @@ class _AtKMetric(Metric):
         pairs = (y[:, :, None] == top[:, None, :]).to(_ACC).sum((1, 2))
         return pairs, labels.shape[1], w
 
+    def _misses(self, hits, num_labels):
+        """Each sample's misses from its ``hits`` and number of labels."""
+        raise NotImplementedError
+
+    def update(self, labels, predictions, weights=None):
+        hits, num_labels, w = self._hits(labels, predictions, weights)
+        self.true_positive_at_k.add_((hits * w).sum())
+        getattr(self, self._miss_state).add_((self._misses(hits, num_labels) * w).sum())
+
     def compute(self) -> float:
         tp, miss = float(self.true_positive_at_k), float(getattr(self, self._miss_state))
         value = tp / (tp + miss) if tp + miss else math.nan
@@ -83,10 +95,8 @@ class PrecisionAtKMetric(_AtKMetric):
 
     _miss_state = "false_positive_at_k"
 
-    def update(self, labels, predictions, weights=None):
-        hits, _, w = self._hits(labels, predictions, weights)
-        self.true_positive_at_k.add_((hits * w).sum())
-        self.false_positive_at_k.add_(((self.k - hits) * w).sum())
+    def _misses(self, hits, num_labels):
+        return self.k - hits  # top-k classes that are no label
 
 
 class RecallAtKMetric(_AtKMetric):
@@ -105,7 +115,5 @@ class RecallAtKMetric(_AtKMetric):
 
     _miss_state = "false_negative_at_k"
 
-    def update(self, labels, predictions, weights=None):
-        hits, num_labels, w = self._hits(labels, predictions, weights)
-        self.true_positive_at_k.add_((hits * w).sum())
-        self.false_negative_at_k.add_(((num_labels - hits) * w).sum())
+    def _misses(self, hits, num_labels):
+        return num_labels - hits  # labels not among the top k

@@ -110,9 +110,10 @@ def _from_dict(optimizer, spec: dict, where: str):
 
 
 def configure_lr_scheduler(optimizer: Optimizer, learning_rate, adjust_learning_rate=None):
-    """Build a scheduler from seed 000's three forms: a number (ConstantLR), a dict (its
-    ``scheduler`` key names the class, the rest are arguments), or a list of dicts (SequentialLR,
-    each entry with ``total_iters``; ChainedLR if an entry has ``main_scheduler: "ChainedLR"``).
+    """Build a scheduler from the three forms of Cerebras' porting guide: a number
+    (ConstantLR), a dict (its ``scheduler`` key names the class, the rest are arguments), or a
+    list of dicts (SequentialLR, each entry with ``total_iters``; ChainedLR if an entry has
+    ``main_scheduler: "ChainedLR"``).
 
     ``adjust_learning_rate`` is the Model Zoo's third argument (its optimizer section's
     per-layer scales, already written into the param groups as ``adjust_learning_rate``):

@@ -6,7 +6,7 @@ group's ``"lr"``, with the learning-rate names of its arguments (``initial_learn
 ``end_learning_rate``, ``base_lr``, ...), which are also the names its state dict uses.
 
 A custom scheduler subclasses :class:`LRScheduler` and implements ``_get_closed_form_lr``
-(seed 000) or ``_get_closed_form`` (the real package's name), with tensor ops only:
+(Cerebras' porting guide) or ``_get_closed_form`` (the real package's name), with tensor ops only:
 
 >>> import torch, cstream
 >>> class Halving(cstream.optim.lr_scheduler.LRScheduler):
@@ -65,7 +65,7 @@ class LRScheduler(Scheduler, torch.optim.lr_scheduler.LRScheduler):
             cls._get_closed_form = _closed_form_from_lr
 
     def _get_closed_form_lr(self) -> torch.Tensor:
-        """The learning rate at ``self.last_epoch`` (seed 000's name for the schedule)."""
+        """The learning rate at ``self.last_epoch`` (the porting guide's name for the schedule)."""
         raise NotImplementedError
 
     def get_last_lr(self) -> list:

@@ -38,6 +38,8 @@ class Muon(Optimizer):
     dimensions: give biases and norms to another optimizer.
     """
 
+    closure_enables_grad = True
+
     def __init__(self, params, lr=0.02, weight_decay=0.01, momentum=0.95, nesterov=True,
                  ns_steps=5):
         if isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr < 0.0:
@@ -58,11 +60,8 @@ class Muon(Optimizer):
                         "orthogonalises matrix updates and needs 2 or more dimensions. Put 1-D "
                         "parameters (biases, norms) in a group of another optimizer, e.g. AdamW.")
 
-    def preinitialize(self):
-        for group in self.param_groups:
-            if group["momentum"] != 0:
-                for p in group["params"]:
-                    self.state[p]["momentum_buffer"] = cstream.zeros_like(p)
+    def initial_state(self, group, p):
+        return {"momentum_buffer": cstream.zeros_like(p)} if group["momentum"] != 0 else {}
 
     def state_names_to_sparsify(self):
         return ["momentum_buffer"]
@@ -72,29 +71,19 @@ class Muon(Optimizer):
         """``lr * 0.2 * sqrt(max(A, B))`` for a parameter shaped ``(A, B, ...)``."""
         return lr * (0.2 * (max(shape[0], shape[1]) ** 0.5))
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            momentum = group["momentum"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad = p.grad
-                if momentum != 0:
-                    buf = self.state[p]["momentum_buffer"]
-                    buf.copy_(buf * momentum + grad * (1 - momentum))
-                else:
-                    buf = grad
-                update = grad + buf * momentum if group["nesterov"] else buf
-                if update.ndim == 4:
-                    update = update.view(len(update), -1)
-                update = zeropower_via_newtonschulz5(update, steps=group["ns_steps"])
-                update = update.contiguous().view_as(p)
-                lr = self.adjusted_lr(group["lr"], p.shape)
-                p.mul_(1 - lr * group["weight_decay"])
-                p.add_(-lr * update)
-        return loss
+    def update(self, group, p, st):
+        momentum = group["momentum"]
+        grad = p.grad
+        if momentum != 0:
+            buf = st["momentum_buffer"]
+            buf.copy_(buf * momentum + grad * (1 - momentum))
+        else:
+            buf = grad
+        update = grad + buf * momentum if group["nesterov"] else buf
+        if update.ndim == 4:
+            update = update.view(len(update), -1)
+        update = zeropower_via_newtonschulz5(update, steps=group["ns_steps"])
+        update = update.contiguous().view_as(p)
+        lr = self.adjusted_lr(group["lr"], p.shape)
+        p.mul_(1 - lr * group["weight_decay"])
+        p.add_(-lr * update)

@@ -13,7 +13,6 @@ takes either (:meth:`Optimizer.lr_tensor` is the scheduler's side of that contra
 from __future__ import annotations
 
 import functools
-from abc import ABC, abstractmethod
 from collections import defaultdict
 from typing import Callable, Iterable, Optional
 
@@ -32,6 +31,11 @@ def group_tensors(tensors: list) -> list[tuple[list, list[int]]]:
         return []
     grouped = _group_tensors_by_device_and_dtype([list(tensors)], with_indices=True)
     return [(group, indices) for [group], indices in grouped.values()]
+
+
+def with_grads(group: dict) -> list:
+    """The group's parameters that have a gradient, in the group's order."""
+    return [p for p in group["params"] if p.grad is not None]
 
 
 def _wrap_step(step: Callable) -> Callable:
@@ -66,14 +70,23 @@ class _NumberLR(float):
         return float(self)
 
 
-class Optimizer(ABC):
+class Optimizer:
     """Base class: ``Optimizer(params, defaults, enable_global_step=False)``.
 
-    Subclasses implement :meth:`preinitialize` (create state), :meth:`step` (update in place) and
-    :meth:`state_names_to_sparsify`. With ``enable_global_step`` every parameter gets a float32
-    ``"step"`` state tensor (after the state :meth:`preinitialize` creates), which
-    :meth:`increment_global_step` advances.
+    The base class runs the loops over the groups and their parameters; a subclass gives what
+    differs: :meth:`initial_state` (one parameter's state tensors, by name, with their initial
+    values), :meth:`update` (one parameter's update, in place) and
+    :meth:`state_names_to_sparsify`. One that updates a whole group at once (multi-tensor
+    ``torch._foreach_*`` ops) overrides :meth:`update_group` instead of :meth:`update`. A
+    subclass may also override :meth:`preinitialize` (create state) and :meth:`step` (update in
+    place) whole, as ``cerebras.pytorch``'s contract has it. With ``enable_global_step`` every
+    parameter gets a float32 ``"step"`` state tensor (after the state :meth:`preinitialize`
+    creates), which :meth:`increment_global_step` advances.
     """
+
+    #: Whether ``step(closure)`` runs the closure with autograd on (it runs under ``no_grad``
+    #: otherwise, as the step does).
+    closure_enables_grad = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -139,13 +152,42 @@ class Optimizer(ABC):
         return self.state[p]["step"]
 
     # -- the contract -------------------------------------------------------------------------
-    @abstractmethod
     def preinitialize(self) -> None:
-        """Create every state tensor (``self.state[p][name] = cstream.zeros_like(p)`` ...)."""
+        """Create every state tensor: :meth:`initial_state` of each parameter, in order."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                initial = self.initial_state(group, p)
+                if initial:
+                    self.state[p].update(initial)
 
-    @abstractmethod
+    def initial_state(self, group: dict, p: torch.Tensor) -> dict:
+        """``p``'s state tensors by name, made with cstream's creation ops
+        (``{"exp_avg": cstream.zeros_like(p)}``); none by default."""
+        return {}
+
+    @_wrap_step
+    @torch.no_grad()
     def step(self, closure=None):
-        """Update the parameters in place, with tensor ops only."""
+        """Update the parameters in place, with tensor ops only: :meth:`update_group` for each
+        group, after the closure (if given) computes the loss this returns."""
+        loss = None
+        if closure is not None:
+            with torch.set_grad_enabled(self.closure_enables_grad):
+                loss = closure()
+        for group in self.param_groups:
+            self.update_group(group)
+        return loss
+
+    def update_group(self, group: dict) -> None:
+        """Update the group's parameters: :meth:`update` for each one that has a gradient."""
+        for p in with_grads(group):
+            self.update(group, p, self.state[p])
+
+    def update(self, group: dict, p: torch.Tensor, state: dict) -> None:
+        """Update ``p`` (which has a gradient) and its ``state`` in place, with tensor ops."""
+        raise NotImplementedError(
+            f"{type(self).__name__} defines neither step() nor update(); define update(group, "
+            "p, state) to update one parameter, or step() to update them all.")
 
     def state_names_to_sparsify(self) -> list[str]:
         """Names of state tensors shaped like their parameter (sparsified with it)."""

@@ -1,8 +1,11 @@
 """Traceable optimizers with the update rules, defaults and state layout of ``cerebras.pytorch``
 2.10.
 
-Each ``step`` follows the real package's arithmetic op for op, in float32, so trajectories agree
-to the last bits (``tests/test_reference_optim.py`` checks them against the reference run). Its
+Each optimizer gives its state (``initial_state``) and its update of one parameter (``update``;
+SGD, Adam and AdamW update a bucket of parameters with multi-tensor ops): the loops over groups
+and parameters are :class:`~cstream.optim.optimizer.Optimizer`'s. Each update follows the real
+package's arithmetic op for op, in float32, so trajectories agree to the last bits
+(``tests/test_reference_optim.py`` checks them against the reference run). Its
 constants that the real package keeps as float32 tensors (``torch.tensor(beta2)``) are float32
 here too: :func:`_f32` rounds a Python number the same way before it enters an op, so no value is
 read from a tensor inside a step (tracing forbids it).
@@ -14,7 +17,7 @@ import numpy as np
 import torch
 
 import cstream
-from cstream.optim.optimizer import Optimizer, group_tensors
+from cstream.optim.optimizer import Optimizer, group_tensors, with_grads
 
 
 def _check(name, value, low=0.0, high=None, owner="", high_inclusive=False):
@@ -46,17 +49,20 @@ def _signed_grad(p, maximize):
     return -p.grad if maximize else p.grad
 
 
-def _with_grads(group):
-    return [p for p in group["params"] if p.grad is not None]
+class _ForeachOptimizer(Optimizer):
+    """An optimizer whose update is multi-tensor: :meth:`update_bucket` takes the group's
+    parameters that have gradients, one (device, dtype) bucket at a time (the unit of one
+    ``torch._foreach_*`` op), so a traced step has the same ops for any number of parameters."""
+
+    def update_group(self, group):
+        for params, _ in group_tensors(with_grads(group)):
+            self.update_bucket(group, params)
+
+    def update_bucket(self, group, params):
+        raise NotImplementedError
 
 
-def _buckets(group) -> list[list]:
-    """The group's parameters that have gradients, grouped by (device, dtype): the unit of one
-    ``torch._foreach_*`` op."""
-    return [params for params, _ in group_tensors(_with_grads(group))]
-
-
-class SGD(Optimizer):
+class SGD(_ForeachOptimizer):
     """SGD with momentum, dampening, Nesterov and weight decay. The momentum buffer starts at zero
     and every step makes it ``buf * momentum + grad * (1 - dampening)`` (the first step too).
 
@@ -81,27 +87,14 @@ class SGD(Optimizer):
                                       weight_decay=weight_decay, nesterov=nesterov,
                                       maximize=maximize))
 
-    def preinitialize(self):
-        for group in self.param_groups:
-            if group["momentum"] != 0:
-                for p in group["params"]:
-                    self.state[p]["momentum_buffer"] = cstream.zeros_like(p)
+    def initial_state(self, group, p):
+        return {"momentum_buffer": cstream.zeros_like(p)} if group["momentum"] != 0 else {}
 
     def state_names_to_sparsify(self):
         return ["momentum_buffer"]
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            for params in _buckets(group):
-                self._update(group, params)
-        return loss
-
-    def _update(self, group, params):
-        """The update of ``params`` (one device and dtype, all with gradients): 2.10's
-        per-parameter arithmetic as one ``torch._foreach_*`` op per stage, so a traced step has
-        the same ops for any number of parameters."""
+    def update_bucket(self, group, params):
+        """2.10's per-parameter arithmetic as one ``torch._foreach_*`` op per stage."""
         lr, momentum = group["lr"], group["momentum"]
         grads = [p.grad for p in params]
         if group["maximize"]:
@@ -118,7 +111,7 @@ class SGD(Optimizer):
         torch._foreach_add_(params, torch._foreach_mul(grads, -lr))
 
 
-class _AdamBase(Optimizer):
+class _AdamBase(_ForeachOptimizer):
     """Adam and AdamW: bias correction through ``beta1_power`` / ``beta2_power`` state (``beta**t``
     kept by multiplying each step), ``eps`` added to ``sqrt(v)`` before the correction:
     ``p -= lr * (m / (sqrt(v) + eps) * sqrt(1 - beta2**t) / (1 - beta1**t) + wd * p)``."""
@@ -133,34 +126,22 @@ class _AdamBase(Optimizer):
                                       l2_regularization_rate=l2_regularization_rate,
                                       correct_bias=correct_bias, amsgrad=amsgrad))
 
-    def preinitialize(self):
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                st = self.state[p]
-                st["exp_avg"] = cstream.zeros_like(p)
-                st["exp_avg_sq"] = cstream.zeros_like(p)
-                if group["amsgrad"]:
-                    st["max_exp_avg_sq"] = cstream.zeros_like(p)
-                if group["correct_bias"]:
-                    st["beta1_power"] = cstream.full((), beta1, dtype=torch.float32)
-                    st["beta2_power"] = cstream.full((), beta2, dtype=torch.float32)
+    def initial_state(self, group, p):
+        beta1, beta2 = group["betas"]
+        st = {"exp_avg": cstream.zeros_like(p), "exp_avg_sq": cstream.zeros_like(p)}
+        if group["amsgrad"]:
+            st["max_exp_avg_sq"] = cstream.zeros_like(p)
+        if group["correct_bias"]:
+            st["beta1_power"] = cstream.full((), beta1, dtype=torch.float32)
+            st["beta2_power"] = cstream.full((), beta2, dtype=torch.float32)
+        return st
 
     def state_names_to_sparsify(self):
         return ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"]
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            for params in _buckets(group):
-                self._update(group, params, [self.state[p] for p in params])
-        return loss
-
-    @staticmethod
-    def _update(group, params, states):
-        """The update of ``params`` (one device and dtype, all with gradients): 2.10's
-        per-parameter arithmetic as one ``torch._foreach_*`` op per stage."""
+    def update_bucket(self, group, params):
+        """2.10's per-parameter arithmetic as one ``torch._foreach_*`` op per stage."""
+        states = [self.state[p] for p in params]
         beta1, beta2 = group["betas"]
         grads = [p.grad for p in params]
         if group["l2_regularization_rate"] > 0.0:
@@ -264,28 +245,21 @@ class Adagrad(Optimizer):
                                       initial_accumulator_value=initial_accumulator_value,
                                       maximize=maximize), enable_global_step=True)
 
-    def preinitialize(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                self.state[p]["sum"] = cstream.full_like(p, group["initial_accumulator_value"])
+    def initial_state(self, group, p):
+        return {"sum": cstream.full_like(p, group["initial_accumulator_value"])}
 
     def state_names_to_sparsify(self):
         return ["sum"]
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            for p in _with_grads(group):
-                state_sum = self.state[p]["sum"]
-                global_step = self.increment_global_step(p)
-                grad = _signed_grad(p, group["maximize"])
-                grad = grad + p * group["weight_decay"]
-                state_sum.addcmul_(grad, grad, value=1.0)
-                std = state_sum.sqrt().add_(group["eps"])
-                grad.div_(1.0 + (global_step - 1.0) * group["lr_decay"])
-                p.addcdiv_(-group["lr"] * grad, std)
-        return loss
+    def update(self, group, p, st):
+        state_sum = st["sum"]
+        global_step = self.increment_global_step(p)
+        grad = _signed_grad(p, group["maximize"])
+        grad = grad + p * group["weight_decay"]
+        state_sum.addcmul_(grad, grad, value=1.0)
+        std = state_sum.sqrt().add_(group["eps"])
+        grad.div_(1.0 + (global_step - 1.0) * group["lr_decay"])
+        p.addcdiv_(-group["lr"] * grad, std)
 
 
 class RMSprop(Optimizer):
@@ -299,42 +273,34 @@ class RMSprop(Optimizer):
         super().__init__(params, dict(lr=lr, momentum=momentum, alpha=alpha, eps=eps,
                                       centered=centered, weight_decay=weight_decay))
 
-    def preinitialize(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                st = self.state[p]
-                st["square_avg"] = cstream.zeros_like(p)
-                if group["momentum"] > 0:
-                    st["momentum_buffer"] = cstream.zeros_like(p)
-                if group["centered"]:
-                    st["grad_avg"] = cstream.zeros_like(p)
+    def initial_state(self, group, p):
+        st = {"square_avg": cstream.zeros_like(p)}
+        if group["momentum"] > 0:
+            st["momentum_buffer"] = cstream.zeros_like(p)
+        if group["centered"]:
+            st["grad_avg"] = cstream.zeros_like(p)
+        return st
 
     def state_names_to_sparsify(self):
         return ["square_avg", "momentum_buffer", "grad_avg"]
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            lr, alpha, eps = group["lr"], group["alpha"], group["eps"]
-            for p in _with_grads(group):
-                st = self.state[p]
-                grad = p.grad + p * group["weight_decay"]
-                square_avg = st["square_avg"]
-                square_avg.mul_(alpha).addcmul_(grad, grad, value=1.0 - alpha)
-                if group["centered"]:
-                    grad_avg = st["grad_avg"]
-                    grad_avg.mul_(alpha).add_(grad, alpha=1 - alpha)
-                    avg = square_avg.addcmul(grad_avg, grad_avg, value=-1.0).sqrt_().add_(eps)
-                else:
-                    avg = square_avg.sqrt().add_(eps)
-                if group["momentum"] > 0.0:
-                    buf = st["momentum_buffer"]
-                    buf.mul_(group["momentum"]).addcdiv_(grad, avg)
-                    p.add_(-lr * buf)
-                else:
-                    p.addcdiv_(-lr * grad, avg)
-        return loss
+    def update(self, group, p, st):
+        lr, alpha, eps = group["lr"], group["alpha"], group["eps"]
+        grad = p.grad + p * group["weight_decay"]
+        square_avg = st["square_avg"]
+        square_avg.mul_(alpha).addcmul_(grad, grad, value=1.0 - alpha)
+        if group["centered"]:
+            grad_avg = st["grad_avg"]
+            grad_avg.mul_(alpha).add_(grad, alpha=1 - alpha)
+            avg = square_avg.addcmul(grad_avg, grad_avg, value=-1.0).sqrt_().add_(eps)
+        else:
+            avg = square_avg.sqrt().add_(eps)
+        if group["momentum"] > 0.0:
+            buf = st["momentum_buffer"]
+            buf.mul_(group["momentum"]).addcdiv_(grad, avg)
+            p.add_(-lr * buf)
+        else:
+            p.addcdiv_(-lr * grad, avg)
 
 
 class Lion(Optimizer):
@@ -347,27 +313,20 @@ class Lion(Optimizer):
         _check("weight_decay", weight_decay, owner="Lion")
         super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
 
-    def preinitialize(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                self.state[p]["exp_avg"] = cstream.zeros_like(p)
+    def initial_state(self, group, p):
+        return {"exp_avg": cstream.zeros_like(p)}
 
     def state_names_to_sparsify(self):
         return ["exp_avg"]
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            lr = group["lr"]
-            beta1, beta2 = group["betas"]
-            for p in _with_grads(group):
-                exp_avg = self.state[p]["exp_avg"]
-                p.mul_(1 - lr * group["weight_decay"])
-                update = exp_avg.mul(beta1).add(p.grad, alpha=1 - beta1).sign_()
-                p.add_(-lr * update)
-                exp_avg.mul_(beta2).add_(p.grad, alpha=1 - beta2)
-        return loss
+    def update(self, group, p, st):
+        lr = group["lr"]
+        beta1, beta2 = group["betas"]
+        exp_avg = st["exp_avg"]
+        p.mul_(1 - lr * group["weight_decay"])
+        update = exp_avg.mul(beta1).add(p.grad, alpha=1 - beta1).sign_()
+        p.add_(-lr * update)
+        exp_avg.mul_(beta2).add_(p.grad, alpha=1 - beta2)
 
 
 class Adadelta(Optimizer):
@@ -380,31 +339,22 @@ class Adadelta(Optimizer):
         super().__init__(params, dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay,
                                       maximize=maximize))
 
-    def preinitialize(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                self.state[p]["square_avg"] = cstream.zeros_like(p)
-                self.state[p]["acc_delta"] = cstream.zeros_like(p)
+    def initial_state(self, group, p):
+        return {"square_avg": cstream.zeros_like(p), "acc_delta": cstream.zeros_like(p)}
 
     def state_names_to_sparsify(self):
         return ["square_avg", "acc_delta"]
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            rho, eps = group["rho"], group["eps"]
-            for p in _with_grads(group):
-                st = self.state[p]
-                square_avg, acc_delta = st["square_avg"], st["acc_delta"]
-                grad = _signed_grad(p, group["maximize"])
-                grad = grad + p * group["weight_decay"]
-                square_avg.mul_(rho).addcmul_(grad, grad, value=1 - rho)
-                std = square_avg.add(eps).sqrt_()
-                delta = acc_delta.add(eps).sqrt_().div_(std).mul_(grad)
-                acc_delta.mul_(rho).addcmul_(delta, delta, value=1 - rho)
-                p.add_(-group["lr"] * delta)
-        return loss
+    def update(self, group, p, st):
+        rho, eps = group["rho"], group["eps"]
+        square_avg, acc_delta = st["square_avg"], st["acc_delta"]
+        grad = _signed_grad(p, group["maximize"])
+        grad = grad + p * group["weight_decay"]
+        square_avg.mul_(rho).addcmul_(grad, grad, value=1 - rho)
+        std = square_avg.add(eps).sqrt_()
+        delta = acc_delta.add(eps).sqrt_().div_(std).mul_(grad)
+        acc_delta.mul_(rho).addcmul_(delta, delta, value=1 - rho)
+        p.add_(-group["lr"] * delta)
 
 
 class Adamax(Optimizer):
@@ -418,35 +368,25 @@ class Adamax(Optimizer):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                       maximize=maximize))
 
-    def preinitialize(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                st = self.state[p]
-                st["exp_avg"] = cstream.zeros_like(p)
-                st["exp_inf"] = cstream.zeros_like(p)
-                st["beta1_power"] = cstream.full((), group["betas"][0], dtype=torch.float32)
+    def initial_state(self, group, p):
+        return {"exp_avg": cstream.zeros_like(p), "exp_inf": cstream.zeros_like(p),
+                "beta1_power": cstream.full((), group["betas"][0], dtype=torch.float32)}
 
     def state_names_to_sparsify(self):
         return ["exp_avg", "exp_inf"]
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in _with_grads(group):
-                grad = _signed_grad(p, group["maximize"])
-                grad = grad + p * group["weight_decay"]
-                st = self.state[p]
-                exp_avg, exp_inf = st["exp_avg"], st["exp_inf"]
-                exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
-                exp_inf.copy_(torch.maximum(exp_inf.mul(beta2), grad.abs().add_(group["eps"])))
-                update = exp_avg / exp_inf
-                update.div_(1.0 - st["beta1_power"])
-                st["beta1_power"] *= beta1
-                update *= group["lr"]
-                p.sub_(update)
-        return loss
+    def update(self, group, p, st):
+        beta1, beta2 = group["betas"]
+        grad = _signed_grad(p, group["maximize"])
+        grad = grad + p * group["weight_decay"]
+        exp_avg, exp_inf = st["exp_avg"], st["exp_inf"]
+        exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+        exp_inf.copy_(torch.maximum(exp_inf.mul(beta2), grad.abs().add_(group["eps"])))
+        update = exp_avg / exp_inf
+        update.div_(1.0 - st["beta1_power"])
+        st["beta1_power"] *= beta1
+        update *= group["lr"]
+        p.sub_(update)
 
 
 class ASGD(Optimizer):
@@ -461,35 +401,26 @@ class ASGD(Optimizer):
                                       weight_decay=weight_decay, maximize=maximize),
                          enable_global_step=True)
 
-    def preinitialize(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                st = self.state[p]
-                st["eta"] = cstream.full((), float(group["lr"]), dtype=torch.float32)
-                st["mu"] = cstream.ones((), dtype=torch.float32)
-                st["ax"] = cstream.zeros_like(p)
+    def initial_state(self, group, p):
+        return {"eta": cstream.full((), float(group["lr"]), dtype=torch.float32),
+                "mu": cstream.ones((), dtype=torch.float32),
+                "ax": cstream.zeros_like(p)}
 
     def state_names_to_sparsify(self):
         return ["ax"]
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            lambd, lr, t0 = group["lambd"], group["lr"], group["t0"]
-            for p in _with_grads(group):
-                st = self.state[p]
-                grad = _signed_grad(p, group["maximize"])
-                mu, ax, eta = st["mu"], st["ax"], st["eta"]
-                step = self.increment_global_step(p)
-                grad = grad + p * group["weight_decay"]
-                p.mul_(1 - lambd * eta)
-                p.add_(grad * eta.neg())
-                ax.copy_(torch.where(mu == 1, p, ax.add(p.sub(ax).mul(mu))))
-                alpha = torch.full_like(step, group["alpha"])
-                eta.copy_(lr / torch.pow(1 + lambd * lr * step, alpha))
-                mu.copy_(1 / torch.clamp(step - t0, min=1.0))
-        return loss
+    def update(self, group, p, st):
+        lambd, lr, t0 = group["lambd"], group["lr"], group["t0"]
+        grad = _signed_grad(p, group["maximize"])
+        mu, ax, eta = st["mu"], st["ax"], st["eta"]
+        step = self.increment_global_step(p)
+        grad = grad + p * group["weight_decay"]
+        p.mul_(1 - lambd * eta)
+        p.add_(grad * eta.neg())
+        ax.copy_(torch.where(mu == 1, p, ax.add(p.sub(ax).mul(mu))))
+        alpha = torch.full_like(step, group["alpha"])
+        eta.copy_(lr / torch.pow(1 + lambd * lr * step, alpha))
+        mu.copy_(1 / torch.clamp(step - t0, min=1.0))
 
 
 class NAdam(Optimizer):
@@ -506,41 +437,32 @@ class NAdam(Optimizer):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                       momentum_decay=momentum_decay), enable_global_step=True)
 
-    def preinitialize(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                self.state[p]["mu_product"] = cstream.ones((), dtype=torch.float32)
-                self.state[p]["exp_avg"] = cstream.zeros_like(p)
-                self.state[p]["exp_avg_sq"] = cstream.zeros_like(p)
+    def initial_state(self, group, p):
+        return {"mu_product": cstream.ones((), dtype=torch.float32),
+                "exp_avg": cstream.zeros_like(p), "exp_avg_sq": cstream.zeros_like(p)}
 
     def state_names_to_sparsify(self):
         return ["exp_avg", "exp_avg_sq"]
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            decay, eps, lr = group["momentum_decay"], group["eps"], group["lr"]
-            for p in _with_grads(group):
-                st = self.state[p]
-                exp_avg, exp_avg_sq, mu_product = st["exp_avg"], st["exp_avg_sq"], st["mu_product"]
-                global_step = self.increment_global_step(p)
-                bias_correction2 = 1 - torch.full_like(global_step, beta2).pow(global_step)
-                grad = p.grad + p * group["weight_decay"]
-                base = torch.full_like(global_step, 0.96)
-                mu = beta1 * (1.0 - 0.5 * base.pow(global_step * decay))
-                mu_next = beta1 * (1.0 - 0.5 * base.pow((global_step + 1) * decay))
-                mu_product *= mu
-                mu_product_next = mu_product * mu * mu_next
-                exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
-                exp_avg_sq.mul_(_f32(beta2)).addcmul_(grad, grad, value=_one_minus_f32(beta2))
-                denom = exp_avg_sq.div(bias_correction2).sqrt().add_(eps)
-                update = ((mu_next * exp_avg) / (1.0 - mu_product_next)
-                          + (grad * (1.0 - mu)) / (1.0 - mu_product))
-                update *= -lr
-                p.addcdiv_(update, denom)
-        return loss
+    def update(self, group, p, st):
+        beta1, beta2 = group["betas"]
+        decay, eps, lr = group["momentum_decay"], group["eps"], group["lr"]
+        exp_avg, exp_avg_sq, mu_product = st["exp_avg"], st["exp_avg_sq"], st["mu_product"]
+        global_step = self.increment_global_step(p)
+        bias_correction2 = 1 - torch.full_like(global_step, beta2).pow(global_step)
+        grad = p.grad + p * group["weight_decay"]
+        base = torch.full_like(global_step, 0.96)
+        mu = beta1 * (1.0 - 0.5 * base.pow(global_step * decay))
+        mu_next = beta1 * (1.0 - 0.5 * base.pow((global_step + 1) * decay))
+        mu_product *= mu
+        mu_product_next = mu_product * mu * mu_next
+        exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+        exp_avg_sq.mul_(_f32(beta2)).addcmul_(grad, grad, value=_one_minus_f32(beta2))
+        denom = exp_avg_sq.div(bias_correction2).sqrt().add_(eps)
+        update = ((mu_next * exp_avg) / (1.0 - mu_product_next)
+                  + (grad * (1.0 - mu)) / (1.0 - mu_product))
+        update *= -lr
+        p.addcdiv_(update, denom)
 
 
 class RAdam(Optimizer):
@@ -553,47 +475,38 @@ class RAdam(Optimizer):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay),
                          enable_global_step=True)
 
-    def preinitialize(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                self.state[p]["exp_avg"] = cstream.zeros_like(p)
-                self.state[p]["exp_avg_sq"] = cstream.zeros_like(p)
+    def initial_state(self, group, p):
+        return {"exp_avg": cstream.zeros_like(p), "exp_avg_sq": cstream.zeros_like(p)}
 
     def state_names_to_sparsify(self):
         return ["exp_avg", "exp_avg_sq"]
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            beta1, beta2 = (_f32(b) for b in group["betas"])
-            # 2 / (1 - beta2) - 1 with beta2 a float32 tensor, as 2.10 computes it
-            rho_inf = np.float32(2) / (np.float32(1) - np.float32(beta2)) - np.float32(1)
-            rho_den = float((rho_inf - np.float32(4)) * (rho_inf - np.float32(2)))
-            rho_inf = float(rho_inf)
-            for p in _with_grads(group):
-                st = self.state[p]
-                global_step = self.increment_global_step(p)
-                grad = p.grad + p * group["weight_decay"]
-                beta2t = torch.full_like(global_step, beta2).pow(global_step)
-                bias_correction1 = 1 - torch.full_like(global_step, beta1).pow(global_step)
-                bias_correction2 = 1 - beta2t
-                st["exp_avg"].mul_(beta1).add_(grad, alpha=_one_minus_f32(beta1))
-                st["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=_one_minus_f32(beta2))
-                update = st["exp_avg"] / bias_correction1
-                rho_t = rho_inf - 2 * global_step * beta2t / bias_correction2
-                rectified = rho_t > 5.0
-                one = torch.ones_like(rho_t)
-                rect = torch.where(rectified, torch.sqrt(
-                    (rho_t - 4.0) * (rho_t - 2.0) * rho_inf
-                    / (rho_den * rho_t)), one)
-                adaptive = torch.where(rectified, torch.sqrt(bias_correction2)
-                                       / st["exp_avg_sq"].sqrt().add_(group["eps"]), one)
-                update *= rect
-                update *= adaptive
-                update *= group["lr"]
-                p.sub_(update)
-        return loss
+    def update(self, group, p, st):
+        beta1, beta2 = (_f32(b) for b in group["betas"])
+        # 2 / (1 - beta2) - 1 with beta2 a float32 tensor, as 2.10 computes it
+        rho_inf = np.float32(2) / (np.float32(1) - np.float32(beta2)) - np.float32(1)
+        rho_den = float((rho_inf - np.float32(4)) * (rho_inf - np.float32(2)))
+        rho_inf = float(rho_inf)
+        global_step = self.increment_global_step(p)
+        grad = p.grad + p * group["weight_decay"]
+        beta2t = torch.full_like(global_step, beta2).pow(global_step)
+        bias_correction1 = 1 - torch.full_like(global_step, beta1).pow(global_step)
+        bias_correction2 = 1 - beta2t
+        st["exp_avg"].mul_(beta1).add_(grad, alpha=_one_minus_f32(beta1))
+        st["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=_one_minus_f32(beta2))
+        update = st["exp_avg"] / bias_correction1
+        rho_t = rho_inf - 2 * global_step * beta2t / bias_correction2
+        rectified = rho_t > 5.0
+        one = torch.ones_like(rho_t)
+        rect = torch.where(rectified, torch.sqrt(
+            (rho_t - 4.0) * (rho_t - 2.0) * rho_inf
+            / (rho_den * rho_t)), one)
+        adaptive = torch.where(rectified, torch.sqrt(bias_correction2)
+                               / st["exp_avg_sq"].sqrt().add_(group["eps"]), one)
+        update *= rect
+        update *= adaptive
+        update *= group["lr"]
+        p.sub_(update)
 
 
 class Rprop(Optimizer):
@@ -605,34 +518,26 @@ class Rprop(Optimizer):
         _check("lr", lr, owner="Rprop")
         super().__init__(params, dict(lr=lr, etas=etas, step_sizes=step_sizes))
 
-    def preinitialize(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                self.state[p]["prev"] = cstream.zeros_like(p)
-                self.state[p]["step_size"] = cstream.full_like(p, float(group["lr"]))
+    def initial_state(self, group, p):
+        return {"prev": cstream.zeros_like(p),
+                "step_size": cstream.full_like(p, float(group["lr"]))}
 
     def state_names_to_sparsify(self):
         return ["prev", "step_size"]
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            lo, hi = (_f32(s) for s in group["step_sizes"])
-            etaminus, etaplus = (_f32(e) for e in group["etas"])
-            for p in _with_grads(group):
-                st = self.state[p]
-                prev, prev_step_size = st["prev"], st["step_size"]
-                multiplier = p.grad.mul(prev)
-                multiplier = torch.where(multiplier > 0, etaplus, multiplier)
-                multiplier = torch.where(multiplier < 0, etaminus, multiplier)
-                multiplier = torch.where(multiplier == 0, 1.0, multiplier)
-                step_size = torch.clamp(prev_step_size.mul(multiplier), min=lo, max=hi)
-                grad = p.grad.mul(torch.where(multiplier == etaminus, 0.0, 1.0))
-                p.sub_(torch.sign(grad).mul(step_size))
-                prev.copy_(grad)
-                prev_step_size.copy_(step_size)
-        return loss
+    def update(self, group, p, st):
+        lo, hi = (_f32(s) for s in group["step_sizes"])
+        etaminus, etaplus = (_f32(e) for e in group["etas"])
+        prev, prev_step_size = st["prev"], st["step_size"]
+        multiplier = p.grad.mul(prev)
+        multiplier = torch.where(multiplier > 0, etaplus, multiplier)
+        multiplier = torch.where(multiplier < 0, etaminus, multiplier)
+        multiplier = torch.where(multiplier == 0, 1.0, multiplier)
+        step_size = torch.clamp(prev_step_size.mul(multiplier), min=lo, max=hi)
+        grad = p.grad.mul(torch.where(multiplier == etaminus, 0.0, 1.0))
+        p.sub_(torch.sign(grad).mul(step_size))
+        prev.copy_(grad)
+        prev_step_size.copy_(step_size)
 
 
 class Lamb(Optimizer):
@@ -648,37 +553,28 @@ class Lamb(Optimizer):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                       adam=adam))
 
-    def preinitialize(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                self.state[p]["exp_avg"] = cstream.zeros_like(p)
-                self.state[p]["exp_avg_sq"] = cstream.zeros_like(p)
+    def initial_state(self, group, p):
+        return {"exp_avg": cstream.zeros_like(p), "exp_avg_sq": cstream.zeros_like(p)}
 
     def state_names_to_sparsify(self):
         return ["exp_avg", "exp_avg_sq"]
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in _with_grads(group):
-                st = self.state[p]
-                st["exp_avg"].mul_(beta1).add_(p.grad, alpha=1 - beta1)
-                st["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-                weight_norm = p.pow(2).sum().sqrt().clamp(0, 10).to(torch.float)
-                adam_step = st["exp_avg"] / st["exp_avg_sq"].sqrt().add(group["eps"])
-                adam_step = adam_step + p * group["weight_decay"]
-                if group["adam"]:
-                    trust_ratio = 1
-                else:
-                    adam_norm = adam_step.pow(2).sum().sqrt().to(torch.float)
-                    one = torch.ones_like(weight_norm)
-                    trust_ratio = torch.where(
-                        weight_norm > 0,
-                        torch.where(adam_norm > 0, weight_norm / adam_norm, one), one)
-                p.sub_(adam_step.mul(trust_ratio) * group["lr"])
-        return loss
+    def update(self, group, p, st):
+        beta1, beta2 = group["betas"]
+        st["exp_avg"].mul_(beta1).add_(p.grad, alpha=1 - beta1)
+        st["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+        weight_norm = p.pow(2).sum().sqrt().clamp(0, 10).to(torch.float)
+        adam_step = st["exp_avg"] / st["exp_avg_sq"].sqrt().add(group["eps"])
+        adam_step = adam_step + p * group["weight_decay"]
+        if group["adam"]:
+            trust_ratio = 1
+        else:
+            adam_norm = adam_step.pow(2).sum().sqrt().to(torch.float)
+            one = torch.ones_like(weight_norm)
+            trust_ratio = torch.where(
+                weight_norm > 0,
+                torch.where(adam_norm > 0, weight_norm / adam_norm, one), one)
+        p.sub_(adam_step.mul(trust_ratio) * group["lr"])
 
 
 class Adafactor(Optimizer):
@@ -710,17 +606,16 @@ class Adafactor(Optimizer):
                                       relative_step=relative_step, warmup_init=warmup_init),
                          enable_global_step=True)
 
-    def preinitialize(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                st = self.state[p]
-                if group["beta1"] is not None:
-                    st["exp_avg"] = cstream.zeros_like(p)
-                if p.dim() >= 2:
-                    st["exp_avg_sq_row"] = cstream.zeros(p.shape[:-1])
-                    st["exp_avg_sq_col"] = cstream.zeros(p.shape[:-2] + p.shape[-1:])
-                else:
-                    st["exp_avg_sq"] = cstream.zeros_like(p)
+    def initial_state(self, group, p):
+        st = {}
+        if group["beta1"] is not None:
+            st["exp_avg"] = cstream.zeros_like(p)
+        if p.dim() >= 2:
+            st["exp_avg_sq_row"] = cstream.zeros(p.shape[:-1])
+            st["exp_avg_sq_col"] = cstream.zeros(p.shape[:-2] + p.shape[-1:])
+        else:
+            st["exp_avg_sq"] = cstream.zeros_like(p)
+        return st
 
     def state_names_to_sparsify(self):
         return ["exp_avg", "exp_avg_sq"]
@@ -739,15 +634,7 @@ class Adafactor(Optimizer):
             scale = torch.maximum(rms, torch.full_like(rms, group["eps"][1]))
         return scale * group["lr"]
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            for p in _with_grads(group):
-                self._update(group, p, self.state[p])
-        return loss
-
-    def _update(self, group, p, st):
+    def update(self, group, p, st):
         grad = p.grad
         global_step = self.increment_global_step(p)
         lr = self._lr(group, self._rms(p))

@@ -187,7 +187,7 @@ class InputFeed:
         if spec != want_spec:
             raise BatchSpecError(
                 f"{where}: the batch structure changed: the traced graph was built for "
-                f"{want_spec}, this batch is {spec}. The graph is static (seed 002): every "
+                f"{want_spec}, this batch is {spec}. The graph is static: every "
                 "batch must have the same structure, shapes and dtypes (use drop_last=True).")
         for i, (got, want) in enumerate(zip(leaves, want_leaves)):
             if not isinstance(got, torch.Tensor) or got.shape != want.shape \
