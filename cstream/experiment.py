@@ -470,13 +470,13 @@ def run_experiment(exp: Experiment, *, artifact_dir=None, progress: Optional[Cal
                 if (i == 0 or now - last_show >= progress_every_s or i == executor.num_steps - 1
                         or (wants is not None and wants(i + 1))):
                     last_show = now
-                    poll = getattr(executor._run, "progress_stats", None)
-                    if poll is not None:
+                    run = executor.run
+                    if run.has_wafer:
                         if i == 0:
                             with phase("first batch through the wafer"):
-                                stats = poll(i)
+                                stats = run.progress_stats(i)
                         else:
-                            stats = poll(i)
+                            stats = run.progress_stats(i)
                         fill = None if stats is None else stats.get("buffer_occupancy")
                     if loss is not None:
                         last_loss, loss_step = float(loss.item()), i + 1
@@ -504,9 +504,9 @@ def _progress_rate(executor, i: int) -> Optional[float]:
     the client's smoothed rate."""
     from executor.report import wafer_rate
 
-    stats = getattr(executor._run, "wafer_stats", None)
+    stats = executor.run.wafer_stats()
     if stats is not None:
-        return wafer_rate(stats())
+        return wafer_rate(stats)
     return executor.profiler.rate() if i > 0 else None
 
 

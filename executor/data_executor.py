@@ -8,7 +8,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional
 
 from executor import phases, runtime
 from executor.profiler import Profiler
@@ -18,10 +18,57 @@ from workers.config import CSConfig
 from workers.dataloader import STATE_FORMAT, DataLoader
 from workers.errors import InputWorkerError
 
+if TYPE_CHECKING:
+    from executor.backends.base import Run
+
 _PARAMS = (
     "dataloader", "num_steps", "checkpoint_steps", "cs_config", "writer", "profiler_activities",
     "activation_steps", "listeners", "micro_batch_size",
 )
+
+
+def _check_arguments(unknown: dict, dataloader) -> None:
+    """Refuse a keyword DataExecutor does not take, and a dataloader that is not cstream's."""
+    if unknown:
+        name = next(iter(unknown))
+        close = difflib.get_close_matches(name, _PARAMS, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise TypeError(
+            f"DataExecutor got an unexpected keyword argument {name!r}.{hint} "
+            f"Valid arguments: {', '.join(_PARAMS)}."
+        )
+    if not isinstance(dataloader, DataLoader):
+        raise TypeError(
+            f"DataExecutor expects a cstream.utils.data.DataLoader, got "
+            f"{type(dataloader).__name__}. Wrap the function that builds your dataloader: "
+            "cstream.utils.data.DataLoader(input_fn, ...), so that every input worker can "
+            "build its own."
+        )
+
+
+def _num_steps(num_steps: Optional[int], dataloader: DataLoader, backend) -> int:
+    """The steps the run takes: ``num_steps``, else ``len(dataloader)``; 1 on a backend that
+    runs a single step (``compile_only``, ``validate_only``)."""
+    forced = backend is not None and backend.forces_single_step
+    if num_steps is None:
+        if forced:
+            num_steps = 1
+        elif not dataloader.has_len():
+            raise ValueError(
+                f"num_steps was not given and the dataloader built by "
+                f"{dataloader.input_fn_name} has no len(); pass num_steps=... to DataExecutor."
+            )
+        else:
+            num_steps = len(dataloader)
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int):
+        raise TypeError(f"num_steps: expected an int, got {type(num_steps).__name__}.")
+    if num_steps < 1:
+        raise ValueError(
+            f"num_steps must be at least 1, got {num_steps}"
+            + (" (len(dataloader) is 0: the dataloader yields no batch)" if num_steps == 0 else "")
+            + "."
+        )
+    return 1 if forced else num_steps
 
 
 def batch_size_of(batch) -> int:
@@ -40,6 +87,67 @@ def batch_size_of(batch) -> int:
         elif hasattr(item, "samples"):  # a lazy batch placeholder
             return int(item.samples)
     return 1
+
+
+class QueuedClosure(NamedTuple):
+    """A closure called during a step, run when the step ends."""
+
+    fn: Callable
+    args: tuple
+    kwargs: dict
+    checkpoint: bool = False
+    """A checkpoint closure (reads state at its step, runs only on checkpoint steps); else a
+    step closure (its tensor arguments are read when it runs)."""
+
+    @property
+    def name(self) -> str:
+        return getattr(self.fn, "__qualname__", repr(self.fn))
+
+    @property
+    def kind(self) -> str:
+        return "checkpoint closure" if self.checkpoint else "step closure"
+
+
+class ClosureQueue:
+    """The closures called during the current step, in call order; the executor runs and
+    empties it when the step ends.
+
+    >>> q = ClosureQueue()
+    >>> q.add(print, ("a",), {}, checkpoint=True)
+    >>> mark = q.mark()
+    >>> q.add(print, ("b",), {})
+    >>> [c.args for c in q.take_since(mark)], len(q)
+    ([('b',)], 1)
+    """
+
+    def __init__(self):
+        self._entries: list[QueuedClosure] = []
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def add(self, fn: Callable, args, kwargs, checkpoint: bool = False) -> None:
+        self._entries.append(QueuedClosure(fn, args, kwargs, checkpoint))
+
+    def mark(self) -> int:
+        """A position to :meth:`take_since` from: the closures queued after this call (it
+        holds until the queue is next emptied or filtered)."""
+        return len(self._entries)
+
+    def take_since(self, mark: int) -> list[QueuedClosure]:
+        """Remove and return the closures queued since ``mark`` (from :meth:`mark`)."""
+        taken = self._entries[mark:]
+        del self._entries[mark:]
+        return taken
+
+    def take_all(self) -> list[QueuedClosure]:
+        """Remove and return every queued closure."""
+        return self.take_since(0)
+
+    def drop_step_closures(self) -> None:
+        """Forget the queued step closures, keeping the checkpoint closures (a run where
+        nothing executes has no values for step closures to read)."""
+        self._entries = [c for c in self._entries if c.checkpoint]
 
 
 class DataExecutor:
@@ -84,21 +192,7 @@ class DataExecutor:
                  checkpoint_steps=None, cs_config: Optional[CSConfig] = None, writer=None,
                  profiler_activities=None, activation_steps: Optional[int] = None,
                  listeners=(), micro_batch_size="auto", **unknown: Any):
-        if unknown:
-            name = next(iter(unknown))
-            close = difflib.get_close_matches(name, _PARAMS, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise TypeError(
-                f"DataExecutor got an unexpected keyword argument {name!r}.{hint} "
-                f"Valid arguments: {', '.join(_PARAMS)}."
-            )
-        if not isinstance(dataloader, DataLoader):
-            raise TypeError(
-                f"DataExecutor expects a cstream.utils.data.DataLoader, got "
-                f"{type(dataloader).__name__}. Wrap the function that builds your dataloader: "
-                "cstream.utils.data.DataLoader(input_fn, ...), so that every input worker can "
-                "build its own."
-            )
+        _check_arguments(unknown, dataloader)
         if cs_config is None:
             cs_config = CSConfig()
         if not isinstance(cs_config, CSConfig):
@@ -115,31 +209,17 @@ class DataExecutor:
         self.profiler = Profiler(profiler_activities)
         self.checkpoint_schedule: Optional[Schedule] = normalize_checkpoint_steps(checkpoint_steps)
         self.checkpoint_steps = checkpoint_steps
-        backend = runtime.current_backend()
-        forced = backend is not None and backend.forces_single_step
-        if num_steps is None:
-            if forced:
-                num_steps = 1
-            elif not dataloader.has_len():
-                raise ValueError(
-                    f"num_steps was not given and the dataloader built by "
-                    f"{dataloader.input_fn_name} has no len(); pass num_steps=... to DataExecutor."
-                )
-            else:
-                num_steps = len(dataloader)
-        if isinstance(num_steps, bool) or not isinstance(num_steps, int):
-            raise TypeError(f"num_steps: expected an int, got {type(num_steps).__name__}.")
-        if num_steps < 1:
-            raise ValueError(
-                f"num_steps must be at least 1, got {num_steps}"
-                + (" (len(dataloader) is 0: the dataloader yields no batch)" if num_steps == 0 else "")
-                + "."
-            )
-        self.num_steps = 1 if forced else num_steps
+        self.num_steps = _num_steps(num_steps, dataloader, runtime.current_backend())
+        self._init_run_state()
+
+    def _init_run_state(self) -> None:
+        """What the run fills in as it goes: the step, the closure queue, the records."""
         self.iteration = -1
         self._iterated = False
-        self._closures: list = []
-        self._run = None
+        self.closures = ClosureQueue()
+        """The closures called during the current step (``cstream.step_closure``,
+        ``cstream.checkpoint_closure``), run when it ends."""
+        self._run: Optional[Run] = None
         self.run_dir: Optional[Path] = None
         self.step_records: list[dict] = []
         self.summary: dict = {}
@@ -152,7 +232,7 @@ class DataExecutor:
         self.client_spans: list[dict] = []
         self._stopped_in_body = False
         self._step_start_unix = 0.0
-        self._scalars = StepScalars(cs_config)
+        self._scalars = StepScalars(self.cs_config)
 
     # -- step bookkeeping ----------------------------------------------------------------
     @property
@@ -178,7 +258,13 @@ class DataExecutor:
         return [i for i in range(self.num_steps) if self.is_checkpoint_step(i)]
 
     def queue_closure(self, fn: Callable, args, kwargs, checkpoint: bool = False) -> None:
-        self._closures.append((fn, args, kwargs, checkpoint))
+        """Run ``fn(*args, **kwargs)`` when the current step ends."""
+        self.closures.add(fn, args, kwargs, checkpoint)
+
+    @property
+    def run(self) -> Optional[Run]:
+        """The backend's run of this executor while it is iterated (None before and after)."""
+        return self._run
 
     # -- the run -------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -232,7 +318,7 @@ class DataExecutor:
             self.stop_reason = self.stop_reason or _describe(e)
             raise
         finally:
-            self._closures.clear()
+            self.closures.take_all()
             run, self._run = self._run, None
             try:
                 if run is not None:
@@ -250,9 +336,13 @@ class DataExecutor:
         for fn, args, kwargs in closures:
             t0 = time.time()
             fn(*args, **kwargs)
-            self.client_spans.append({
-                "name": getattr(fn, "__qualname__", repr(fn)), "step": 0,
-                "kind": "checkpoint closure", "start_unix": t0, "end_unix": time.time()})
+            self._record_span(QueuedClosure(fn, args, kwargs, checkpoint=True), 0, t0)
+
+    def _record_span(self, closure: QueuedClosure, step: int, t0: float) -> None:
+        """The client's time in ``closure`` of ``step`` (counted from 1; 0: before the run),
+        from ``t0`` (unix seconds) to now, for the run's timeline."""
+        self.client_spans.append({"name": closure.name, "step": step, "kind": closure.kind,
+                                  "start_unix": t0, "end_unix": time.time()})
 
     def _dataloader_state(self) -> dict:
         """What ``DataLoader.state_dict()`` returns during this run: every worker's position
@@ -260,7 +350,7 @@ class DataExecutor:
         checkpoint closure called before the run, where the run will start (the state loaded
         with ``load_state_dict``, or no worker state: the start)."""
         if self._run is None and self.iteration == -1 and runtime.current_executor() is self:
-            loaded = getattr(self.dataloader, "_resume", None)
+            loaded = self.dataloader.resume_state
             return dict(loaded) if loaded is not None else {
                 "format": STATE_FORMAT, "num_csx": self.cs_config.num_csx,
                 "num_workers_per_csx": self.cs_config.num_workers_per_csx,
@@ -282,20 +372,16 @@ class DataExecutor:
     def _end_step(self, step: int) -> None:
         run = self._run
         metrics = run.end_step(step) or {}
-        closures, self._closures = self._closures, []
-        for fn, args, kwargs, checkpoint in closures:
+        for closure in self.closures.take_all():
             t0 = time.time()
-            if checkpoint:
+            if closure.checkpoint:
                 with run.checkpoint_reads(step):
-                    fn(*args, **kwargs)
+                    closure.fn(*closure.args, **closure.kwargs)
             else:
-                margs, mkwargs = run.materialize((args, kwargs), step)
+                margs, mkwargs = run.materialize((closure.args, closure.kwargs), step)
                 with run.closure_reads(step):
-                    fn(*margs, **mkwargs)
-            self.client_spans.append({
-                "name": getattr(fn, "__qualname__", repr(fn)), "step": step + 1,
-                "kind": "checkpoint closure" if checkpoint else "step closure",
-                "start_unix": t0, "end_unix": time.time()})
+                    closure.fn(*margs, **mkwargs)
+            self._record_span(closure, step + 1, t0)
         run.step_done(step)
         samples = metrics.pop("samples", None)
         if samples is None:
@@ -308,14 +394,7 @@ class DataExecutor:
                   **metrics}
         self.step_records.append(record)
         if self.writer is not None:
-            self._scalars.write_ready(self.writer, self.step_records, self._wafer_stats(run))
-
-    @staticmethod
-    def _wafer_stats(run) -> Optional[dict]:
-        """The wafer's per-step figures received so far (CSX), None where the steps have no
-        wafer (CPU: a step's record is complete when the client ends it)."""
-        stats = getattr(run, "wafer_stats", None)
-        return None if stats is None else stats()
+            self._scalars.write_ready(self.writer, self.step_records, run.wafer_stats())
 
     # -- artifacts -----------------------------------------------------------------------
     def _make_run_dir(self, backend) -> None:

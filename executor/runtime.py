@@ -1,6 +1,6 @@
-"""The one piece of global state: the current backend and the executor being iterated.
-
-Everything else is passed explicitly. Tests reset it with :func:`reset`.
+"""The current backend and the executor being iterated: what the public API finds without
+being handed it (``cstream.current_backend()``, ``cstream.current_executor()``, the closures
+a step queues). Tests reset both with :func:`reset`.
 """
 
 from __future__ import annotations

@@ -223,7 +223,7 @@ def test_outputs_stream_back_in_batches_so_closures_on_finished_steps_make_no_ca
     calls = []
 
     def on_closure(i):
-        run = cstorch.current_executor()._run
+        run = cstorch.current_executor().run
         if i == 0:
             run.driver.wait_done(7)  # the wafer is now 8 steps ahead
         calls.append(run.collect_calls)

@@ -166,6 +166,17 @@ class DataLoader:
         self._resume = dict(state_dict)
         self._resume_states = [DataLoaderCheckpoint(**w) for w in state_dict["workers"]]
 
+    @property
+    def resume_state(self) -> dict | None:
+        """The state given to :meth:`load_state_dict` that the next run resumes from; None:
+        the next run starts from the beginning."""
+        return self._resume
+
+    @property
+    def resume_states(self) -> list[DataLoaderCheckpoint] | None:
+        """Every worker's position in :attr:`resume_state`, in worker order; None: none."""
+        return self._resume_states
+
     def __getstate__(self) -> dict:
         # workers receive the recipe, not the client's run
         state = dict(self.__dict__)
@@ -175,7 +186,7 @@ class DataLoader:
         return state
 
     def resume_topology(self):
-        r = getattr(self, "_resume", None)
+        r = self._resume
         return None if r is None else (r["num_csx"], r["num_workers_per_csx"])
 
     def __iter__(self):

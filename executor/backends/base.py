@@ -9,11 +9,14 @@ import os
 import weakref
 from collections import deque
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, ContextManager, Optional, Protocol
 
 import torch
 
 from executor import runtime
+
+if TYPE_CHECKING:
+    from executor.data_executor import DataExecutor
 
 
 class BackendType(enum.Enum):
@@ -138,6 +141,68 @@ class CompiledModel:
         return f"CompiledModel(backend={self.backend.name}, model={self.model!r})"
 
 
+class Run(Protocol):
+    """One iteration of a :class:`~executor.data_executor.DataExecutor` on a backend, as
+    :meth:`Backend.start_run` returns it.
+
+    ``step`` is counted from 0. For every step the executor calls :meth:`next_batch`, yields
+    the batch to the loop body, then calls :meth:`end_step`, runs the step's closures (a
+    checkpoint closure inside :meth:`checkpoint_reads`; a step closure on the arguments
+    :meth:`materialize` returns, inside :meth:`closure_reads`) and :meth:`step_done`. It calls
+    :meth:`close` once when the run ends, however it ends.
+
+    What only a run on a wafer offers (the steps run ahead of the client, and the wafer
+    reports per-step figures) is asked for through :attr:`has_wafer`, :meth:`wafer_stats` and
+    :meth:`progress_stats`, which say "none" on an eager run.
+    """
+
+    has_wafer: bool
+    """True where the steps run on a wafer, ahead of the client; False where the client runs
+    each step itself (eager)."""
+
+    def next_batch(self, step: int) -> Any:
+        """The batch the loop body gets for ``step`` (on a wafer: placeholders for the batch
+        the input workers stream to it)."""
+
+    def end_step(self, step: int) -> dict:
+        """The loop body of ``step`` finished; its closures run next. Returns figures for the
+        step's record (``"samples"``: samples in the step), or ``{}``."""
+
+    def checkpoint_reads(self, step: int) -> ContextManager:
+        """Around a checkpoint closure of ``step``: state reads return the values after
+        ``step``."""
+
+    def materialize(self, obj: Any, step: int) -> Any:
+        """``obj`` (a step closure's arguments) with every output of ``step`` replaced by its
+        value."""
+
+    def closure_reads(self, step: int) -> ContextManager:
+        """Around a step closure of ``step``: reads of readable state (metrics) return the
+        values after ``step``."""
+
+    def step_done(self, step: int) -> None:
+        """The client finished ``step`` and its closures."""
+
+    def samples_in_step(self, step: int) -> int:
+        """Samples in the batch of ``step`` (when :meth:`end_step` did not say)."""
+
+    def worker_states(self, step: int) -> list:
+        """Every input worker's position after ``step`` (a checkpoint step), in worker order:
+        what ``DataLoader.state_dict()`` saves."""
+
+    def wafer_stats(self) -> Optional[dict]:
+        """The wafer's per-step figures received so far, by step counted from 1; None where
+        the steps have no wafer (a step's record is complete when the client ends it)."""
+
+    def progress_stats(self, step: int) -> Optional[dict]:
+        """The wafer's newest per-step figures, fetched now (waits for ``step`` to finish on
+        the wafer); None where there is no wafer or before it started."""
+
+    def close(self, ok: bool) -> dict:
+        """End the run (``ok``: every step ran) and release what it holds; returns the run's
+        summary for its profile."""
+
+
 class Backend:
     """Base class. Subclasses implement :meth:`start_run`, and may override :meth:`compile`,
     :meth:`run_step`, :meth:`device_context` and the creation ops."""
@@ -196,7 +261,8 @@ class Backend:
     def run_step(self, traced, args, kwargs):
         return traced.run(*args, **kwargs)
 
-    def start_run(self, executor):  # -> Run
+    def start_run(self, executor: "DataExecutor") -> Run:
+        """Start iterating ``executor`` on this backend."""
         raise NotImplementedError
 
     def device_context(self):

@@ -24,7 +24,10 @@ def _to_device(obj, device):
 
 
 class EagerRun:
-    """A run on an eager backend: ``input_fn`` is called once as worker 0 of 1 in this process."""
+    """A run on an eager backend: ``input_fn`` is called once as worker 0 of 1 in this process,
+    and each step runs in the client as the loop body calls it."""
+
+    has_wafer = False
 
     def __init__(self, backend: "CPUBackend", executor):
         self.backend = backend
@@ -32,7 +35,8 @@ class EagerRun:
         dataloader = executor.dataloader
         self._states: dict[int, list] = {}
         position, self._consumed = start_position(), 0
-        if dataloader._resume_states:
+        resume_states = dataloader.resume_states
+        if resume_states:
             topology = dataloader.resume_topology()
             if topology != (1, 1):
                 raise ValueError(
@@ -40,10 +44,10 @@ class EagerRun:
                     f"num_workers_per_csx={topology[1]}, but the {backend.name} backend streams "
                     "as worker 0 of 1; resume it on the CSX backend with the same CSConfig."
                 )
-            saved = dataloader._resume_states[0]
+            saved = resume_states[0]
             position = check_position(dict(saved.user_state_dict or start_position()))
             self._consumed = int(saved.worker_step)
-        loader = dataloader.build(WorkerInfo()) if dataloader._resume_states else \
+        loader = dataloader.build(WorkerInfo()) if resume_states else \
             dataloader.client_loader()
         self._source = Source(dataloader, loader, position)
         self._batch = None
@@ -73,13 +77,19 @@ class EagerRun:
         return batch_size_of(self._batch)
 
     def materialize(self, obj, step: int):
-        return obj
+        return obj  # the step ran here: its outputs are values already
 
     def checkpoint_reads(self, step: int):
         return contextlib.nullcontext()
 
     def closure_reads(self, step: int):
         return contextlib.nullcontext()
+
+    def wafer_stats(self) -> None:
+        return None
+
+    def progress_stats(self, step: int) -> None:
+        return None
 
     def close(self, ok: bool) -> dict:
         self._source.close()

@@ -42,6 +42,16 @@ fetched when read."""
 
 
 class CSXRun:
+    """A run on the CSX backend (the :class:`~executor.backends.base.Run` interface): the
+    input workers stream to the wafer, which runs the traced step ahead of the client.
+
+    How far each side is, as steps counted from 0 (-1: none yet): :attr:`wafer_done`,
+    :attr:`outputs_through`, :attr:`reported_done`; the client's own position is the
+    executor's (``executor.iteration``: it has finished every step before that one).
+    """
+
+    has_wafer = True
+
     def __init__(self, backend, executor):
         self._t_created = time.perf_counter()
         self.backend = backend
@@ -49,7 +59,7 @@ class CSXRun:
         self.store = backend.store
         self.driver = backend.driver()
         self.policy = FlowPolicy.from_config(executor.cs_config, lookahead_steps=backend.lookahead)
-        resume = getattr(executor.dataloader, "_resume_states", None)
+        resume = executor.dataloader.resume_states
         cs = executor.cs_config
         n = cs.num_csx * cs.num_workers_per_csx
         with phases.phase(f"starting {n} input worker{'s' if n > 1 else ''}"):
@@ -67,14 +77,20 @@ class CSXRun:
         self.captured: Optional[Captured] = None
         self.started = False
         self.executes = not backend.forces_single_step
-        self.known_done = -1  # the last step the wafer is known to have finished
+        self.wafer_done = -1
+        """The last step the wafer is known to have finished (by a collect, a fetch or an
+        ack's reply)."""
+        self.outputs_through = -1
+        """The last step whose streamed outputs have been collected (the next collect starts
+        after it); can trail :attr:`wafer_done`, which acks and fetches also move."""
+        self.reported_done = -1
+        """The last step the wafer has been told the client finished (by an ack or a
+        collect)."""
         self._ack = None  # the last asynchronous ack, read when it is done
-        self._acked = -1  # the last step acknowledged to the wafer
-        self._client_done = -1  # the last step whose closures ran
         self._streamed: list[int] = []  # output indices that stream back for every step
         # step -> (the collected stacked outputs holding it, its row in them)
         self._values: dict[int, tuple] = {}
-        self._collected = -1  # outputs collected through this step
+        self._checkpoint_step: Optional[int] = None  # the step whose checkpoint closures run
         self.collect_calls = 0
         self.report: dict = {}
         self._stats: dict[int, dict] = {}
@@ -86,7 +102,7 @@ class CSXRun:
     # -- batches -------------------------------------------------------------------------------
     def next_batch(self, step: int):
         la = self.policy.lookahead_steps
-        if self.started and self.executes and step - self.known_done > la:
+        if self.started and self.executes and step - self.wafer_done > la:
             # wait until the wafer is half the look-ahead behind, not just inside it: the next
             # la/2 steps then go without a call
             self._collect(step - self.policy.ack_every_steps)
@@ -112,17 +128,12 @@ class CSXRun:
         self.traced = traced
         cap = self.captured
         if cap is None or self.backend.retrace_every_iteration:
-            mark = len(ex._closures)
-
-            def take():
-                taken = ex._closures[mark:]
-                del ex._closures[mark:]
-                return taken
-
+            mark = ex.closures.mark()
             warmup.wait()
-            self.backend.preinitialize_all()  # optimizer state exists before tracing (seed 003)
+            self.backend.preinitialize_all()  # optimizer state exists before tracing
             with phases.phase("tracing"):
-                new = capture(self.store, traced.run, args, kwargs, take,
+                new = capture(self.store, traced.run, args, kwargs,
+                              lambda: ex.closures.take_since(mark),
                               self.backend.param_handles(),
                               devices=(self.backend.device.torch_device,))
             if cap is not None and new.ops != cap.ops:
@@ -197,9 +208,8 @@ class CSXRun:
         if cap.closures:
             streamed.update(cap.readable.values())  # closures may read metrics
         self._streamed = sorted(streamed)
-        if cap is not None:
-            self.report["trace_s"] = cap.trace_s
-            self.report["ops"] = cap.num_ops
+        self.report["trace_s"] = cap.trace_s
+        self.report["ops"] = cap.num_ops
         b.last_compile = dict(self.report)
         if b.compile_only:
             log.info("compile_only: compiled; nothing run")
@@ -214,7 +224,7 @@ class CSXRun:
         if not self.started:
             self._launch_without_model()
         if not self.executes:
-            self.executor._closures = [c for c in self.executor._closures if c[3]]
+            self.executor.closures.drop_step_closures()
         return {"samples": self.samples}
 
     def _launch_without_model(self):
@@ -232,15 +242,14 @@ class CSXRun:
         front of the client, for a fraction of the calls."""
         if not self.executes:
             return
-        self._client_done = step
         self._values.pop(step, None)
         if self._ack is not None and self._ack.ready():
-            self.known_done = max(self.known_done, self._ack.result())  # raises a wafer failure
+            self.wafer_done = max(self.wafer_done, self._ack.result())  # raises a wafer failure
             self._ack = None
-        if step - self._acked >= self.policy.ack_every_steps \
+        if step - self.reported_done >= self.policy.ack_every_steps \
                 or step == self.executor.num_steps - 1:
             self._ack = self.driver.ack_async(step)
-            self._acked = step
+            self.reported_done = step
 
     def _read_output(self, slot) -> torch.Tensor:
         if not self.executes:
@@ -255,21 +264,22 @@ class CSXRun:
         """One round trip: the streamed outputs of every step the wafer finished since the
         last collect, once it has finished ``until`` (and, briefly, ``more`` steps after it);
         acknowledges the client's progress."""
-        got = self.driver.collect(self._collected + 1, until, self._streamed, self._client_done,
+        client_done = self.executor.iteration - 1  # the steps whose closures ran
+        got = self.driver.collect(self.outputs_through + 1, until, self._streamed, client_done,
                                   more)
         self.collect_calls += 1
-        self._acked = max(self._acked, self._client_done)
+        self.reported_done = max(self.reported_done, client_done)
         if got.values:
-            for s in range(max(got.first, self._client_done + 1), got.done + 1):
+            for s in range(max(got.first, client_done + 1), got.done + 1):
                 self._values[s] = (got.values, s - got.first)
-        self._collected = max(self._collected, got.done)
-        self.known_done = max(self.known_done, got.done)
+        self.outputs_through = max(self.outputs_through, got.done)
+        self.wafer_done = max(self.wafer_done, got.done)
         self._add_stats(got.stats)
 
     def _outputs_of(self, step: int, indices: list) -> list:
         """Outputs ``indices`` of ``step``: from the collected ones, else fetched."""
         if all(i in self._streamed for i in indices):
-            if step > self._collected:
+            if step > self.outputs_through:
                 self._collect(step, more=self.policy.collect_more_steps)
             have = self._values.get(step)
             if have is not None:
@@ -281,7 +291,7 @@ class CSXRun:
         """Outputs ``indices`` of ``step``, in a call of their own (waits for the wafer)."""
         values, stats = self.driver.fetch(step, indices)
         self._add_stats(stats)
-        self.known_done = max(self.known_done, step)
+        self.wafer_done = max(self.wafer_done, step)
         return values
 
     def wafer_stats(self) -> dict:
@@ -364,7 +374,7 @@ class CSXRun:
 
     def rng_state(self) -> torch.Tensor:
         """The wafer's generator state after the step of the running checkpoint closure."""
-        step = getattr(self, "_checkpoint_step", None)
+        step = self._checkpoint_step
         if step is None:
             raise RuntimeError(
                 "the random number generator state lives on the wafer during a run and can be "
@@ -382,7 +392,7 @@ class CSXRun:
         run by the client, to finish on the wafer); None before the wafer started."""
         if not (self.started and self.executes):
             return None
-        if step > self._collected:
+        if step > self.outputs_through:
             self._collect(step)
         return self._stats[max(self._stats)] if self._stats else None
 
