@@ -97,12 +97,16 @@ def write_gpt_hdf5(folder: Path, files: int = 2, per_file: int = 64, msl: int = 
             f.create_dataset("data", data=data)
 
 
-def params_for(program: str, shipped: Path, data: Path, steps: int, precision: str) -> dict:
+def params_for(program: str, shipped: Path, data: Path, steps: int, precision: str,
+               release_2_2: bool) -> dict:
     """The shipped configuration with this trial's data, steps, precision and logging."""
     params = yaml.safe_load(shipped.read_text())
     mixed, bf16 = PRECISIONS[precision]
     params["model"]["mixed_precision"] = mixed
-    params["model"]["use_bfloat16"] = bf16
+    if release_2_2:  # Release 2.2 names the half dtype and refuses the older flag
+        params["model"]["fp16_type"] = "bfloat16" if bf16 else "float16"
+    else:
+        params["model"]["use_bfloat16"] = bf16
     every = max(1, steps // 3)
     run = params["runconfig"]
     run.update(max_steps=steps, log_steps=1, checkpoint_steps=every, seed=1,
@@ -152,8 +156,9 @@ def trial(args) -> dict:
     data = work / "data"
     (write_mnist if args.program == "fc_mnist" else write_gpt_hdf5)(data)
     params = work / "params.yaml"
+    release_2_2 = root.name == "src"
     params.write_text(yaml.safe_dump(params_for(args.program, shipped, data, args.steps,
-                                                args.precision)))
+                                                args.precision, release_2_2)))
     path = [str(REPO), str(root), *args.pythonpath, os.environ.get("PYTHONPATH", "")]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p),
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
