@@ -62,7 +62,7 @@ def _backend_key(backend_type) -> str:
     key = backend_type.upper()
     if key not in OPTIONS:
         raise ValueError(
-            f"unknown backend type {backend_type!r}; choose one of 'CSX', 'CPU', 'GPU'."
+            f"unknown backend type {backend_type!r}; choose one of {', '.join(map(repr, OPTIONS))}."
         )
     return key
 

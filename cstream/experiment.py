@@ -134,7 +134,7 @@ class ModelConfig:
     """A built-in (``"mlp"``, ``"linear"``) or an import path ``"package.module:Class"``."""
     kwargs: dict = field(default_factory=dict)
     """Keyword arguments of the model's constructor."""
-    loss: str = "cross_entropy"
+    loss: Literal["cross_entropy", "mse"] = "cross_entropy"
     """``"cross_entropy"`` or ``"mse"``."""
 
     def __post_init__(self):
@@ -166,7 +166,8 @@ class BackendConfig:
 
     def __post_init__(self):
         if not isinstance(self.type, str) or self.type.upper() not in OPTIONS:
-            raise ExperimentError(f"type: expected one of CSX, CPU, GPU, got {_show(self.type)}.")
+            raise ExperimentError(f"type: expected one of {', '.join(OPTIONS)}, got "
+                                  f"{_show(self.type)}.")
         self.type = self.type.upper()
         kind = OPTIONS[self.type]
         if not isinstance(self.options, kind):

@@ -164,3 +164,13 @@ def test_the_dataclasses_check_themselves_without_yaml():
     with pytest.raises(ExperimentError, match=r"^steps: expected a positive int, got 0\. Set it "
                                               r"to 1 or more\.$"):
         Experiment(input=InputConfig(fn="synthetic"), steps=0)
+
+
+def test_the_fixed_choices_are_literals_that_match_what_the_code_accepts():
+    from typing import get_args, get_type_hints
+
+    from cstream.experiment import LOSSES
+    from executor.backends.options import OPTIONS
+
+    assert get_args(get_type_hints(ModelConfig)["loss"]) == tuple(LOSSES)
+    assert get_args(get_type_hints(BackendConfig)["type"]) == tuple(OPTIONS)

@@ -176,7 +176,7 @@ class CSXOptions(_Options):
                          "from the step.")
 
 
-OPTIONS: dict[str, type] = {"CPU": CPUOptions, "GPU": GPUOptions, "CSX": CSXOptions}
+OPTIONS: dict[str, type] = {"CSX": CSXOptions, "CPU": CPUOptions, "GPU": GPUOptions}
 """Each backend's options dataclass, by the backend's name."""
 
 BackendOptions = Union[CPUOptions, GPUOptions, CSXOptions]
