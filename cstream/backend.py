@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from executor import runtime
 from executor.backends import CPUBackend, GPUBackend
+from executor.backends.options import OPTIONS, BackendOptions, CSXOptions
 
 BACKENDS = {"CPU": CPUBackend, "GPU": GPUBackend}
 
@@ -33,25 +35,49 @@ def _csx_backend():
     return CSXBackend
 
 
-def resolve_csx_options(options: dict) -> dict:
+def resolve_csx_options(options: CSXOptions) -> CSXOptions:
     """The CSX backend's options with what comes from the environment filled in, read here
     once: ``RAY_ADDRESS`` (an existing Ray cluster) when no ``address`` is given."""
-    options = dict(options)
-    if options.get("address") is None and os.environ.get("RAY_ADDRESS"):
-        options["address"] = os.environ["RAY_ADDRESS"]
+    if options.address is None and os.environ.get("RAY_ADDRESS"):
+        return dataclasses.replace(options, address=os.environ["RAY_ADDRESS"])
     return options
+
+
+def backend_options(backend_type: str, **options) -> BackendOptions:
+    """The typed options (:mod:`executor.backends.options`) of ``cstream.backend(backend_type,
+    **options)``, checked, with the environment's part filled in; the Cerebras API's options
+    that change nothing here and ``mixed_precision`` are not among them.
+
+    >>> backend_options("CSX", lookahead=8, in_process=True).lookahead
+    8
+    """
+    key = _backend_key(backend_type)
+    built = OPTIONS[key].from_kwargs(options)
+    return resolve_csx_options(built) if key == "CSX" else built
+
+
+def _backend_key(backend_type) -> str:
+    if not isinstance(backend_type, str):
+        raise TypeError(f"backend_type: expected a string such as 'CSX' or 'CPU', got {backend_type!r}")
+    key = backend_type.upper()
+    if key not in OPTIONS:
+        raise ValueError(
+            f"unknown backend type {backend_type!r}; choose one of {', '.join(map(repr, OPTIONS))}."
+        )
+    return key
 
 
 def backend(backend_type: str = "CSX", **options):
     """Create the backend every cstream call uses from now on.
 
     ``backend_type`` is ``"CSX"`` (the simulated Wafer-Scale Cluster), ``"CPU"`` (eager, one
-    process: the debugging path) or ``"GPU"`` (eager on CUDA). Options are the seed's:
-    ``artifact_dir``, ``max_checkpoints`` and, for CSX, ``compile_dir``, ``compile_only``,
-    ``validate_only``, ``drop_data``, ``retrace_every_iteration`` and more. The Cerebras
-    API's options that change nothing here (:data:`WITHOUT_EFFECT`: ``use_cs_grad_accum``,
-   , ``micro_batch_size``, the GPU's distributed settings) are accepted
-    and listed in the backend's ``accepted_without_effect``.
+    process: the debugging path) or ``"GPU"`` (eager on CUDA). The options fill the backend's
+    options dataclass (:class:`~executor.backends.options.CSXOptions`, ``CPUOptions``,
+    ``GPUOptions``: ``artifact_dir``, ``max_checkpoints`` and, for CSX, ``compile_dir``,
+    ``compile_only``, ``validate_only``, ``drop_data``, ``retrace_every_iteration`` and more),
+    which the backend keeps as ``backend.options``. The Cerebras API's options that change
+    nothing here (:data:`WITHOUT_EFFECT`: ``use_cs_grad_accum``, ``micro_batch_size``, the GPU's
+    distributed settings) are accepted and listed in the backend's ``accepted_without_effect``.
 
     >>> import cstream
     >>> b = cstream.backend("CPU", max_checkpoints=2)
@@ -59,18 +85,8 @@ def backend(backend_type: str = "CSX", **options):
     ('CPU', True)
     >>> b.shutdown()
     """
-    if not isinstance(backend_type, str):
-        raise TypeError(f"backend_type: expected a string such as 'CSX' or 'CPU', got {backend_type!r}")
-    key = backend_type.upper()
-    if key == "CSX":
-        cls = _csx_backend()
-        options = resolve_csx_options(options)
-    elif key in BACKENDS:
-        cls = BACKENDS[key]
-    else:
-        raise ValueError(
-            f"unknown backend type {backend_type!r}; choose one of 'CSX', 'CPU', 'GPU'."
-        )
+    key = _backend_key(backend_type)
+    cls = _csx_backend() if key == "CSX" else BACKENDS[key]
     without_effect = {k: options.pop(k) for k in list(options) if k in WITHOUT_EFFECT[key]}
     existing = runtime.current_backend()
     if existing is not None:
@@ -82,7 +98,7 @@ def backend(backend_type: str = "CSX", **options):
     mixed_precision = options.pop("mixed_precision", None)
     if mixed_precision is not None and not isinstance(mixed_precision, bool):
         raise TypeError(f"mixed_precision: expected True or False, got {mixed_precision!r}.")
-    created = cls(**options)
+    created = cls(backend_options(key, **options))
     created.mixed_precision = mixed_precision  # steps autocast (cstream.amp.precision)
     created.accepted_without_effect.update(
         {f"backend.{k}": v for k, v in without_effect.items() if v is not None})

@@ -59,61 +59,72 @@ def plot_run(profile: dict, report: dict, path: Path, title: str) -> Path:
     if stopped:
         title += f" (interrupted after {stopped['steps_run']} of {stopped['num_steps']} steps)"
     if rows:
-        fig, axes = plt.subplots(3, 1, figsize=(7.5, 7.2), dpi=120, sharex=True,
-                                 gridspec_kw={"height_ratios": [1.3, 1, 0.8]})
-        steps = [r["step"] for r in rows]
-        shares = step_shares(rows)
-        ax = axes[0]
-        ax.stackplot(steps, *[[100 * v for v in shares[k]] for k in SHARE_COLOURS],
-                     labels=[f"{k} {_mean_pct(report, k)}" for k in SHARE_COLOURS],
-                     colors=list(SHARE_COLOURS.values()), alpha=0.85, step="pre")
-        ax.set_ylim(0, 100)
-        ax.set_ylabel("% of the step's\nwafer time")
-        ax.legend(fontsize=8, loc="lower center", ncol=3, bbox_to_anchor=(0.5, 1.0),
-                  title="share of the wafer's time (steady state)", title_fontsize=8,
-                  frameon=False)
-        fig.suptitle(title, fontsize=10)
-        ax = axes[1]
-        ax.plot(steps, windowed_rate(rows), color="#1f77b4", label="samples/s (last 10 steps)")
-        if report.get("samples_per_s"):
-            ax.axhline(report["samples_per_s"], color="#1f77b4", linestyle=":", linewidth=1,
-                       label=f"steady state: {report['samples_per_s']:,.0f} samples/s")
-        ax.set_ylim(bottom=0)
-        ax.set_ylabel("samples/s\n(wafer)")
-        ax.legend(fontsize=8, loc="lower right")
-        ax = axes[2]
-        ax.plot(steps, [r.get("buffer_occupancy", 0.0) for r in rows], color="#9467bd",
-                drawstyle="steps-pre")
-        capacity = (profile.get("cs_config") or {}).get("input_buffer_batches")
-        ax.set_ylim(0, max(capacity or 0, max(r.get("buffer_occupancy", 0.0) for r in rows))
-                    + 0.5)
-        ax.set_ylabel("batches ready\nin the buffer")
-        ax.set_xlabel("step")
-        for a in axes:
-            a.grid(alpha=0.3)
+        fig = _plot_wafer_steps(plt, rows, profile, report, title)
     else:
-        fig, ax = plt.subplots(figsize=(7.5, 4), dpi=120)
-        recs = sorted(profile.get("steps", []), key=lambda r: r["step"])
-        steps, rates = [], []
-        for k, r in enumerate(recs):
-            lo = max(0, k - 9)
-            start = recs[lo].get("client_start_unix")
-            end = r.get("client_end_unix")
-            if start is not None and end is not None and end > start:
-                steps.append(r["step"])
-                rates.append(sum(int(x.get("samples", 0)) for x in recs[lo:k + 1]) / (end - start))
-        ax.plot(steps, rates, label="samples/s (client, last 10 steps)")
-        ax.set_ylim(bottom=0)
-        ax.set_ylabel("samples/s")
-        ax.set_xlabel("step")
-        ax.legend(fontsize=8)
-        ax.set_title(title, fontsize=10)
-        ax.grid(alpha=0.3)
+        fig = _plot_client_steps(plt, profile, title)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _plot_wafer_steps(plt, rows: list[dict], profile: dict, report: dict, title: str):
+    """Three panels over the steps: the shares of the wafer's time, samples/s, buffer fill."""
+    fig, axes = plt.subplots(3, 1, figsize=(7.5, 7.2), dpi=120, sharex=True,
+                             gridspec_kw={"height_ratios": [1.3, 1, 0.8]})
+    steps = [r["step"] for r in rows]
+    shares = step_shares(rows)
+    ax = axes[0]
+    ax.stackplot(steps, *[[100 * v for v in shares[k]] for k in SHARE_COLOURS],
+                 labels=[f"{k} {_mean_pct(report, k)}" for k in SHARE_COLOURS],
+                 colors=list(SHARE_COLOURS.values()), alpha=0.85, step="pre")
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("% of the step's\nwafer time")
+    ax.legend(fontsize=8, loc="lower center", ncol=3, bbox_to_anchor=(0.5, 1.0),
+              title="share of the wafer's time (steady state)", title_fontsize=8,
+              frameon=False)
+    fig.suptitle(title, fontsize=10)
+    ax = axes[1]
+    ax.plot(steps, windowed_rate(rows), color="#1f77b4", label="samples/s (last 10 steps)")
+    if report.get("samples_per_s"):
+        ax.axhline(report["samples_per_s"], color="#1f77b4", linestyle=":", linewidth=1,
+                   label=f"steady state: {report['samples_per_s']:,.0f} samples/s")
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("samples/s\n(wafer)")
+    ax.legend(fontsize=8, loc="lower right")
+    ax = axes[2]
+    ax.plot(steps, [r.get("buffer_occupancy", 0.0) for r in rows], color="#9467bd",
+            drawstyle="steps-pre")
+    capacity = (profile.get("cs_config") or {}).get("input_buffer_batches")
+    ax.set_ylim(0, max(capacity or 0, max(r.get("buffer_occupancy", 0.0) for r in rows)) + 0.5)
+    ax.set_ylabel("batches ready\nin the buffer")
+    ax.set_xlabel("step")
+    for a in axes:
+        a.grid(alpha=0.3)
+    return fig
+
+
+def _plot_client_steps(plt, profile: dict, title: str):
+    """samples/s over the last 10 steps on the client's clock (a run without a wafer)."""
+    fig, ax = plt.subplots(figsize=(7.5, 4), dpi=120)
+    recs = sorted(profile.get("steps", []), key=lambda r: r["step"])
+    steps, rates = [], []
+    for k, r in enumerate(recs):
+        lo = max(0, k - 9)
+        start = recs[lo].get("client_start_unix")
+        end = r.get("client_end_unix")
+        if start is not None and end is not None and end > start:
+            steps.append(r["step"])
+            rates.append(sum(int(x.get("samples", 0)) for x in recs[lo:k + 1]) / (end - start))
+    ax.plot(steps, rates, label="samples/s (client, last 10 steps)")
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("samples/s")
+    ax.set_xlabel("step")
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    return fig
 
 
 def _mean_pct(report: dict, share: str) -> str:

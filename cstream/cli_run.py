@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Optional
+
+from workers.checks import positive_int, positive_number
 
 UTILISATION_TARGET = 0.95
 
@@ -30,58 +31,48 @@ def _fail(command: str, message: str, status: int) -> int:
 
 # -- arguments -------------------------------------------------------------------------------------
 def _int_list(text: str) -> list[int]:
-    values = []
-    for part in text.split(","):
-        part = part.strip()
-        try:
-            v = int(part)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected a comma-separated list of positive ints such as 1,2,4,8, got {text!r}"
-            ) from None
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"every value must be at least 1, got {v} in {text!r}")
-        values.append(v)
+    try:
+        values = [int(part.strip()) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list of positive ints such as 1,2,4,8, got {text!r}"
+        ) from None
+    for v in values:
+        positive_int(v, f"every value of {text!r}", error=argparse.ArgumentTypeError)
     if len(set(values)) != len(values):
         raise argparse.ArgumentTypeError(f"{text!r} repeats a value")
     return sorted(values)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive int, got {v}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not v > 0 or not math.isfinite(v):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return v
-
-
 def _add_overrides(p: argparse.ArgumentParser, layout: bool = True) -> None:
     g = p.add_argument_group("overrides (replace the experiment file's values)")
-    g.add_argument("--steps", type=_positive_int, metavar="N", help="steps to run")
+    g.add_argument("--steps", type=int, metavar="N", help="steps to run")
     if layout:
-        g.add_argument("--num-csx", type=_positive_int, metavar="N", help="cs_config.num_csx")
-        g.add_argument("--num-workers-per-csx", type=_positive_int, metavar="N",
+        g.add_argument("--num-csx", type=int, metavar="N", help="cs_config.num_csx")
+        g.add_argument("--num-workers-per-csx", type=int, metavar="N",
                        help="cs_config.num_workers_per_csx")
-    g.add_argument("--wafer-samples-per-sec", type=_positive_float, metavar="X",
+    g.add_argument("--wafer-samples-per-sec", type=float, metavar="X",
                    help="cs_config.wafer_samples_per_sec (replaces wafer_seconds_per_step)")
-    g.add_argument("--wafer-seconds-per-step", type=_positive_float, metavar="S",
+    g.add_argument("--wafer-seconds-per-step", type=float, metavar="S",
                    help="cs_config.wafer_seconds_per_step (replaces wafer_samples_per_sec)")
     g.add_argument("--artifact-dir", metavar="DIR", help="where runs and checkpoints are written")
     g.add_argument("--in-process", action="store_true",
                    help="CSX: run the wafer driver and input workers in this process (no Ray; "
                         "input workers then run one after another)")
+
+
+def _check_overrides(args, command: str) -> None:
+    """The override flags' values that must be positive (``run`` also takes the layout's)."""
+    from cstream.experiment import ExperimentError
+
+    ints = ["steps"] + (["num_csx", "num_workers_per_csx"] if command == "run" else [])
+    numbers = ["wafer_samples_per_sec", "wafer_seconds_per_step"]
+    for names, check in ((ints, positive_int), (numbers, positive_number)):
+        for name in names:
+            if getattr(args, name) is not None:  # not given: the file's value stays
+                check(getattr(args, name), f"--{name.replace('_', '-')}", error=ExperimentError)
+    if args.wafer_samples_per_sec is not None and args.wafer_seconds_per_step is not None:
+        raise ExperimentError("give --wafer-samples-per-sec or --wafer-seconds-per-step, not both")
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -96,6 +87,12 @@ def _add_debug(p: argparse.ArgumentParser) -> None:
 
 def add_parser(subparsers) -> None:
     """Add ``run``, ``sweep`` and ``report`` to the ``cstream`` command's subparsers."""
+    _add_run_parser(subparsers)
+    _add_sweep_parser(subparsers)
+    _add_report_parser(subparsers)
+
+
+def _add_run_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "run", formatter_class=_Formatter,
         help="run an experiment file; progress bar, then a summary table",
@@ -118,6 +115,8 @@ def add_parser(subparsers) -> None:
     _add_debug(p)
     p.set_defaults(func=cmd_run)
 
+
+def _add_sweep_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "sweep", formatter_class=_Formatter,
         help="run an experiment for several worker counts; table and PNG plot",
@@ -150,6 +149,8 @@ def add_parser(subparsers) -> None:
     _add_debug(p)
     p.set_defaults(func=cmd_sweep)
 
+
+def _add_report_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "report", formatter_class=_Formatter,
         help="re-print a run's or a sweep's summary and redraw its plots",
@@ -169,20 +170,19 @@ def add_parser(subparsers) -> None:
 
 # -- shared ----------------------------------------------------------------------------------------
 def _experiment(args, command: str):
+    """The experiment file of ``args.config`` with the command line's overrides applied."""
     import dataclasses
 
     from cstream.experiment import ExperimentError, load_experiment, with_layout
 
+    _check_overrides(args, command)
     exp = load_experiment(args.config)
     if os.getcwd() not in sys.path:  # import paths in the file resolve from here, as python -m
         sys.path.insert(0, os.getcwd())
     changes = {}
-    if getattr(args, "num_csx", None) is not None and command == "run":
-        changes["num_csx"] = args.num_csx
-    if getattr(args, "num_workers_per_csx", None) is not None and command == "run":
-        changes["num_workers_per_csx"] = args.num_workers_per_csx
-    if args.wafer_samples_per_sec is not None and args.wafer_seconds_per_step is not None:
-        raise ExperimentError("give --wafer-samples-per-sec or --wafer-seconds-per-step, not both")
+    if command == "run":
+        changes = {k: getattr(args, k) for k in ("num_csx", "num_workers_per_csx")
+                   if getattr(args, k) is not None}
     if args.wafer_samples_per_sec is not None:
         changes.update(wafer_samples_per_sec=args.wafer_samples_per_sec,
                        wafer_seconds_per_step=None)
@@ -199,8 +199,8 @@ def _experiment(args, command: str):
         if exp.backend.type != "CSX":
             raise ExperimentError(f"--in-process applies to the CSX backend; {args.config} uses "
                                   f"{exp.backend.type}")
-        backend = dataclasses.replace(exp.backend, options={**exp.backend.options,
-                                                            "in_process": True})
+        backend = dataclasses.replace(
+            exp.backend, options=dataclasses.replace(exp.backend.options, in_process=True))
         exp = dataclasses.replace(exp, backend=backend)
     return exp
 
@@ -503,91 +503,129 @@ def _write_sweep(path: Path, doc: dict) -> None:
     os.replace(tmp, path)
 
 
-def cmd_sweep(args) -> int:
+class _SweepRecord:
+    """The sweep's ``sweep.json``: the grid, the experiment and the rows measured so far."""
+
+    def __init__(self, args, exp, points: list, path: Path, rows: list[dict]):
+        self.args, self.exp, self.path = args, exp, path
+        self.title = f"{exp.name}: {_layout(points[0].cs_config).split(', ', 1)[1]}"
+        self.grid = [(p.cs_config.num_csx, p.cs_config.num_workers_per_csx) for p in points]
+        self.rows = [r for r in rows if (r["num_csx"], r["num_workers_per_csx"]) in self.grid]
+        self.done = {(r["num_csx"], r["num_workers_per_csx"]) for r in self.rows}
+
+    def write(self, complete: bool) -> dict:
+        """Write ``sweep.json`` (atomically) and return what it holds."""
+        grid, target = self.grid, self.args.target
+        ordered = sorted(self.rows,
+                         key=lambda r: grid.index((r["num_csx"], r["num_workers_per_csx"])))
+        doc = {"name": self.exp.name, "config": str(self.args.config), "target": target,
+               "title": self.title, "experiment": self.exp.to_dict(), "complete": complete,
+               "grid": [list(g) for g in grid], "rows": ordered,
+               "best": {str(k): v for k, v in best_counts(ordered, target).items()}}
+        _write_sweep(self.path, doc)
+        return doc
+
+
+def _sweep_plan(args):
+    """The experiment and the grid's points of ``cstream sweep``; CliError or a config error
+    for bad arguments."""
+    if not 0 < args.target <= 1:
+        raise CliError(f"--target: expected a utilisation in (0, 1], got {args.target}")
+    if args.resume and not args.out:
+        raise CliError("--resume continues the sweep in --out DIR; give --out (the folder "
+                       "that holds its sweep.json)")
+    exp = _experiment(args, "sweep")
+    csx = args.num_csx or [exp.cs_config.num_csx]
+    return exp, sweep_points(exp, args.num_workers_per_csx, csx)
+
+
+def _earlier_rows(args, out: Path, sweep_file: Path) -> list[dict]:
+    """The rows a resumed sweep measured before; CliError where --resume and --out disagree
+    with what the folder holds."""
+    if not sweep_file.is_file():
+        if args.resume:
+            raise CliError(f"--resume: {out} holds no sweep.json to continue; run the sweep "
+                           "without --resume first.")
+        return []
+    if not args.resume:
+        raise CliError(f"{out} already holds a sweep ({sweep_file}); pass --resume to "
+                       "continue it, or choose another --out.")
+    try:
+        return list(json.loads(sweep_file.read_text())["rows"])
+    except (ValueError, KeyError) as e:
+        raise CliError(f"{sweep_file} is not a sweep record ({e}); remove it or "
+                       "choose another --out.") from None
+
+
+def _run_points(points: list, record: _SweepRecord, out: Path) -> None:
+    """Run every point of the grid not measured yet, writing ``sweep.json`` after each; Ray is
+    started once for them all (and stopped after, if this started it)."""
     from cstream.experiment import run_experiment
 
-    try:
-        if not 0 < args.target <= 1:
-            raise CliError(f"--target: expected a utilisation in (0, 1], got {args.target}")
-        if args.resume and not args.out:
-            raise CliError("--resume continues the sweep in --out DIR; give --out (the folder "
-                           "that holds its sweep.json)")
-        exp = _experiment(args, "sweep")
-        csx = args.num_csx or [exp.cs_config.num_csx]
-        points = sweep_points(exp, args.num_workers_per_csx, csx)
-    except (CliError, *_config_errors()) as e:
-        return _fail("sweep", str(e), 2)
-    out = Path(args.out) if args.out else (
-        Path(exp.artifact_dir) / "sweeps" / f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    sweep_file = out / "sweep.json"
-    rows: list[dict] = []
-    if sweep_file.is_file():
-        if not args.resume:
-            return _fail("sweep", f"{out} already holds a sweep ({sweep_file}); pass --resume to "
-                                  "continue it, or choose another --out.", 2)
-        try:
-            rows = list(json.loads(sweep_file.read_text())["rows"])
-        except (ValueError, KeyError) as e:
-            return _fail("sweep", f"{sweep_file} is not a sweep record ({e}); remove it or "
-                                  "choose another --out.", 2)
-    elif args.resume:
-        return _fail("sweep", f"--resume: {out} holds no sweep.json to continue; run the sweep "
-                              "without --resume first.", 2)
-    out.mkdir(parents=True, exist_ok=True)
-    title = f"{exp.name}: {_layout(points[0].cs_config).split(', ', 1)[1]}"
-    grid = [(p.cs_config.num_csx, p.cs_config.num_workers_per_csx) for p in points]
-    rows = [r for r in rows if (r["num_csx"], r["num_workers_per_csx"]) in grid]
-    done = {(r["num_csx"], r["num_workers_per_csx"]) for r in rows}
-
-    def document(complete: bool) -> dict:
-        ordered = sorted(rows, key=lambda r: grid.index((r["num_csx"], r["num_workers_per_csx"])))
-        return {"name": exp.name, "config": str(args.config), "target": args.target,
-                "title": title, "experiment": exp.to_dict(), "complete": complete,
-                "grid": [list(g) for g in grid], "rows": ordered,
-                "best": {str(k): v for k, v in best_counts(ordered, args.target).items()}}
-
-    ray_started = False
-    if exp.backend.options.get("in_process"):
+    exp = points[0]
+    csx = exp.backend.options if exp.backend.type == "CSX" else None
+    if csx is not None and csx.in_process:
         print("note: in_process runs every input worker in this process, one after another, so "
               "more workers cannot deliver faster; sweep on Ray to measure the input side.")
+    ray_started = False
     try:
-        if exp.backend.type == "CSX" and not exp.backend.options.get("in_process"):
+        if csx is not None and not csx.in_process:
             from cstream.backend import resolve_csx_options
             from executor.ray_session import ensure_ray
 
-            address = resolve_csx_options(exp.backend.options).get("address")
-            ray_started = ensure_ray(address=address)
+            ray_started = ensure_ray(address=resolve_csx_options(csx).address)
         for i, point in enumerate(points, 1):
             cs = point.cs_config
             where = f"[{i}/{len(points)}] num_csx={cs.num_csx} num_workers_per_csx=" \
                     f"{cs.num_workers_per_csx}"
-            if (cs.num_csx, cs.num_workers_per_csx) in done:
+            if (cs.num_csx, cs.num_workers_per_csx) in record.done:
                 print(f"{where}: measured earlier (sweep.json)", flush=True)
                 continue
             print(f"{where} ...", flush=True)
             result = run_experiment(point, artifact_dir=out / f"csx{cs.num_csx}-w"
                                     f"{cs.num_workers_per_csx}")
-            rows.append(_sweep_row(point, result))
-            _write_sweep(sweep_file, document(complete=False))
-    except BaseException as e:
-        doc = document(complete=False)
-        _write_sweep(sweep_file, doc)
-        if doc["rows"]:
-            print(sweep_table(doc["rows"], args.target))
-        print(f"sweep interrupted after {len(doc['rows'])} of {len(points)} points; "
-              f"{sweep_file} keeps them. Continue with: cstream sweep {args.config} "
-              f"--num-workers-per-csx {','.join(map(str, args.num_workers_per_csx))}"
-              + (f" --num-csx {','.join(map(str, args.num_csx))}" if args.num_csx else "")
-              + f" --out {out} --resume", flush=True)
-        return _run_failed("sweep", e, args)
+            record.rows.append(_sweep_row(point, result))
+            record.write(complete=False)
     finally:
         if ray_started:
             import ray
 
             ray.shutdown()
-    doc = document(complete=True)
-    _write_sweep(sweep_file, doc)
-    png = plot_sweep(doc["rows"], args.target, out / "sweep.png", title)
+
+
+def _sweep_interrupted(args, record: _SweepRecord, num_points: int, out: Path) -> None:
+    """Keep the points measured, show them, and say how to continue."""
+    doc = record.write(complete=False)
+    if doc["rows"]:
+        print(sweep_table(doc["rows"], args.target))
+    print(f"sweep interrupted after {len(doc['rows'])} of {num_points} points; "
+          f"{record.path} keeps them. Continue with: cstream sweep {args.config} "
+          f"--num-workers-per-csx {','.join(map(str, args.num_workers_per_csx))}"
+          + (f" --num-csx {','.join(map(str, args.num_csx))}" if args.num_csx else "")
+          + f" --out {out} --resume", flush=True)
+
+
+def cmd_sweep(args) -> int:
+    try:
+        exp, points = _sweep_plan(args)
+    except (CliError, *_config_errors()) as e:
+        return _fail("sweep", str(e), 2)
+    out = Path(args.out) if args.out else (
+        Path(exp.artifact_dir) / "sweeps" / f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    sweep_file = out / "sweep.json"
+    try:
+        rows = _earlier_rows(args, out, sweep_file)
+    except CliError as e:
+        return _fail("sweep", str(e), 2)
+    out.mkdir(parents=True, exist_ok=True)
+    record = _SweepRecord(args, exp, points, sweep_file, rows)
+    try:
+        _run_points(points, record, out)
+    except BaseException as e:
+        _sweep_interrupted(args, record, len(points), out)
+        return _run_failed("sweep", e, args)
+    doc = record.write(complete=True)
+    png = plot_sweep(doc["rows"], args.target, out / "sweep.png", record.title)
     print(sweep_table(doc["rows"], args.target))
     print(f"plot: {png}")
     print(f"sweep folder: {out}")

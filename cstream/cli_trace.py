@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 from cstream.cli import CLIError
+from workers.checks import positive_number
 
 
 def add_parser(subparsers) -> None:
@@ -51,8 +52,8 @@ def cmd_trace(args) -> int:
     print("open it: https://ui.perfetto.dev -> Open trace file (the file stays on this machine), "
           "or chrome://tracing -> Load")
     if args.png is not None:
-        if not args.png > 0:
-            raise CLIError(f"--png: expected a positive number of seconds, got {args.png}")
+        positive_number(args.png, "--png", error=CLIError,
+                        fix="Give the seconds of the timeline to draw, e.g. --png 2.")
         from cstream.cli_plots import plot_timeline
 
         doc = json.loads(path.read_text())

@@ -1,7 +1,8 @@
 """Experiments: typed configuration of one run, filled from YAML, and the code that runs it.
 
-The dataclasses below are the single source of truth: every field is checked in
-``__post_init__``; a YAML file only fills them (:func:`load_experiment`). Errors name the path of
+The dataclasses below (and each backend's options dataclass, :mod:`executor.backends.options`)
+are the single source of truth: every field is checked in ``__post_init__``; a YAML file only
+fills them (:func:`load_experiment`). Errors name the path of
 the wrong value in the file, e.g. ``cs_config.num_workers_per_csx: expected a positive int, got
 'four'``, and a wrong key names itself and the valid keys.
 
@@ -22,10 +23,12 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Union, get_args, get_origin, get_type_hints
+from typing import Callable, Literal, Optional, Union, get_args, get_origin, get_type_hints
 
 import torch
 
+from executor.backends.options import OPTIONS, BackendOptions
+from workers.checks import positive_int
 from workers.config import CSConfig
 
 
@@ -41,11 +44,6 @@ def _show(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return repr(value)
-
-
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ExperimentError(f"{name}: expected a positive int, got {_show(value)}.")
 
 
 def _string(name, value):
@@ -136,7 +134,7 @@ class ModelConfig:
     """A built-in (``"mlp"``, ``"linear"``) or an import path ``"package.module:Class"``."""
     kwargs: dict = field(default_factory=dict)
     """Keyword arguments of the model's constructor."""
-    loss: str = "cross_entropy"
+    loss: Literal["cross_entropy", "mse"] = "cross_entropy"
     """``"cross_entropy"`` or ``"mse"``."""
 
     def __post_init__(self):
@@ -155,39 +153,45 @@ class ModelConfig:
         return model
 
 
-def _backend_options(kind: str) -> tuple:
-    if kind == "CSX":
-        from executor.backends.csx import CSXBackend
-
-        return CSXBackend.options
-    from executor.backends import CPUBackend, GPUBackend
-
-    return {"CPU": CPUBackend, "GPU": GPUBackend}[kind].options
-
-
 @dataclass(kw_only=True)
 class BackendConfig:
     """Which backend runs the experiment, and its options (``cstream.backend(type, **options)``)."""
 
-    type: str = "CSX"
+    type: Literal["CSX", "CPU", "GPU"] = "CSX"
     """``"CSX"`` (the simulated wafer), ``"CPU"`` or ``"GPU"``."""
-    options: dict = field(default_factory=dict)
-    """Backend options, e.g. ``in_process``, ``lookahead``, ``compiler`` for CSX."""
+    options: Union[BackendOptions, dict] = field(default_factory=dict)
+    """The backend's options dataclass (:mod:`executor.backends.options`), or a mapping that
+    fills it, e.g. ``in_process``, ``lookahead``, ``compiler`` for CSX. ``artifact_dir`` is the
+    experiment's own."""
 
     def __post_init__(self):
-        if not isinstance(self.type, str) or self.type.upper() not in ("CSX", "CPU", "GPU"):
-            raise ExperimentError(f"type: expected one of CSX, CPU, GPU, got {_show(self.type)}.")
+        if not isinstance(self.type, str) or self.type.upper() not in OPTIONS:
+            raise ExperimentError(f"type: expected one of {', '.join(OPTIONS)}, got "
+                                  f"{_show(self.type)}.")
         self.type = self.type.upper()
-        _mapping("options", self.options)
-        valid = _backend_options(self.type)
-        for key in self.options:
-            if key not in valid:
-                raise ExperimentError(f"options: unknown {self.type} option {key!r}"
-                                      f"{_did_you_mean(key, valid)}. Valid options: "
-                                      f"{', '.join(valid)}.")
-        if "artifact_dir" in self.options:
+        kind = OPTIONS[self.type]
+        if not isinstance(self.options, kind):
+            self.options = _backend_options(kind, self.options)
+        if self.options.artifact_dir is not None:
             raise ExperimentError("options: artifact_dir is set by the experiment's artifact_dir "
                                   "(or --artifact-dir), not among the backend options.")
+
+
+def _backend_options(kind: type, options: dict) -> BackendOptions:
+    """``kind`` (a backend's options dataclass) filled from a mapping; errors name the option."""
+    _mapping("options", options)
+    valid = kind.names()
+    for key in options:
+        if key not in valid:
+            raise ExperimentError(f"options: unknown {kind.backend_name} option {key!r}"
+                                  f"{_did_you_mean(key, valid)}. Valid options: "
+                                  f"{', '.join(valid)}.")
+    try:
+        return kind(**options)
+    except (ValueError, TypeError) as e:
+        msg = str(e)
+        raise ExperimentError(f"options.{msg}" if msg.split(":", 1)[0] in valid
+                              else f"options: {msg}") from None
 
 
 @dataclass(kw_only=True)
@@ -220,9 +224,9 @@ class Experiment:
 
     def __post_init__(self):
         _string("name", self.name)
-        _positive_int("steps", self.steps)
-        if self.checkpoint_steps is not None:
-            _positive_int("checkpoint_steps", self.checkpoint_steps)
+        positive_int(self.steps, "steps", error=ExperimentError)
+        positive_int(self.checkpoint_steps, "checkpoint_steps", allow_none=True,
+                     fix="Set it to 1 or more, or null for no checkpoints.", error=ExperimentError)
         _string("artifact_dir", self.artifact_dir)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ExperimentError(f"seed: expected an int, got {_show(self.seed)}.")
@@ -291,7 +295,8 @@ def _fill(cls, data, path: str):
         sub = f"{path}.{key}" if path else key
         inner = ([a for a in get_args(tp) if a is not type(None)]
                  if get_origin(tp) is Union else [tp])
-        target = next((a for a in inner if _is_dataclass_type(a)), None)
+        targets = [a for a in inner if _is_dataclass_type(a)]
+        target = targets[0] if len(targets) == 1 else None  # several: the class picks by value
         if target is not None and value is not None:
             value = _fill(target, value, sub)
         elif float in inner and isinstance(value, str):
@@ -434,17 +439,14 @@ def run_experiment(exp: Experiment, *, artifact_dir=None, progress: Optional[Cal
     :class:`RunResult` of the steps that ran, whose report is marked ``interrupted``.
     """
     import cstream
-    from executor.phases import phase
 
     torch.manual_seed(exp.seed)
     artifact_dir = Path(artifact_dir or exp.artifact_dir)
     writer = None
-    executor = None
-    last_loss = None
+    feed = _ProgressFeed(progress, progress_every_s)
     t0 = time.perf_counter()
-    wants = getattr(progress, "wants", None)
     backend = cstream.backend(exp.backend.type, artifact_dir=str(artifact_dir),
-                              **exp.backend.options)
+                              **exp.backend.options.given())
     try:
         dataloader = exp.input.build()
         step_fn, save = _training_step(exp, backend, artifact_dir)
@@ -452,50 +454,81 @@ def run_experiment(exp: Experiment, *, artifact_dir=None, progress: Optional[Cal
             dataloader, num_steps=exp.steps, checkpoint_steps=exp.checkpoint_steps,
             cs_config=exp.cs_config)
         executor.name = exp.name
-        loss_step, last_show, rate, fill = None, 0.0, None, None
         steps = iter(executor)
         try:
             for i, batch in enumerate(steps):
                 if i == 0 and tensorboard:
-                    from torch.utils.tensorboard import SummaryWriter
-
-                    writer = SummaryWriter(str(executor.run_dir / "tensorboard"))
-                    executor.writer = writer
+                    writer = _tensorboard_writer(executor)
                 loss = step_fn(batch) if step_fn is not None else None
                 if save is not None:
                     save(i + 1)
-                if progress is None:
-                    continue
-                now = time.perf_counter()
-                if (i == 0 or now - last_show >= progress_every_s or i == executor.num_steps - 1
-                        or (wants is not None and wants(i + 1))):
-                    last_show = now
-                    run = executor.run
-                    if run.has_wafer:
-                        if i == 0:
-                            with phase("first batch through the wafer"):
-                                stats = run.progress_stats(i)
-                        else:
-                            stats = run.progress_stats(i)
-                        fill = None if stats is None else stats.get("buffer_occupancy")
-                    if loss is not None:
-                        last_loss, loss_step = float(loss.item()), i + 1
-                    rate = _progress_rate(executor, i)
-                progress(Progress(i + 1, executor.num_steps, last_loss, rate, fill, loss_step))
+                feed.after_step(executor, i, loss)
         except BaseException as e:
             steps.close()  # the executor writes the profile of the steps that ran
             if executor.run_dir is not None:
                 executor.mark_stopped(_stop_reason(e))
-                e.partial_result = RunResult(exp, executor.report, executor.run_dir,
-                                             executor.step_records, time.perf_counter() - t0,
-                                             last_loss)
+                e.partial_result = _result(exp, executor, t0, feed.last_loss)
             raise
     finally:
         if writer is not None:
             writer.close()
         backend.shutdown()
+    return _result(exp, executor, t0, feed.last_loss)
+
+
+def _result(exp: Experiment, executor, t0: float, last_loss: Optional[float]) -> RunResult:
     return RunResult(exp, executor.report, executor.run_dir, executor.step_records,
                      time.perf_counter() - t0, last_loss)
+
+
+def _tensorboard_writer(executor):
+    """A ``SummaryWriter`` into the run's ``tensorboard`` folder, set as the executor's writer."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(executor.run_dir / "tensorboard"))
+    executor.writer = writer
+    return writer
+
+
+class _ProgressFeed:
+    """Calls ``progress(Progress)`` after every step, refreshing the figures that wait for the
+    wafer (loss, buffer fill, rate) every ``every_s`` seconds, on the first and last steps, and
+    on the steps ``progress.wants(step)`` asks for."""
+
+    def __init__(self, progress: Optional[Callable], every_s: float):
+        self.progress, self.every_s = progress, every_s
+        self.wants = getattr(progress, "wants", None)
+        self.last_show = 0.0
+        self.last_loss: Optional[float] = None
+        self.loss_step: Optional[int] = None
+        self.rate: Optional[float] = None
+        self.fill: Optional[float] = None
+
+    def after_step(self, executor, i: int, loss) -> None:
+        if self.progress is None:
+            return
+        now = time.perf_counter()
+        if (i == 0 or now - self.last_show >= self.every_s or i == executor.num_steps - 1
+                or (self.wants is not None and self.wants(i + 1))):
+            self.last_show = now
+            self._refresh(executor, i, loss)
+        self.progress(Progress(i + 1, executor.num_steps, self.last_loss, self.rate, self.fill,
+                               self.loss_step))
+
+    def _refresh(self, executor, i: int, loss) -> None:
+        from executor.phases import phase
+
+        run = executor.run
+        if run.has_wafer:
+            if i == 0:
+                with phase("first batch through the wafer"):
+                    stats = run.progress_stats(i)
+            else:
+                stats = run.progress_stats(i)
+            self.fill = None if stats is None else stats.get("buffer_occupancy")
+        if loss is not None:
+            self.last_loss, self.loss_step = float(loss.item()), i + 1
+        self.rate = _progress_rate(executor, i)
 
 
 def _progress_rate(executor, i: int) -> Optional[float]:

@@ -18,6 +18,8 @@ import time
 
 import torch
 
+from workers.checks import positive_int
+
 COST_KINDS = ("sleep", "cpu")
 
 
@@ -64,8 +66,7 @@ def synthetic_input_fn(batch_size: int = 32, features: int = 64, classes: int = 
     """Random (inputs, labels) batches; each costs ``cost_ms`` in the worker that makes it."""
     for name, value in (("batch_size", batch_size), ("features", features), ("classes", classes),
                         ("num_batches", num_batches)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"synthetic_input_fn: {name} must be a positive int, got {value!r}.")
+        positive_int(value, f"synthetic_input_fn: {name}")
     if isinstance(cost_ms, bool) or not isinstance(cost_ms, (int, float)) or cost_ms < 0:
         raise ValueError(f"synthetic_input_fn: cost_ms must be a number >= 0, got {cost_ms!r}.")
     if cost_kind not in COST_KINDS:

@@ -14,6 +14,7 @@ from executor import phases, runtime
 from executor.profiler import Profiler
 from executor.report import StepScalars
 from executor.schedule import Schedule, normalize_checkpoint_steps
+from workers.checks import positive_int
 from workers.config import CSConfig
 from workers.dataloader import STATE_FORMAT, DataLoader
 from workers.errors import InputWorkerError
@@ -62,12 +63,8 @@ def _num_steps(num_steps: Optional[int], dataloader: DataLoader, backend) -> int
             num_steps = len(dataloader)
     if isinstance(num_steps, bool) or not isinstance(num_steps, int):
         raise TypeError(f"num_steps: expected an int, got {type(num_steps).__name__}.")
-    if num_steps < 1:
-        raise ValueError(
-            f"num_steps must be at least 1, got {num_steps}"
-            + (" (len(dataloader) is 0: the dataloader yields no batch)" if num_steps == 0 else "")
-            + "."
-        )
+    positive_int(num_steps, "num_steps", fix="Pass num_steps=1 or more" + (
+        " (len(dataloader) is 0: the dataloader yields no batch)." if num_steps == 0 else "."))
     return 1 if forced else num_steps
 
 

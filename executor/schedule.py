@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Optional, Union
 
+from workers.checks import positive_int
+
 
 class Schedule:
     """A set of steps, built from ranges and single steps (steps count from 1).
@@ -22,8 +24,7 @@ class Schedule:
         include_last: bool = False
 
         def __post_init__(self):
-            if not isinstance(self.step, int) or self.step < 1:
-                raise ValueError(f"Schedule.Range.step: expected a positive int, got {self.step!r}")
+            positive_int(self.step, "Schedule.Range.step")
             if not isinstance(self.start, int) or self.start < 0:
                 raise ValueError(f"Schedule.Range.start: expected an int >= 0, got {self.start!r}")
 
@@ -67,9 +68,7 @@ def normalize_checkpoint_steps(checkpoint_steps) -> Optional[Schedule]:
             f"checkpoint_steps: expected an int, a cstream.utils.data.Schedule or None, got "
             f"{type(checkpoint_steps).__name__}: {checkpoint_steps!r}."
         )
-    if checkpoint_steps < 1:
-        raise ValueError(
-            f"checkpoint_steps: expected a positive int (checkpoint every N steps), got "
-            f"{checkpoint_steps}. Use None for no checkpoints."
-        )
+    positive_int(checkpoint_steps, "checkpoint_steps",
+                 fix="Checkpoint every N steps with N of 1 or more, or use None for no "
+                     "checkpoints.")
     return Schedule([Schedule.Range(start=checkpoint_steps, step=checkpoint_steps)])

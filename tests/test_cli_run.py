@@ -189,15 +189,15 @@ def test_sweep_on_ray_prints_a_table_writes_the_plot_and_report_reprints_it(
 
 @pytest.mark.parametrize("args, message", [
     (["sweep", "{cfg}", "--num-workers-per-csx", "0,2"],
-     "cstream sweep: error: argument --num-workers-per-csx: every value must be at least 1, "
-     "got 0 in '0,2'"),
+     "cstream sweep: error: argument --num-workers-per-csx: every value of '0,2': expected a "
+     "positive int, got 0. Set it to 1 or more."),
     (["sweep", "{cfg}", "--num-workers-per-csx", "two"],
      "cstream sweep: error: argument --num-workers-per-csx: expected a comma-separated list of "
      "positive ints such as 1,2,4,8, got 'two'"),
     (["sweep", "{cfg}"],
      "cstream sweep: error: the following arguments are required: --num-workers-per-csx"),
     (["run", "{cfg}", "--steps", "-3"],
-     "cstream run: error: argument --steps: expected a positive int, got -3"),
+     "cstream run: error: --steps: expected a positive int, got -3. Set it to 1 or more."),
     (["run", "missing.yaml"], "cstream run: error: missing.yaml: no such experiment file."),
     (["run", "{cfg}", "--wafer-samples-per-sec", "10", "--wafer-seconds-per-step", "1"],
      "cstream run: error: give --wafer-samples-per-sec or --wafer-seconds-per-step, not both"),

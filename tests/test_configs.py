@@ -16,6 +16,7 @@ from cstream.experiment import (
     load_experiment,
     with_layout,
 )
+from executor.backends.options import CSXOptions
 from workers.config import CSConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,7 +62,7 @@ def test_the_digits_config_names_model_optimizer_and_scheduler_in_their_configur
                                     loss="cross_entropy")
     assert exp.optimizer == {"optimizer_type": "SGD", "lr": 0.1, "momentum": 0.9}
     assert [d["scheduler"] for d in exp.learning_rate] == ["Linear", "CosineDecay"]
-    assert exp.checkpoint_steps == 100 and exp.backend.options == {"max_checkpoints": 2}
+    assert exp.checkpoint_steps == 100 and exp.backend.options == CSXOptions(max_checkpoints=2)
 
 
 def test_a_wrong_type_names_its_path_the_rule_and_the_value(tmp_path):
@@ -73,9 +74,11 @@ def test_a_wrong_type_names_its_path_the_rule_and_the_value(tmp_path):
 
 
 @pytest.mark.parametrize("data, message", [
-    ({**MINIMAL, "steps": "ten"}, 'steps: expected a positive int, got "ten".'),
-    ({**MINIMAL, "steps": 0}, "steps: expected a positive int, got 0."),
-    ({**MINIMAL, "checkpoint_steps": 2.5}, "checkpoint_steps: expected a positive int, got 2.5."),
+    ({**MINIMAL, "steps": "ten"}, "steps: expected a positive int, got 'ten'. Set it to 1 or more."),
+    ({**MINIMAL, "steps": 0}, "steps: expected a positive int, got 0. Set it to 1 or more."),
+    ({**MINIMAL, "checkpoint_steps": 2.5},
+     "checkpoint_steps: expected a positive int or None, got 2.5. Set it to 1 or more, or null "
+     "for no checkpoints."),
     ({**MINIMAL, "input": {"fn": "synthetic", "kwargs": [1, 2]}},
      "input.kwargs: expected a mapping of names to values, got [1, 2]."),
     ({**MINIMAL, "input": 3}, "input: expected a mapping, got 3."),
@@ -158,5 +161,16 @@ def test_with_layout_changes_cs_config_through_its_own_checks():
 
 
 def test_the_dataclasses_check_themselves_without_yaml():
-    with pytest.raises(ExperimentError, match=r"^steps: expected a positive int, got 0\.$"):
+    with pytest.raises(ExperimentError, match=r"^steps: expected a positive int, got 0\. Set it "
+                                              r"to 1 or more\.$"):
         Experiment(input=InputConfig(fn="synthetic"), steps=0)
+
+
+def test_the_fixed_choices_are_literals_that_match_what_the_code_accepts():
+    from typing import get_args, get_type_hints
+
+    from cstream.experiment import LOSSES
+    from executor.backends.options import OPTIONS
+
+    assert get_args(get_type_hints(ModelConfig)["loss"]) == tuple(LOSSES)
+    assert get_args(get_type_hints(BackendConfig)["type"]) == tuple(OPTIONS)

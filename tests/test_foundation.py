@@ -163,7 +163,7 @@ def test_num_steps_is_inferred_from_len_and_the_dataloader_is_cycled():
 
 def test_num_steps_errors():
     cstorch.backend("CPU")
-    with pytest.raises(ValueError, match="num_steps must be at least 1, got 0"):
+    with pytest.raises(ValueError, match="num_steps: expected a positive int, got 0"):
         make_executor(num_steps=0)
     with pytest.raises(ValueError, match="has no len\\(\\); pass num_steps"):
         cstorch.utils.data.DataExecutor(cstorch.utils.data.DataLoader(

@@ -22,6 +22,7 @@ from cstream.metrics.metric import (
     name_first_also,
     warn_out_of_range,
 )
+from workers.checks import positive_number
 
 _SAME_SHAPE = ("they must have the same shape (one predicted class id per label; pass "
                "logits.argmax(-1), not the logits).")
@@ -143,9 +144,7 @@ class FBetaScoreMetric(_ConfusionMatrixMetric):
         if average_type not in ("micro", "macro"):
             raise ValueError(f"FBetaScoreMetric: average_type must be 'micro' or 'macro', got "
                              f"{average_type!r}.")
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not beta > 0:
-            raise ValueError(f"FBetaScoreMetric: beta must be a positive number, got {beta!r}.")
-        self.beta = float(beta)
+        self.beta = positive_number(beta, "FBetaScoreMetric: beta")
         self.average_type = average_type
         self._setup(num_classes, ignore_labels)
         super().__init__(name, compute_on_system=compute_on_system)

@@ -7,6 +7,7 @@ import math
 import torch
 
 from cstream.metrics.metric import _ACC, Metric, as_tensor, class_ids, name_first_also
+from workers.checks import positive_int
 
 
 class _AtKMetric(Metric):
@@ -18,9 +19,7 @@ class _AtKMetric(Metric):
     @name_first_also
     def __init__(self, k: int, name: str | None = None, *,
                  compute_on_system: bool | None = None):
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"{type(self).__name__}: k must be a positive int, got {k!r}.")
-        self.k = k
+        self.k = positive_int(k, f"{type(self).__name__}: k")
         super().__init__(name, compute_on_system=compute_on_system)
 
     def reset(self):

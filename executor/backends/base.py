@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import difflib
 import enum
 import os
 import weakref
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ContextManager, Optional, Protocol
 import torch
 
 from executor import runtime
+from executor.backends.options import BackendOptions
 
 if TYPE_CHECKING:
     from executor.data_executor import DataExecutor
@@ -35,17 +35,6 @@ class BackendType(enum.Enum):
     @property
     def is_csx(self) -> bool:
         return self is BackendType.CSX
-
-
-def check_options(backend_name: str, given: dict, valid: tuple) -> None:
-    for name in given:
-        if name not in valid:
-            close = difflib.get_close_matches(name, valid, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise TypeError(
-                f'cstream.backend("{backend_name}") got an unknown option {name!r}.{hint} '
-                f"Valid options: {', '.join(valid)}."
-            )
 
 
 class DeviceConfig:
@@ -208,25 +197,19 @@ class Backend:
     :meth:`run_step`, :meth:`device_context` and the creation ops."""
 
     name = "?"
-    options: tuple = ("artifact_dir", "max_checkpoints")
     forces_single_step = False
     # automatic mixed precision of steps: True/False, or None to follow cstream.amp's setting
     # (cstream.backend(..., mixed_precision=...) sets it; see cstream.amp.precision)
     mixed_precision: Optional[bool] = None
 
-    def __init__(self, artifact_dir=None, max_checkpoints: Optional[int] = None,
-                 torch_device: str = "cpu"):
-        if max_checkpoints is not None and (
-            isinstance(max_checkpoints, bool) or not isinstance(max_checkpoints, int)
-            or max_checkpoints < 1
-        ):
-            raise ValueError(
-                f"max_checkpoints: expected a positive int or None, got {max_checkpoints!r}."
-            )
+    def __init__(self, options: BackendOptions, torch_device: str = "cpu"):
+        self.options = options
+        """The options the backend was created with (:mod:`executor.backends.options`)."""
         # resolved here, on the client: a relative path means the user's working directory,
         # not that of a Ray worker on an existing cluster
-        self.artifact_dir = (Path(artifact_dir) if artifact_dir else Path("cstream_logs")).resolve()
-        self.max_checkpoints = max_checkpoints
+        self.artifact_dir = (Path(options.artifact_dir) if options.artifact_dir
+                             else Path("cstream_logs")).resolve()
+        self.max_checkpoints = options.max_checkpoints
         self.device = Device(self, torch_device)
         self._checkpoints: deque[Path] = deque()
         self._alive = True

@@ -6,7 +6,8 @@ import contextlib
 
 import torch
 
-from executor.backends.base import Backend, check_options
+from executor.backends.base import Backend
+from executor.backends.options import CPUOptions, GPUOptions
 from executor.data_executor import batch_size_of
 from workers.context import DataLoaderCheckpoint, WorkerInfo
 from workers.resume import Source, check_position, start_position
@@ -100,11 +101,9 @@ class CPUBackend(Backend):
     """``cstream.backend("CPU")``: eager PyTorch in one process, no Ray."""
 
     name = "CPU"
-    options = ("artifact_dir", "max_checkpoints")
 
-    def __init__(self, **options):
-        check_options(self.name, options, self.options)
-        super().__init__(**options)
+    def __init__(self, options: CPUOptions):
+        super().__init__(options)
         _ = WorkerInfo  # the client is worker 0 of 1
 
     def start_run(self, executor) -> EagerRun:
@@ -115,17 +114,15 @@ class GPUBackend(CPUBackend):
     """``cstream.backend("GPU")``: eager PyTorch on a CUDA device."""
 
     name = "GPU"
-    options = ("artifact_dir", "max_checkpoints", "device_index")
 
-    def __init__(self, device_index: int = 0, **options):
-        check_options(self.name, options, self.options)
+    def __init__(self, options: GPUOptions):
         if not torch.cuda.is_available():
             raise RuntimeError(
                 'cstream.backend("GPU") needs a CUDA device, and torch.cuda.is_available() is '
                 f"False here (torch {torch.__version__}). Use cstream.backend(\"CPU\") or "
                 'cstream.backend("CSX") on this machine.'
             )
-        Backend.__init__(self, torch_device=f"cuda:{device_index}", **options)
+        Backend.__init__(self, options, torch_device=f"cuda:{options.device_index}")
 
     def compile(self, model):
         model.to(self.device.torch_device)

@@ -1,7 +1,7 @@
 """``cstream.backend("CSX")``: the simulated Wafer-Scale Cluster.
 
 The client holds handles; the wafer driver (a Ray actor, or an object in this process with
-``in_process=True``) holds the values and runs the traced step. See DESIGN.md, "Data flow".
+``in_process=True``) holds the values and runs the traced step.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Optional
 import torch
 from torch.overrides import TorchFunctionMode
 
-from executor.backends.base import Backend, CompiledModel, check_options
+from executor.backends.base import Backend, CompiledModel
 from executor.backends.csx_run import CSXRun
+from executor.backends.options import CSXOptions
 from executor.engine.handles import StateHandle, Store
-from workers.flow import DEFAULT_LOOKAHEAD_STEPS
 
 log = logging.getLogger("cstream")
 
@@ -73,67 +73,33 @@ class LazyInitMode(TorchFunctionMode):
 
 
 class CSXBackend(Backend):
-    """The simulated Wafer-Scale Cluster.
+    """The simulated Wafer-Scale Cluster; its options are :class:`CSXOptions`.
 
-    Options (seed 000): ``artifact_dir``, ``compile_dir``, ``compile_only``, ``validate_only``,
-    ``drop_data``, ``max_checkpoints``, ``retrace_every_iteration``; and: ``in_process`` (run the
-    driver in this process, no Ray), ``address`` (an existing Ray cluster; :func:`cstream.backend`
-    fills it from ``RAY_ADDRESS``), ``device`` (``"cpu"``, or ``"cuda"`` where present: where the
-    driver executes),
-    ``compiler`` (``"auto"``: the fx graph at once, inductor compiled in the background when
-    the run is long enough, then kept if its steps are faster; ``"fx"`` or ``"inductor"``
-    force one), ``lookahead``
-    (steps the wafer may run past the client's last finished step), ``num_threads`` (threads the
-    driver runs the step's ops on; default on Ray: chosen from the step,
-    :func:`executor.driver.threads_for_step`; in-process: this process's setting, where it is
-    process-wide).
-
-    With the same thread count, the fx replay gives the CPU backend's numbers bit for bit.
+    The client holds handles; the wafer driver (a Ray actor, or an object in this process with
+    ``in_process``) holds the values and runs the traced step.
     """
 
     name = "CSX"
-    options = ("artifact_dir", "compile_dir", "compile_only", "validate_only", "drop_data",
-               "max_checkpoints", "retrace_every_iteration", "in_process", "address", "device",
-               "compiler", "lookahead", "num_threads")
 
-    def __init__(self, artifact_dir=None, compile_dir=None, compile_only: bool = False,
-                 validate_only: bool = False, drop_data: bool = False,
-                 max_checkpoints: Optional[int] = None, retrace_every_iteration: bool = False,
-                 in_process: bool = False, address: Optional[str] = None, device: str = "cpu",
-                 compiler: str = "auto", lookahead: int = DEFAULT_LOOKAHEAD_STEPS,
-                 num_threads: Optional[int] = None, **unknown):
-        check_options(self.name, unknown, self.options)
-        from executor.engine.compiler import COMPILERS
-
-        if compiler not in COMPILERS:
-            raise ValueError(f'cstream.backend("CSX", compiler={compiler!r}): choose one of '
-                             f"{COMPILERS}.")
-        if device not in ("cpu", "cuda") and not str(device).startswith("cuda:"):
-            raise ValueError(f'cstream.backend("CSX", device={device!r}): the wafer driver '
-                             'executes on "cpu" or "cuda".')
-        if str(device).startswith("cuda") and in_process and not torch.cuda.is_available():
-            raise RuntimeError(f'cstream.backend("CSX", device={device!r}) needs CUDA, which '
-                               "this machine does not have.")
-        if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
-            raise ValueError(f"lookahead: expected a positive int, got {lookahead!r}.")
-        if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(
-                num_threads, int) or num_threads < 1):
-            raise ValueError(f'cstream.backend("CSX", num_threads={num_threads!r}): expected a '
-                             "positive int (threads for the wafer's ops) or None.")
-        super().__init__(artifact_dir=artifact_dir, max_checkpoints=max_checkpoints)
+    def __init__(self, options: CSXOptions):
+        if options.device.startswith("cuda") and options.in_process and \
+                not torch.cuda.is_available():
+            raise RuntimeError(f'cstream.backend("CSX", device={options.device!r}) needs CUDA, '
+                               "which this machine does not have.")
+        super().__init__(options)
         # resolved here, on the client: a driver on another node writes where the user said
-        self.compile_dir = (Path(compile_dir) if compile_dir
+        self.compile_dir = (Path(options.compile_dir) if options.compile_dir
                             else Path(self.artifact_dir) / "cached_compile").resolve()
-        self.compile_only = bool(compile_only)
-        self.validate_only = bool(validate_only)
-        self.drop_data = bool(drop_data) or self.compile_only or self.validate_only
-        self.retrace_every_iteration = bool(retrace_every_iteration)
-        self.in_process = bool(in_process)
-        self.address = address
-        self.exec_device = str(device)
-        self.compiler = compiler
-        self.lookahead = lookahead
-        self.num_threads = num_threads
+        self.compile_only = options.compile_only
+        self.validate_only = options.validate_only
+        self.drop_data = options.drop_data or self.compile_only or self.validate_only
+        self.retrace_every_iteration = options.retrace_every_iteration
+        self.in_process = options.in_process
+        self.address = options.address
+        self.exec_device = options.device
+        self.compiler = options.compiler
+        self.lookahead = options.lookahead
+        self.num_threads = options.num_threads
         self.store = Store()
         self.store.fetch = self._fetch
         self.store.push = self._push
