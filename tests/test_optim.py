@@ -807,3 +807,24 @@ def test_inductor_compiles_the_full_step_with_adamw_and_gives_fx_losses(tmp_path
     assert ex.summary["compile"]["active"] == "inductor"
     assert len(ind) == 6
     assert ind == pytest.approx(fx, rel=1e-4)
+
+
+def test_release_2_0_scheduler_arguments_that_do_nothing_are_dropped_with_a_warning():
+    """GPT-2 small's Release 2.0 configuration gives Linear an ``alpha``: it warns and runs;
+    an argument no configuration carries is still an error."""
+    opt = cstorch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+    with pytest.warns(UserWarning, match=r"learning_rate\[1\]: scheduler LinearLR takes no "
+                                         r"'alpha'; ignored"):
+        sched = cstorch.optim.configure_lr_scheduler(opt, [
+            {"scheduler": "Linear", "initial_learning_rate": 0.0, "end_learning_rate": 0.6,
+             "total_iters": 2},
+            {"scheduler": "Linear", "initial_learning_rate": 0.6, "end_learning_rate": 0.0,
+             "alpha": 0.1, "total_iters": 4}])
+    rates = []
+    for _ in range(6):
+        rates.append(round(float(sched.get_last_lr()[0]), 6))
+        opt.step()
+        sched.step()
+    assert rates == [0.0, 0.3, 0.6, 0.45, 0.3, 0.15]
+    with pytest.raises(TypeError, match="LinearLR has no argument 'beta'"):
+        cstorch.optim.configure_lr_scheduler(opt, {"scheduler": "Linear", "beta": 0.1})

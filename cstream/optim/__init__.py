@@ -98,6 +98,13 @@ def _scheduler_class(name: str):
         "(case-insensitive, the 'LR' suffix optional).")
 
 
+IGNORED_SCHEDULER_ARGUMENTS = {"LinearLR": ("alpha",),
+                               "PiecewiseConstantLR": ("initial_learning_rate",)}
+"""Arguments the Model Zoo's Release 2.0 configurations give schedulers that do not take them
+(GPT-2 small's ``Linear`` carries ``alpha``; two ``PiecewiseConstant`` schedules carry
+``initial_learning_rate``): dropped with a warning. Any other unknown argument is an error."""
+
+
 def _from_dict(optimizer, spec: dict, where: str):
     if not isinstance(spec, dict) or "scheduler" not in spec:
         raise ValueError(
@@ -105,6 +112,12 @@ def _from_dict(optimizer, spec: dict, where: str):
             f"e.g. {{'scheduler': 'Linear', 'initial_learning_rate': 0.1, ...}}; got {spec!r}.")
     kwargs = {k: v for k, v in spec.items() if k not in ("scheduler", "main_scheduler")}
     cls = _scheduler_class(spec["scheduler"])
+    dropped = [k for k in IGNORED_SCHEDULER_ARGUMENTS.get(cls.__name__, ()) if k in kwargs]
+    if dropped:
+        warnings.warn(f"learning_rate{where}: scheduler {cls.__name__} takes no "
+                      f"{', '.join(map(repr, dropped))}; ignored (remove it from the "
+                      "configuration to silence this warning).", stacklevel=3)
+        kwargs = {k: v for k, v in kwargs.items() if k not in dropped}
     _check_kwargs(cls, kwargs, f"learning_rate{where}: scheduler")
     return cls(optimizer, **kwargs)
 
