@@ -12,7 +12,8 @@ usual command line, each backend in its own process:
 3. ``--mode eval`` of the last checkpoint.
 
 It compares the per-step losses of CSX against CPU and of each resumed run against its
-uninterrupted run, writes the figures to ``--out`` (JSON) and prints one line per comparison::
+uninterrupted run, writes the figures to ``--out`` (JSON) and prints one line per comparison
+(``--table FILE...`` prints the table of docs/modelzoo.md from such files)::
 
     PYTHONPATH=$PWD python tools/modelzoo_trials.py --release /tmp/mz/Release_2.0.2 \\
         --program fc_mnist --precision fp32 --out benchmarks/results/modelzoo_fc_mnist_2.0.2.json
@@ -201,7 +202,35 @@ def compare(runs: dict) -> dict:
     return out
 
 
+def table(paths: list[Path]) -> str:
+    """A markdown table of trial results (JSON files written with ``--out``)."""
+    rows = ["| release, program, precision | runs (exit 0 of 6) | CSX vs CPU: largest train loss gap "
+            "(steps) | resumed vs uninterrupted, CPU / CSX | eval loss CPU / CSX |",
+            "| --- | --- | --- | --- | --- |"]
+    for path in paths:
+        r = json.loads(path.read_text())
+        c = r["compare"]
+        ok = sum(run["rc"] == 0 for run in r["runs"].values())
+
+        def gap(name):
+            g = c[name]["max_abs_loss_gap"]
+            return "not run" if g is None else f"{g:.2g}"
+
+        ev = c["CSX vs CPU, eval loss"]
+        rows.append(
+            f"| {r['release']} {r['program']}, {r['precision']} | {ok} | "
+            f"{gap('CSX vs CPU, train')} ({c['CSX vs CPU, train']['steps_compared']}) | "
+            f"{gap('CPU resumed vs uninterrupted')} / {gap('CSX resumed vs uninterrupted')} "
+            f"(from step {r['resumed_from']}) | {ev['CPU']:.5f} / {ev['CSX']:.5f} |")
+    return "\n".join(rows)
+
+
 def main(argv=None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--table"]:
+        print(table([Path(p) for p in argv[1:]]))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--release", type=Path, required=True,
                         help="an extracted Model Zoo release (Release_2.0.2, Release_2.2.1, ...)")
