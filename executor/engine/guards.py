@@ -190,7 +190,7 @@ def value_dependent_error(exc: RuntimeError) -> TracingError:
     raised while a step is captured: the op, the user's line, what they wrote and the way
     around."""
     op = getattr(exc, "func", None)
-    name = getattr(getattr(op, "_overloadpacket", None), "__name__", str(op))
+    name = getattr(getattr(op, "overloadpacket", None), "__name__", str(op))
     fn, line, src = user_frame_of(exc.__traceback__)
     where = f"{fn}:{line}" + (f" (`{src}`)" if src else "")
     idiom, fix = _VALUE_SHAPED.get(name, ("", "fixed-size ops: torch.where, masks multiplied in"))
