@@ -187,12 +187,6 @@ class WaferDriver:
         with self._loop.cond if self._loop is not None else self._lock:
             return self.store.get(keys)
 
-    def drop_state(self, keys: list) -> None:
-        self.store.drop(keys)
-
-    def has_state(self, keys: list) -> list:
-        return self.store.missing(keys)
-
     # -- program -------------------------------------------------------------------------------
     def load_program(self, graph, state_order: list, consts: list, batch_metas: list,
                      state_metas: Optional[list] = None, compile_only: bool = False,

@@ -15,6 +15,7 @@ import torch
 
 import cstream as cstorch
 from cstream.errors import CompileError
+from executor.engine.handles import SlotKind, StateHandle
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -93,10 +94,9 @@ def test_parameters_are_handles_whose_values_live_with_the_engine():
     backend = cstorch.backend("CSX", in_process=True)
     model = torch.nn.Linear(3, 2)
     cstorch.compile(model, backend)
-    from executor.engine.handles import StateHandle
 
     assert isinstance(model.weight, StateHandle) and isinstance(model.weight, torch.nn.Parameter)
-    assert model.weight._slot.kind == "host"
+    assert model.weight.slot.kind is SlotKind.HOST
 
 
 def test_with_backend_device_creates_lazy_parameters_equal_to_eager_initialisation():
@@ -106,7 +106,7 @@ def test_with_backend_device_creates_lazy_parameters_equal_to_eager_initialisati
         lazy = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.LayerNorm(4),
                                    torch.nn.Embedding(7, 4))
     after_lazy = torch.rand(3)
-    assert all(p._slot.kind == "lazy" for p in lazy.parameters())
+    assert all(p.slot.kind is SlotKind.LAZY for p in lazy.parameters())
     torch.manual_seed(3)
     eager = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.LayerNorm(4),
                                 torch.nn.Embedding(7, 4))
@@ -175,7 +175,7 @@ def test_validate_only_traces_one_step_and_runs_nothing(tmp_path):
                               compile_dir=tmp_path / "cc")
     model = make_model()
     compiled = cstorch.compile(model, backend)
-    assert model[0].weight._slot.kind == "dropped"
+    assert model[0].weight.slot.kind is SlotKind.DROPPED
     calls = []
 
     @cstorch.trace

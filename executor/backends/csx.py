@@ -18,7 +18,7 @@ from torch.overrides import TorchFunctionMode
 from executor.backends.base import Backend, CompiledModel
 from executor.backends.csx_run import CSXRun
 from executor.backends.options import CSXOptions
-from executor.engine.handles import StateHandle, Store
+from executor.engine.handles import Slot, SlotKind, StateHandle, Store
 
 log = logging.getLogger("cstream")
 
@@ -100,9 +100,7 @@ class CSXBackend(Backend):
         self.compiler = options.compiler
         self.lookahead = options.lookahead
         self.num_threads = options.num_threads
-        self.store = Store()
-        self.store.fetch = self._fetch
-        self.store.push = self._push
+        self.store = Store(remote=self)
         self._driver = None
         self._params: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()
         self._models: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
@@ -126,18 +124,32 @@ class CSXBackend(Backend):
             self._driver = DriverClient.create(self)
         return self._driver
 
-    def _fetch(self, slots) -> dict:
-        remote = [s for s in slots if s.kind == "remote"]
-        values = self.driver().get_state([s.key for s in remote]) if remote else {}
-        return values
+    # -- values on the wafer (the store's RemoteValues) ------------------------------------------
+    def read_state(self, slot: Slot) -> torch.Tensor:
+        if self._run is not None:
+            return self._run.read_state(slot)
+        return self.driver().get_state([slot.key])[slot.key]
 
-    def _push(self, slot, value) -> None:
+    def write_state(self, slot: Slot, value: torch.Tensor) -> None:
+        if self._run is not None:
+            raise RuntimeError(
+                "state tensors cannot be changed while a run is streaming; write them before "
+                "iterating the executor (e.g. load_state_dict) or inside the traced step."
+            )
         self.driver().put_state({slot.key: value.detach().to("cpu")})
+
+    def read_output(self, slot: Slot) -> torch.Tensor:
+        if self._run is None:
+            raise RuntimeError(
+                f"{slot.name} is no longer available: step outputs can be read during their "
+                "run (inside a @cstream.step_closure), not after it ended."
+            )
+        return self._run.read_output(slot)
 
     def sync_state_to_driver(self) -> None:
         """Ship every state tensor that is not on the wafer yet (lazy ones as programs)."""
-        pending = [s for s in self.store.slots() if s.kind in ("host", "lazy")]
-        dropped = [s for s in self.store.slots() if s.kind == "dropped"]
+        pending = self.store.slots(SlotKind.HOST, SlotKind.LAZY)
+        dropped = self.store.slots(SlotKind.DROPPED)
         if dropped and not self.forces_single_step:
             names = ", ".join(s.name or f"#{s.key}" for s in dropped[:5])
             raise RuntimeError(
@@ -147,26 +159,14 @@ class CSXBackend(Backend):
             )
         if not pending:
             return
-        items = {}
+        self.driver().put_state({s.key: s.init if s.kind is SlotKind.LAZY else s.value
+                                 for s in pending})
         for s in pending:
-            items[s.key] = s.program if s.kind == "lazy" else s.value
-        self.driver().put_state(items)
-        for s in pending:
-            s.value = s.value.to("meta") if s.value.device.type != "meta" else s.value
-            s.kind, s.program = "remote", None
+            s.moved_to_wafer()
 
     # -- model, creation ops, device -------------------------------------------------------------
     def _to_handle(self, t: torch.Tensor, name: str) -> torch.Tensor:
-        if isinstance(t, StateHandle):
-            if t._slot.name is None:
-                t._slot.name = name
-            if self.drop_data and t._slot.kind in ("host", "lazy"):
-                t._slot.kind, t._slot.value, t._slot.program = "dropped", t._slot.meta, None
-            return t
-        h = self.store.from_tensor(t, name=name)
-        if self.drop_data:
-            h._slot.kind, h._slot.value = "dropped", h._slot.meta
-        return h
+        return self.store.model_state(t, name, drop=self.drop_data)
 
     def compile(self, model: torch.nn.Module) -> CompiledModel:
         seen: dict[int, torch.Tensor] = {}
@@ -251,7 +251,7 @@ class CSXBackend(Backend):
             self._run = None
 
     def shutdown(self) -> None:
-        self.store.closed = True
+        self.store.close()
         if self._driver is not None:
             with contextlib.suppress(Exception):
                 self._driver.close()

@@ -30,7 +30,7 @@ from executor.driver import DriverError, matmul_flops
 from executor.engine import warmup
 from executor.engine.capture import Captured, OutputLeaf, capture, first_difference
 from executor.engine.errors import CompileError
-from executor.engine.handles import StateHandle
+from executor.engine.handles import SlotKind, StateHandle, StepOutput
 from workers.errors import UnshardedInputWarning
 from workers.flow import FlowPolicy
 
@@ -96,8 +96,8 @@ class CSXRun:
         self._stats: dict[int, dict] = {}
         self._last_consts: Optional[list] = None  # plain-tensor step arguments last sent
         self._consts_sent = None  # the last asynchronous feed of them
-        self.store.running = True
-        self.store.output_reader = self._read_output
+        self._checkpoint_reader = None  # inside a checkpoint closure: slot -> value at its step
+        self._closure_reader = None  # inside a step closure: slot -> readable value, or None
 
     # -- batches -------------------------------------------------------------------------------
     def next_batch(self, step: int):
@@ -107,8 +107,7 @@ class CSXRun:
             # la/2 steps then go without a call
             self._collect(step - self.policy.ack_every_steps)
         leaves = [
-            self.store.handle(self.store.new_slot("batch", t, name=f"batch[{i}]"))
-            if isinstance(t, torch.Tensor) else t
+            self.store.batch(t, name=f"batch[{i}]") if isinstance(t, torch.Tensor) else t
             for i, t in enumerate(self.spec_leaves)
         ]
         return tree_unflatten(leaves, self.spec)
@@ -179,9 +178,8 @@ class CSXRun:
         out = {}
         for leaf in list(cap.out_leaves) + [x for _, _, ls in cap.closures for x in ls]:
             if isinstance(leaf, OutputLeaf) and id(leaf) not in out:
-                slot = self.store.new_slot("output", leaf.meta, program=(step, leaf.index),
-                                           name=f"output {leaf.index} of step {step + 1}")
-                out[id(leaf)] = self.store.handle(slot)
+                out[id(leaf)] = self.store.output(leaf.meta, StepOutput(step, leaf.index),
+                                                  name=f"output {leaf.index} of step {step + 1}")
         return out
 
     def _launch(self, cap: Captured, consts: list) -> None:
@@ -251,14 +249,28 @@ class CSXRun:
             self._ack = self.driver.ack_async(step)
             self.reported_done = step
 
-    def _read_output(self, slot) -> torch.Tensor:
+    def read_output(self, slot) -> torch.Tensor:
+        """The value of a step output's handle (an ``OUTPUT`` slot)."""
         if not self.executes:
             raise RuntimeError(
                 "the backend was created with compile_only/validate_only: nothing runs, so "
                 "step outputs have no values."
             )
-        step, index = slot.program
-        return self._outputs_of(step, [index])[0]
+        return self._outputs_of(slot.output.step, [slot.output.index])[0]
+
+    def read_state(self, slot) -> torch.Tensor:
+        """The value of state on the wafer, read during this run: inside a checkpoint closure,
+        its value at that step; inside a step closure, readable state after that step."""
+        if self._checkpoint_reader is not None:
+            return self._checkpoint_reader(slot)
+        value = self._closure_reader(slot) if self._closure_reader is not None else None
+        if value is None:
+            raise RuntimeError(
+                "the weights and optimizer state live on the wafer during a run and can only be "
+                "read on checkpoint steps: read them inside a @cstream.checkpoint_closure (set "
+                "checkpoint_steps on the DataExecutor), or after the run."
+            )
+        return value
 
     def _collect(self, until: int, more: int = 0) -> None:
         """One round trip: the streamed outputs of every step the wafer finished since the
@@ -306,19 +318,19 @@ class CSXRun:
         wanted = {}
 
         def collect(h):
-            if h._slot.kind == "output":
-                wanted.setdefault(h._slot.program[0], []).append(h._slot.program[1])
+            if h.slot.kind is SlotKind.OUTPUT:
+                wanted.setdefault(h.slot.output.step, []).append(h.slot.output.index)
             return h
 
         tree_map_only(StateHandle, collect, obj)
         fetched = {}
         for s, idx in wanted.items():
             idx = sorted(set(idx))
-            fetched.update({(s, i): v for i, v in zip(idx, self._outputs_of(s, idx))})
+            fetched.update({StepOutput(s, i): v for i, v in zip(idx, self._outputs_of(s, idx))})
 
         def replace(h):
-            if h._slot.kind == "output":
-                return fetched[h._slot.program]
+            if h.slot.kind is SlotKind.OUTPUT:
+                return fetched[h.slot.output]
             return h
 
         return tree_map_only(StateHandle, replace, obj)
@@ -342,11 +354,11 @@ class CSXRun:
                 cache.update(zip(indices, self._outputs_of(step, indices)))
             return cache[index]
 
-        self.store.step_reader = reader
+        self._closure_reader = reader
         try:
             yield
         finally:
-            self.store.step_reader = None
+            self._closure_reader = None
 
     @contextlib.contextmanager
     def checkpoint_reads(self, step: int):
@@ -356,20 +368,19 @@ class CSXRun:
             return
         cache: dict = {}
 
-        def reader(slots):
-            missing = [s.key for s in slots if s.key not in cache]
-            if missing:
-                keys = [s.key for s in self.store.slots() if s.kind == "remote"]
+        def reader(slot):
+            if slot.key not in cache:
+                keys = [s.key for s in self.store.slots(SlotKind.REMOTE)]
                 cache.update(self.driver.snapshot(step, keys))
-            return {s.key: cache[s.key] for s in slots}
+            return cache[slot.key]
 
-        self.store.read_context = reader
+        self._checkpoint_reader = reader
         self._checkpoint_step = step
         try:
             yield
             self.driver.checkpoint_done(step + 1)
         finally:
-            self.store.read_context = None
+            self._checkpoint_reader = None
             self._checkpoint_step = None
 
     def rng_state(self) -> torch.Tensor:
@@ -418,8 +429,6 @@ class CSXRun:
             # with it cannot report, and saying so again would hide the first failure
             log.warning("the wafer driver could not end the run: %s", e)
         finally:
-            self.store.running = False
-            self.store.output_reader = None
             self.backend.run_finished(self)
         records = {r["step"]: r for r in self.executor.step_records}
         for step, s in self._stats.items():

@@ -4,24 +4,30 @@ The captured function takes ``(state, batch, consts)`` -- the values of every st
 batch leaves and any other tensors the step was called with -- and returns ``(state, outputs)``:
 every slot's value after the step and the tensors the step returned or handed to step closures.
 Ops on state are recorded in place; :mod:`executor.engine.compiler` turns that into what runs.
+
+:func:`capture` reads as its phases: the inputs sorted and given placeholders
+(:func:`prepare_inputs`), the step traced (:class:`_StepTrace`) with torch's errors translated
+(:func:`_as_tracing_error`), and the :class:`Captured` program built from both.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            DynamicOutputShapeException, FakeTensorMode)
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from executor.engine.errors import TracingError
-from executor.engine.guards import ReadGuard, user_frame_of, value_dependent_error
-from executor.engine.handles import Slot, StateHandle, Store
+from executor.engine.guards import (ReadGuard, not_state_error, scalar_argument_error,
+                                    value_dependent_error)
+from executor.engine.handles import Slot, SlotKind, StateHandle, Store
 from executor.engine.portable import portable
 
 
@@ -33,22 +39,28 @@ class OutputLeaf:
     meta: torch.Tensor = None  # shape and dtype, on the meta device
 
 
-@dataclass
-class Captured:
-    graph: torch.fx.GraphModule
-    state_slots: list[Slot]
-    batch_metas: list[tuple]              # (shape, dtype) per batch leaf
-    const_positions: list[int]             # leaves of (args, kwargs) that are plain tensors
-    out_spec: Any                          # pytree spec of the return value
-    out_leaves: list                       # OutputLeaf or a constant, per leaf
-    closures: list = field(default_factory=list)  # (fn, spec, leaves) of closures in the step
-    readable: dict = field(default_factory=dict)  # slot key -> output index of its value
-    num_outputs: int = 0
-    trace_s: float = 0.0
-    ops: list[str] = field(default_factory=list)
+class StepClosure(NamedTuple):
+    """A step closure the step called: queued again with each step's outputs."""
 
-    def op_listing(self) -> list[str]:
-        return self.ops
+    fn: Callable
+    spec: TreeSpec  # pytree spec of its (args, kwargs)
+    leaves: list    # OutputLeaf or a constant, per leaf
+
+
+@dataclass(frozen=True)
+class Captured:
+    """One step, captured: the graph and how its inputs and outputs map to the step's."""
+
+    graph: torch.fx.GraphModule
+    state_slots: list[Slot]          # the graph's state inputs and outputs, in order
+    batch_metas: list[tuple]         # (shape, dtype) per batch leaf
+    const_positions: list[int]       # leaves of (args, kwargs) that are plain tensors
+    out_spec: Any                    # pytree spec of the return value
+    out_leaves: list                 # OutputLeaf or a constant, per leaf
+    closures: list[StepClosure]      # step closures called in the step
+    readable: dict[int, int]         # slot key -> output index of its value after the step
+    trace_s: float                   # seconds the capture took
+    ops: list[str]                   # the graph's nodes as text (to compare two traces)
 
     @property
     def num_ops(self) -> int:
@@ -89,117 +101,187 @@ def first_difference(old: list[str], new: list[str]) -> str:
     return "no difference"
 
 
-def capture(store: Store, fn: Callable, args, kwargs, take_closures: Callable[[], list],
-            param_handles, devices=()) -> Captured:
-    """Trace ``fn(*args, **kwargs)`` once with fake values; nothing is computed. ``devices``
-    name the wafer (the backend's device): ``.to()`` to one of them moves nothing."""
-    t0 = time.perf_counter()
+@dataclass
+class StepInputs:
+    """The step's arguments sorted into the graph's three inputs, and a placeholder for each."""
+
+    leaves: list                # the leaves of (args, kwargs)
+    spec: TreeSpec
+    state_slots: list[Slot]     # every live state slot
+    batch_slots: list[Slot]     # the batch handles among the leaves
+    const_positions: list[int]  # the leaves that are plain tensors
+    mode: FakeTensorMode        # the placeholders' mode, active while the step is traced
+    placeholders: tuple         # (state, batch, consts): fake values, shapes and dtypes only
+
+    def with_consts(self, const_values: list) -> tuple:
+        """``(args, kwargs)`` with the plain tensors replaced by ``const_values``."""
+        leaves = list(self.leaves)
+        for i, v in zip(self.const_positions, const_values):
+            leaves[i] = v
+        return tree_unflatten(leaves, self.spec)
+
+
+def prepare_inputs(store: Store, args, kwargs) -> StepInputs:
+    """Sort the leaves of ``(args, kwargs)`` into batch handles and plain tensors (other
+    leaves are constants of the trace), and make the placeholders the step is traced on."""
     leaves, spec = tree_flatten((args, kwargs))
-    batch_pos, const_pos = [], []
-    for i, leaf in enumerate(leaves):
-        if isinstance(leaf, StateHandle) and leaf._slot.kind == "batch":
-            batch_pos.append(i)
-        elif isinstance(leaf, torch.Tensor) and not isinstance(leaf, StateHandle):
-            const_pos.append(i)
-    slots = store.slots()
-    batch_slots = [leaves[i]._slot for i in batch_pos]
-    for h in list(param_handles):
-        h.grad = None  # gradients left over from eager code would be baked in
-
+    batch_pos = [i for i, x in enumerate(leaves)
+                 if isinstance(x, StateHandle) and x.slot.kind is SlotKind.BATCH]
+    const_pos = [i for i, x in enumerate(leaves)
+                 if isinstance(x, torch.Tensor) and not isinstance(x, StateHandle)]
+    state_slots = store.slots()
+    batch_slots = [leaves[i].slot for i in batch_pos]
     mode = FakeTensorMode()
-    f_state = [_fake(mode, s.meta if s.kind != "host" else s.value) for s in slots]
-    f_batch = [_fake(mode, s.value) for s in batch_slots]
-    f_const = [mode.from_tensor(leaves[i]) for i in const_pos]
-    result: dict = {}
+    placeholders = (
+        [_fake(mode, s.meta if s.kind is not SlotKind.HOST else s.value) for s in state_slots],
+        [_fake(mode, s.value) for s in batch_slots],
+        [mode.from_tensor(leaves[i]) for i in const_pos],
+    )
+    return StepInputs(leaves, spec, state_slots, batch_slots, const_pos, mode, placeholders)
 
-    def traced(state_vals, batch_vals, const_vals):
-        pairs = list(zip(slots, state_vals)) + list(zip(batch_slots, batch_vals))
-        new_leaves = list(leaves)
-        for i, v in zip(const_pos, const_vals):
-            new_leaves[i] = v
-        a, k = tree_unflatten(new_leaves, spec)
-        with store.capturing_values(pairs), ReadGuard(devices):
-            out = fn(*a, **k)
-            closures = take_closures()
-            outputs: list[torch.Tensor] = []
 
-            def as_leaf(x):
-                if isinstance(x, StateHandle):
-                    x = x._slot.value
-                elif not isinstance(x, torch.Tensor):
-                    return x
-                outputs.append(x)
-                meta = torch.empty(x.shape, dtype=x.dtype, device="meta")
-                return OutputLeaf(len(outputs) - 1, meta)
+@dataclass(frozen=True)
+class _Recorded:
+    """What one trace learned besides the graph."""
 
-            o_leaves, o_spec = tree_flatten(out)
-            result["out"] = (o_spec, [as_leaf(x) for x in o_leaves])
-            recorded = []
-            for cfn, cargs, ckwargs, checkpoint in closures:
-                if checkpoint:
-                    raise TracingError(
-                        f"checkpoint closure {cfn.__qualname__} was called inside the traced "
-                        "step; call it in the training loop, after the step."
-                    )
-                c_leaves, c_spec = tree_flatten((cargs, ckwargs))
-                recorded.append((cfn, c_spec, [as_leaf(x) for x in c_leaves]))
-            result["closures"] = recorded
-            # step closures (called inside this step or in the loop) may read readable state
-            # (metrics, small): export its value after every step
-            readable = {}
-            for s in slots:
-                if s.readable:
-                    outputs.append(s.value.clone())
-                    readable[s.key] = len(outputs) - 1
-            result["readable"] = readable
-            return [s.value for s in slots], outputs
+    out_spec: Any
+    out_leaves: list
+    closures: list[StepClosure]
+    readable: dict[int, int]
 
-    try:
-        with mode:
-            gm = make_fx(traced, tracing_mode="real")(f_state, f_batch, f_const)
-    except TracingError:
-        raise
-    except (DynamicOutputShapeException, DataDependentOutputException) as e:
-        raise value_dependent_error(e) from None
-    except TypeError as e:
-        m = re.search(r"argument '(\w+)' must be Number, not StateHandle", str(e))
-        if m is None:
-            raise
-        name = m.group(1)
-        fn_, line, src = user_frame_of(e.__traceback__)
-        raise TracingError(
-            f"`{name}=` was given a traced tensor at {fn_}:{line}" + (f" (`{src}`)" if src else "")
-            + f": `{name}` must be a Python number, and a traced tensor has no value at trace "
-            "time (it would be read as a random or stale value). Fix: multiply explicitly, e.g. "
-            f"`x.add_(y * t)` instead of `x.add_(y, {name}=t)`."
-        ) from None
-    except Exception as e:
-        if "FakeTensor" in str(e) and "non-Fake" in str(e) or "convert all Tensors" in str(e):
+
+class _GraphOutputs:
+    """The graph's outputs, numbered in the order they are added."""
+
+    def __init__(self):
+        self.tensors: list[torch.Tensor] = []
+
+    def add(self, x):
+        """``x`` as a graph output (its :class:`OutputLeaf`), or ``x`` itself when it is not a
+        tensor (a constant of the trace)."""
+        if isinstance(x, StateHandle):
+            x = x.slot.value
+        elif not isinstance(x, torch.Tensor):
+            return x
+        self.tensors.append(x)
+        return OutputLeaf(len(self.tensors) - 1, torch.empty(x.shape, dtype=x.dtype, device="meta"))
+
+    def add_closure(self, fn, args, kwargs, checkpoint: bool) -> StepClosure:
+        """A step closure the step called, its tensor arguments made graph outputs."""
+        if checkpoint:
             raise TracingError(
-                "the traced step used a tensor that is neither a state tensor (model parameter or "
-                "buffer, optimizer state created in preinitialize, cstream.zeros/full/...) nor "
-                "part of the batch, so its current value would be baked into the graph. Create "
-                "it with cstream's creation ops (cstream.zeros_like, cstream.full, ...) or "
-                "register it as a module buffer before cstream.compile."
-            ) from e
-        raise
+                f"checkpoint closure {fn.__qualname__} was called inside the traced "
+                "step; call it in the training loop, after the step."
+            )
+        leaves, spec = tree_flatten((args, kwargs))
+        return StepClosure(fn, spec, [self.add(x) for x in leaves])
+
+    def add_readable(self, slots: list[Slot]) -> dict[int, int]:
+        """The value after the step of each readable slot (metric state, small), as outputs:
+        step closures, called inside the step or in the loop, may read it. Slot key -> index."""
+        return {s.key: self.add(s.value.clone()).index for s in slots if s.readable}
+
+
+class _StepTrace:
+    """The function ``make_fx`` traces, ``(state, batch, consts) -> (state after, outputs)``:
+    the user's step run on placeholders. What the graph cannot return (the structure of the
+    step's return value, the closures it called, where readable state is exported) is kept in
+    ``recorded``."""
+
+    def __init__(self, store: Store, fn: Callable, inputs: StepInputs,
+                 take_closures: Callable[[], list], devices):
+        self.store, self.fn, self.inputs = store, fn, inputs
+        self.take_closures, self.devices = take_closures, devices
+        self.recorded: Optional[_Recorded] = None
+
+    def graph(self) -> torch.fx.GraphModule:
+        # make_fx counts the parameters of the function's code, which for a method include self
+        def traced(state_values, batch_values, const_values):
+            return self.run(state_values, batch_values, const_values)
+
+        with self.inputs.mode:
+            return make_fx(traced, tracing_mode="real")(*self.inputs.placeholders)
+
+    def run(self, state_values: list, batch_values: list, const_values: list):
+        inputs = self.inputs
+        args, kwargs = inputs.with_consts(const_values)
+        placed = [*zip(inputs.state_slots, state_values), *zip(inputs.batch_slots, batch_values)]
+        with self.store.capturing_values(placed), ReadGuard(self.devices):
+            returned = self.fn(*args, **kwargs)
+            called = self.take_closures()
+            outputs = _GraphOutputs()
+            out_leaves, out_spec = tree_flatten(returned)
+            self.recorded = _Recorded(
+                out_spec=out_spec,
+                out_leaves=[outputs.add(x) for x in out_leaves],
+                closures=[outputs.add_closure(*c) for c in called],
+                readable=outputs.add_readable(inputs.state_slots),
+            )
+            return [s.value for s in inputs.state_slots], outputs.tensors
+
+
+# torch raises these two as a plain TypeError and AssertionError: their text is all that tells
+# them from other errors of the same type
+_SCALAR_GIVEN_A_HANDLE = re.compile(r"argument '(\w+)' must be Number, not StateHandle")
+_NON_FAKE_INPUT = ("convert all Tensors to FakeTensors", "on non-Fake Tensor inputs")
+
+
+def _as_tracing_error(e: Exception) -> Optional[TracingError]:
+    """torch's error ``e`` for what a traced step cannot hold, as a :class:`TracingError` with
+    the user's line and the fix; None for any other error. Its ``__cause__`` is torch's error
+    where that names the op (a tensor from outside the step), else None."""
+    if isinstance(e, (DynamicOutputShapeException, DataDependentOutputException)):
+        return value_dependent_error(e)
+    if isinstance(e, TypeError):
+        m = _SCALAR_GIVEN_A_HANDLE.search(str(e))
+        return None if m is None else scalar_argument_error(m.group(1), e)
+    if isinstance(e, AssertionError) and any(text in str(e) for text in _NON_FAKE_INPUT):
+        error = not_state_error()
+        error.__cause__ = e
+        return error
+    return None
+
+
+@contextlib.contextmanager
+def _no_gradients(param_handles):
+    """Parameters without ``.grad`` while the step is traced, and after: gradients left over
+    from eager code would be baked in, and those of the trace are placeholders."""
+    for h in list(param_handles):
+        h.grad = None
+    try:
+        yield
     finally:
         for h in list(param_handles):
             h.grad = None
-    o_spec, o_leaves = result["out"]
-    cap = Captured(
-        graph=portable(gm),  # it travels pickled (to a Ray driver, to the compile process)
-        state_slots=slots,
-        batch_metas=[(tuple(s.value.shape), s.value.dtype) for s in batch_slots],
-        const_positions=const_pos,
-        out_spec=o_spec,
-        out_leaves=o_leaves,
-        closures=result["closures"],
-        readable=result["readable"],
+
+
+def capture(store: Store, fn: Callable, args, kwargs, take_closures: Callable[[], list],
+            param_handles, devices=()) -> Captured:
+    """Trace ``fn(*args, **kwargs)`` once with fake values; nothing is computed.
+    ``take_closures()`` returns the closures queued since the step began, as
+    ``(fn, args, kwargs, is_checkpoint_closure)``, and removes them from the queue.
+    ``devices`` name the wafer (the backend's device): ``.to()`` to one of them moves nothing."""
+    t0 = time.perf_counter()
+    inputs = prepare_inputs(store, args, kwargs)
+    trace = _StepTrace(store, fn, inputs, take_closures, devices)
+    with _no_gradients(param_handles):
+        try:
+            graph = trace.graph()
+        except Exception as e:
+            error = _as_tracing_error(e)
+            if error is None:
+                raise
+            raise error from error.__cause__
+    recorded = trace.recorded
+    return Captured(
+        graph=portable(graph),  # it travels pickled (to a Ray driver, to the compile process)
+        state_slots=inputs.state_slots,
+        batch_metas=[(tuple(s.value.shape), s.value.dtype) for s in inputs.batch_slots],
+        const_positions=inputs.const_positions,
+        out_spec=recorded.out_spec,
+        out_leaves=recorded.out_leaves,
+        closures=recorded.closures,
+        readable=recorded.readable,
         trace_s=time.perf_counter() - t0,
+        ops=_ops_of(graph),
     )
-    cap.num_outputs = sum(isinstance(x, OutputLeaf) for x in o_leaves) + sum(
-        isinstance(x, OutputLeaf) for _, _, ls in cap.closures for x in ls
-    ) + len(cap.readable)
-    cap.ops = _ops_of(gm)
-    return cap

@@ -235,6 +235,67 @@ def _structured(gm: torch.fx.GraphModule, outputs):
     return tree_unflatten(list(outputs), info.out_spec)
 
 
+class _ReplaySource:
+    """The source of :func:`replay_function`'s function, one line per node of ``gm``, and the
+    objects it names (``env``, its globals)."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        self.gm = gm
+        self.env: dict = {}
+        self.names: dict = {}  # node -> its variable
+        self.params: list[str] = []
+        self.lines: list[str] = []
+        for i, node in enumerate(gm.graph.nodes):
+            self._add(f"v{i}", node)
+
+    def _bind(self, value, prefix: str) -> str:
+        name = f"{prefix}{len(self.env)}"
+        self.env[name] = value
+        return name
+
+    def _render(self, a) -> str:
+        if isinstance(a, torch.fx.Node):
+            return self.names[a]
+        if isinstance(a, dict):
+            return "{" + ", ".join(f"{self._render(k)}: {self._render(v)}" for k, v in a.items()) + "}"
+        if isinstance(a, list):
+            return "[" + ", ".join(self._render(x) for x in a) + "]"
+        if isinstance(a, tuple):
+            return "(" + "".join(self._render(x) + ", " for x in a) + ")"
+        if isinstance(a, _LITERALS):
+            return repr(a)
+        return self._bind(a, "_c")
+
+    def _add(self, name: str, node: torch.fx.Node) -> None:
+        self.names[node] = name
+        if node.op == "placeholder":
+            self.params.append(name)
+        elif node.op == "get_attr":
+            obj = self.gm
+            for part in node.target.split("."):
+                obj = getattr(obj, part)
+            self.lines.append(f"{name} = {self._bind(obj, '_a')}")
+        elif node.op == "call_function":
+            target = node.target
+            fn = target._op if isinstance(target, torch._ops.OpOverload) else target
+            args = [self._render(a) for a in node.args]
+            args += [f"{k}={self._render(v)}" for k, v in node.kwargs.items()]
+            self.lines.append(f"{name} = {self._bind(fn, '_f')}({', '.join(args)})")
+        elif node.op == "output":
+            self.lines.append(f"return {self._render(_structured(self.gm, node.args[0]))}")
+        else:
+            raise NotImplementedError(f"replay of an fx {node.op!r} node ({node.format_node()})")
+
+    def source(self) -> str:
+        info = getattr(self.gm.graph._codegen, "pytree_info", None)
+        # a pytree graph takes the leaves of (state, batch, consts); a plain one the three lists
+        inputs = "(*state, *batch, *consts)" if info is not None else "(state, batch, consts)"
+        body = "\n".join("        " + line for line in self.lines)
+        return (f"def replay(state, batch, consts):\n"
+                f"    {''.join(p + ', ' for p in self.params)}= {inputs}\n"
+                f"    with _no_grad():\n{body}\n")
+
+
 def replay_function(gm: torch.fx.GraphModule) -> Callable:
     """``gm`` as one plain Python function ``(state, batch, consts) -> gm's output``, run
     without autograd.
@@ -244,54 +305,9 @@ def replay_function(gm: torch.fx.GraphModule) -> Callable:
     its C++ entry point (``OpOverload._op``) and the inputs are taken as they come. Constants
     other than ints, bools, strings and None (floats, dtypes, devices, ...) are bound as
     globals, so every value is the graph's own object."""
-    env: dict = {}
-    names: dict = {}
-    params, lines = [], []
-
-    def bind(value, prefix: str) -> str:
-        name = f"{prefix}{len(env)}"
-        env[name] = value
-        return name
-
-    def render(a) -> str:
-        if isinstance(a, torch.fx.Node):
-            return names[a]
-        if isinstance(a, dict):
-            return "{" + ", ".join(f"{render(k)}: {render(v)}" for k, v in a.items()) + "}"
-        if isinstance(a, list):
-            return "[" + ", ".join(render(x) for x in a) + "]"
-        if isinstance(a, tuple):
-            return "(" + "".join(render(x) + ", " for x in a) + ")"
-        if isinstance(a, _LITERALS):
-            return repr(a)
-        return bind(a, "_c")
-
-    for i, node in enumerate(gm.graph.nodes):
-        names[node] = name = f"v{i}"
-        if node.op == "placeholder":
-            params.append(name)
-        elif node.op == "get_attr":
-            obj = gm
-            for part in node.target.split("."):
-                obj = getattr(obj, part)
-            lines.append(f"{name} = {bind(obj, '_a')}")
-        elif node.op == "call_function":
-            target = node.target
-            fn = target._op if isinstance(target, torch._ops.OpOverload) else target
-            args = [render(a) for a in node.args]
-            args += [f"{k}={render(v)}" for k, v in node.kwargs.items()]
-            lines.append(f"{name} = {bind(fn, '_f')}({', '.join(args)})")
-        elif node.op == "output":
-            lines.append(f"return {render(_structured(gm, node.args[0]))}")
-        else:
-            raise NotImplementedError(f"replay of an fx {node.op!r} node ({node.format_node()})")
-    info = getattr(gm.graph._codegen, "pytree_info", None)
-    # a pytree graph takes the leaves of (state, batch, consts); a plain one the three lists
-    inputs = "(*state, *batch, *consts)" if info is not None else "(state, batch, consts)"
-    body = "\n".join("        " + line for line in lines)
-    src = (f"def replay(state, batch, consts):\n"
-           f"    {''.join(p + ', ' for p in params)}= {inputs}\n"
-           f"    with _no_grad():\n{body}\n")
+    code = _ReplaySource(gm)
+    src = code.source()
+    env = code.env
     env["_no_grad"] = torch.no_grad
     exec(compile(src, "<cstream replay>", "exec"), env)
     replay = env["replay"]

@@ -1,4 +1,4 @@
-"""Refusing value reads while a step is traced (seed 003), with the user's source line.
+"""Refusing value reads while a step is traced, with the user's source line.
 
 A read is decided by what is called and with which arguments, never by who calls it: the same
 ``.item()`` or ``.to("cpu")`` is refused in the user's step and inside a library, and moves that
@@ -190,7 +190,7 @@ def value_dependent_error(exc: RuntimeError) -> TracingError:
     raised while a step is captured: the op, the user's line, what they wrote and the way
     around."""
     op = getattr(exc, "func", None)
-    name = getattr(getattr(op, "_overloadpacket", None), "__name__", str(op))
+    name = getattr(getattr(op, "overloadpacket", None), "__name__", str(op))
     fn, line, src = user_frame_of(exc.__traceback__)
     where = f"{fn}:{line}" + (f" (`{src}`)" if src else "")
     idiom, fix = _VALUE_SHAPED.get(name, ("", "fixed-size ops: torch.where, masks multiplied in"))
@@ -203,6 +203,29 @@ def value_dependent_error(exc: RuntimeError) -> TracingError:
         + ("whose shapes are fixed before any value exists. " if shaped else
            "before any value exists, so a result computed from values would be baked in. ")
         + f"Fix: {fix}."
+    )
+
+
+def scalar_argument_error(name: str, exc: TypeError) -> TracingError:
+    """The error for a traced tensor given where torch takes a Python number (``alpha=``,
+    ``value=``): torch's argument parsing refuses it before any mode sees the call."""
+    fn, line, src = user_frame_of(exc.__traceback__)
+    return TracingError(
+        f"`{name}=` was given a traced tensor at {fn}:{line}" + (f" (`{src}`)" if src else "")
+        + f": `{name}` must be a Python number, and a traced tensor has no value at trace "
+        "time (it would be read as a random or stale value). Fix: multiply explicitly, e.g. "
+        f"`x.add_(y * t)` instead of `x.add_(y, {name}=t)`."
+    )
+
+
+def not_state_error() -> TracingError:
+    """The error for a plain tensor from outside the step used in it (not state, not batch)."""
+    return TracingError(
+        "the traced step used a tensor that is neither a state tensor (model parameter or "
+        "buffer, optimizer state created in preinitialize, cstream.zeros/full/...) nor "
+        "part of the batch, so its current value would be baked into the graph. Create "
+        "it with cstream's creation ops (cstream.zeros_like, cstream.full, ...) or "
+        "register it as a module buffer before cstream.compile."
     )
 
 

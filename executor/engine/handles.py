@@ -2,25 +2,25 @@
 
 Every tensor that persists across steps on the CSX backend (parameters, buffers, optimizer state,
 learning rates, scaler and metric state) is a :class:`StateHandle`: a ``torch.Tensor`` wrapper
-subclass pointing at a :class:`Slot`. The slot holds the value, wherever it is:
-
-* ``lazy``   -- not materialised yet: a recorded init program (created under ``with backend.device``);
-* ``host``   -- a real tensor in this process (before the first run, after ``load_state_dict``);
-* ``remote`` -- resident in the wafer driver; reads fetch it, when reads are allowed;
-* ``dropped``-- no value (``drop_data``/``compile_only``): a checkpoint must be loaded.
+subclass pointing at a :class:`Slot`. The slot holds the value, wherever it is; its
+:class:`SlotKind` says where, and so how a read is answered.
 
 While a step is captured, the engine points every slot at a placeholder and the handles' dispatch
 unwraps them, so ``make_fx`` records aten ops on the placeholders (see :mod:`executor.engine.capture`).
 Aliases (``param.detach()``, ``nn.Parameter(handle)``) share the slot, so identity survives.
+Values that are not in this process (on the wafer, or outputs of a step) are read and written
+through the :class:`RemoteValues` the backend gives its :class:`Store`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import itertools
-from copy import deepcopy
 import weakref
-from typing import Callable, Optional
+from copy import deepcopy
+from dataclasses import dataclass
+from typing import Optional, Protocol
 
 import torch
 from torch.utils._pytree import tree_map_only
@@ -37,16 +37,47 @@ _VALUE_FUNCS = {torch.Tensor.numpy, torch.Tensor.tolist, torch.Tensor.cpu, torch
                 torch.Tensor.__array__, torch.Tensor.item}
 
 
+class SlotKind(enum.Enum):
+    """Where a slot's value is."""
+
+    LAZY = "lazy"        # not materialised yet: ``Slot.init`` records how (``with backend.device``)
+    HOST = "host"        # a real tensor in this process (before the first run, after loading)
+    REMOTE = "remote"    # resident in the wafer driver; reads fetch it, when reads are allowed
+    DROPPED = "dropped"  # no value (drop_data, compile_only, validate_only): load a checkpoint
+    TEMP = "temp"        # an intermediate of the step being captured: its value is the placeholder
+    BATCH = "batch"      # a leaf of a batch: its values stream to the wafer, never to the client
+    OUTPUT = "output"    # one output of one step (``Slot.output``), readable during its run
+
+
+STATE_KINDS = frozenset({SlotKind.LAZY, SlotKind.HOST, SlotKind.REMOTE, SlotKind.DROPPED})
+"""The kinds of state: values that persist from step to step, which the store keeps a list of."""
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """Which output of which step an ``OUTPUT`` slot stands for."""
+
+    step: int   # the executor's iteration, counted from 0
+    index: int  # the output's index among the captured graph's outputs
+
+
 class Slot:
     """The value behind one state tensor (shared by all its aliases)."""
 
-    __slots__ = ("key", "kind", "value", "program", "store", "name", "readable", "__weakref__")
+    __slots__ = ("key", "kind", "value", "init", "output", "store", "name", "readable",
+                 "__weakref__")
 
-    def __init__(self, store: "Store", kind: str, value: torch.Tensor, program=None, name=None):
+    def __init__(self, store: "Store", kind: SlotKind, value: torch.Tensor,
+                 init: Optional["LazyInit"] = None, output: Optional[StepOutput] = None,
+                 name: Optional[str] = None):
         self.key = next(_ids)
-        self.kind = kind          # lazy | host | remote | dropped | temp
-        self.value = value        # real tensor (host), meta tensor (lazy/remote/dropped), proxy (capture)
-        self.program = program    # LazyInit for lazy slots
+        self.kind = kind
+        # HOST: the real tensor; LAZY, REMOTE, DROPPED, OUTPUT: a meta tensor (shape, dtype);
+        # BATCH: the batch spec's tensor; TEMP, and state and batch slots while a step is
+        # captured: the placeholder the trace records ops on
+        self.value = value
+        self.init = init          # LAZY only: how to materialise the value
+        self.output = output      # OUTPUT only: which output of which step
         self.store = store
         self.name = name
         self.readable = False     # exported after every step, for reads in step closures
@@ -55,6 +86,33 @@ class Slot:
     def meta(self) -> torch.Tensor:
         v = self.value
         return v if v.device.type == "meta" else v.to("meta")
+
+    def hold(self, value: torch.Tensor) -> None:
+        """The value is now ``value``, a real tensor in this process."""
+        self.kind, self.value, self.init = SlotKind.HOST, value, None
+
+    def moved_to_wafer(self) -> None:
+        """The value was sent to the wafer driver, which keeps it from now on."""
+        self.kind, self.value, self.init = SlotKind.REMOTE, self.meta, None
+
+    def drop(self) -> None:
+        """Forget the value (``drop_data``): only its shape and dtype stay."""
+        self.kind, self.value, self.init = SlotKind.DROPPED, self.meta, None
+
+
+class RemoteValues(Protocol):
+    """Where the values that are not in this process are read and written: the backend that
+    makes a :class:`Store` implements it and passes it in."""
+
+    def read_state(self, slot: Slot) -> torch.Tensor:
+        """The value of a ``REMOTE`` slot. During a run, only where the run allows it (inside
+        a checkpoint closure, or a step closure reading readable state); refused elsewhere."""
+
+    def write_state(self, slot: Slot, value: torch.Tensor) -> None:
+        """Replace the value of a ``REMOTE`` slot where it lives (refused during a run)."""
+
+    def read_output(self, slot: Slot) -> torch.Tensor:
+        """The value of an ``OUTPUT`` slot; refused once the run of its step ended."""
 
 
 class LazyInit:
@@ -65,6 +123,12 @@ class LazyInit:
         self.dtype = dtype
         self.fill = fill
         self.ops: list[tuple] = []  # (op name, args, kwargs, rng_state or None)
+
+    def copy(self) -> "LazyInit":
+        """The same initialisation, recorded apart (ops added to one do not reach the other)."""
+        program = LazyInit(self.shape, self.dtype, self.fill)
+        program.ops = list(self.ops)
+        return program
 
     def materialize(self) -> torch.Tensor:
         t = torch.empty(self.shape, dtype=self.dtype) if self.fill is None else torch.full(
@@ -99,19 +163,20 @@ class StateHandle(torch.Tensor):
         return r
 
     @property
-    def inner(self) -> torch.Tensor:
-        return self._slot.value
+    def slot(self) -> Slot:
+        """The slot holding this tensor's value (shared with its aliases)."""
+        return self._slot
 
     def __repr__(self, *, tensor_contents=None):
         store = self._slot.store
         if store.capturing:
             store.refuse("printing a tensor (repr)")
-        if self._slot.kind == "temp":
+        if self._slot.kind is SlotKind.TEMP:
             return f"StateHandle(temp, shape={tuple(self.shape)}, dtype={self.dtype})"
         try:
             value = store.read(self._slot)
         except Exception:
-            return (f"StateHandle({self._slot.kind}, shape={tuple(self.shape)}, "
+            return (f"StateHandle({self._slot.kind.value}, shape={tuple(self.shape)}, "
                     f"dtype={self.dtype})")
         return repr(value)
 
@@ -123,14 +188,12 @@ class StateHandle(torch.Tensor):
         if id(self) in memo:
             return memo[id(self)]
         slot, store = self._slot, self._slot.store
-        if slot.kind in ("temp", "batch", "output") or store.capturing:
+        if slot.kind not in STATE_KINDS or store.capturing:
             store.refuse("copy.deepcopy of a tensor")
-        if slot.kind == "lazy":
-            program = LazyInit(slot.program.shape, slot.program.dtype, slot.program.fill)
-            program.ops = list(slot.program.ops)
-            new = store.new_slot("lazy", slot.value, program)
+        if slot.kind is SlotKind.LAZY:
+            new = store.new_slot(SlotKind.LAZY, slot.value, init=slot.init.copy())
         else:
-            new = store.new_slot("host", store.read(slot).clone())
+            new = store.new_slot(SlotKind.HOST, store.read(slot).clone())
         new.readable = slot.readable
         copy = store.handle(new, requires_grad=self.requires_grad)
         memo[id(self)] = copy
@@ -187,32 +250,29 @@ def _mutated_arg(func, args, kwargs):
 class Store:
     """All state slots of one backend, and the rules for reading and writing them.
 
-    ``fetch(slots)`` / ``push(slot, value)`` are supplied by the backend: they move values to
-    and from wherever ``remote`` slots live (the wafer driver).
+    ``remote`` (the backend) holds the values that are not in this process: ``REMOTE`` state
+    on the wafer driver, and ``OUTPUT`` values of the steps of a run.
     """
 
-    def __init__(self):
+    def __init__(self, remote: RemoteValues):
+        self.remote = remote
         self._slots: "weakref.WeakValueDictionary[int, Slot]" = weakref.WeakValueDictionary()
-        self._keepalive: dict[int, Slot] = {}
         self.capturing = False
-        self.closed = False
-        self.running = False           # a run is streaming: weights are on the wafer
-        self.read_context: Optional[Callable[[list], dict]] = None  # checkpoint-closure reader
-        self.fetch: Optional[Callable[[list], dict]] = None
-        self.push: Optional[Callable[[Slot, torch.Tensor], None]] = None
-        self.on_capture_state_op: Optional[Callable] = None
-        self.output_reader: Optional[Callable[[Slot], torch.Tensor]] = None
-        # inside a step closure: the value of a readable slot after that step, else None
-        self.step_reader: Optional[Callable[[Slot], Optional[torch.Tensor]]] = None
+        self.closed = False  # the backend shut down: values on the wafer are gone
 
     def refuse(self, what: str):
         from executor.engine.guards import read_error
 
         raise read_error(what)
 
+    def close(self) -> None:
+        """The backend shut down: reads of values that lived on the wafer are refused."""
+        self.closed = True
+
     # -- creating state ----------------------------------------------------------------------
-    def new_slot(self, kind, value, program=None, name=None) -> Slot:
-        if self.capturing and kind in ("lazy", "host"):
+    def new_slot(self, kind: SlotKind, value: torch.Tensor, init: Optional[LazyInit] = None,
+                 output: Optional[StepOutput] = None, name: Optional[str] = None) -> Slot:
+        if self.capturing and kind in (SlotKind.LAZY, SlotKind.HOST):
             from executor.engine.errors import TracingError
             from executor.engine.guards import user_frame
 
@@ -224,8 +284,8 @@ class Store:
                 "the next, so it must exist before the step is traced: create it outside the "
                 "step, e.g. in the optimizer's preinitialize() or the metric's constructor."
             )
-        slot = Slot(self, kind, value, program, name)
-        if kind in ("lazy", "host", "remote", "dropped"):
+        slot = Slot(self, kind, value, init, output, name)
+        if kind in STATE_KINDS:
             self._slots[slot.key] = slot
         return slot
 
@@ -241,56 +301,63 @@ class Store:
         t = tensor.detach()
         if isinstance(t, StateHandle):
             return t
-        slot = self.new_slot("host", t, name=name)
+        slot = self.new_slot(SlotKind.HOST, t, name=name)
         slot.readable = readable
         return self.handle(slot)
 
+    def model_state(self, tensor: torch.Tensor, name: str, drop: bool) -> StateHandle:
+        """``tensor``, a parameter or buffer called ``name``, as state: a handle already is one
+        (it is named ``name`` unless it has a name); ``drop``: its value is forgotten."""
+        if isinstance(tensor, StateHandle):
+            slot = tensor._slot
+            if slot.name is None:
+                slot.name = name
+            if drop and slot.kind in (SlotKind.HOST, SlotKind.LAZY):
+                slot.drop()
+            return tensor
+        h = self.from_tensor(tensor, name=name)
+        if drop:
+            h._slot.drop()
+        return h
+
     def lazy(self, shape, dtype, fill=None, name=None) -> StateHandle:
         meta = torch.empty(shape, dtype=dtype, device="meta")
-        return self.handle(self.new_slot("lazy", meta, LazyInit(shape, dtype, fill), name))
+        return self.handle(self.new_slot(SlotKind.LAZY, meta, LazyInit(shape, dtype, fill),
+                                         name=name))
 
-    def slots(self) -> list[Slot]:
-        """Live state slots, in creation order."""
-        return [s for _, s in sorted(self._slots.items())]
+    def batch(self, value: torch.Tensor, name: str) -> StateHandle:
+        """A leaf of a batch, ``value`` its shape and dtype (the values never reach here)."""
+        return self.handle(self.new_slot(SlotKind.BATCH, value, name=name))
 
-    def keep_alive(self, slots) -> None:
-        for s in slots:
-            self._keepalive[s.key] = s
+    def output(self, meta: torch.Tensor, output: StepOutput, name: str) -> StateHandle:
+        """One output of one step of a run, read from the run when it is used."""
+        return self.handle(self.new_slot(SlotKind.OUTPUT, meta, output=output, name=name))
+
+    def slots(self, *kinds: SlotKind) -> list[Slot]:
+        """Live state slots (of ``kinds``, when given), in creation order."""
+        return [s for _, s in sorted(self._slots.items()) if not kinds or s.kind in kinds]
 
     # -- values ------------------------------------------------------------------------------
-    def host_value(self, slot: Slot) -> torch.Tensor:
-        """Materialise a lazy or host slot in this process (used when shipping state)."""
-        if slot.kind == "lazy":
-            return slot.program.materialize()
-        if slot.kind == "host":
-            return slot.value
-        raise AssertionError(slot.kind)
-
     def read(self, slot: Slot) -> torch.Tensor:
-        if slot.kind == "temp":
+        if slot.kind is SlotKind.TEMP:
             return slot.value
         if self.capturing:
             self.refuse("reading a state tensor's value")
-        if slot.kind == "output":
-            if self.output_reader is None:
-                raise RuntimeError(
-                    f"{slot.name} is no longer available: step outputs can be read during their "
-                    "run (inside a @cstream.step_closure), not after it ended."
-                )
-            return self.output_reader(slot)
-        if slot.kind == "batch":
+        if slot.kind is SlotKind.OUTPUT:
+            return self.remote.read_output(slot)
+        if slot.kind is SlotKind.BATCH:
             raise RuntimeError(
                 "the batch streams from the input workers straight to the wafer; the client "
                 "never holds its values. Use it inside the traced step, or pass it to a "
                 "@cstream.step_closure from inside the step."
             )
-        if slot.kind == "host":
+        if slot.kind is SlotKind.HOST:
             return slot.value
-        if slot.kind == "lazy":
-            value = slot.program.materialize()
-            slot.kind, slot.value, slot.program = "host", value, None
+        if slot.kind is SlotKind.LAZY:
+            value = slot.init.materialize()
+            slot.hold(value)
             return value
-        if slot.kind == "dropped":
+        if slot.kind is SlotKind.DROPPED:
             raise RuntimeError(
                 "this tensor's data was dropped (the backend was created with drop_data, "
                 "compile_only or validate_only); load a checkpoint with load_state_dict first."
@@ -300,30 +367,13 @@ class Store:
                 "this tensor's value lived on the wafer of a backend that was shut down; read "
                 "what you need (metrics, state_dict) before backend.shutdown()."
             )
-        if self.read_context is not None:
-            return self.read_context([slot])[slot.key]
-        if self.step_reader is not None:
-            value = self.step_reader(slot)
-            if value is not None:
-                return value
-        if self.running:
-            raise RuntimeError(
-                "the weights and optimizer state live on the wafer during a run and can only be "
-                "read on checkpoint steps: read them inside a @cstream.checkpoint_closure (set "
-                "checkpoint_steps on the DataExecutor), or after the run."
-            )
-        return self.fetch([slot])[slot.key]
+        return self.remote.read_state(slot)
 
     def write(self, slot: Slot, value: torch.Tensor) -> None:
-        if self.running and slot.kind == "remote":
-            raise RuntimeError(
-                "state tensors cannot be changed while a run is streaming; write them before "
-                "iterating the executor (e.g. load_state_dict) or inside the traced step."
-            )
-        if slot.kind == "remote":
-            self.push(slot, value)
+        if slot.kind is SlotKind.REMOTE:
+            self.remote.write_state(slot, value)
         else:
-            slot.kind, slot.value, slot.program = "host", value, None
+            slot.hold(value)
 
     # -- dispatch ----------------------------------------------------------------------------
     def torch_function_hook(self, func, args, kwargs):
@@ -338,11 +388,12 @@ class Store:
         if self.capturing:
             return self._dispatch_capture(func, args, kwargs)
         target = _mutated_arg(func, args, kwargs)
-        if isinstance(target, StateHandle) and target._slot.kind == "lazy" and (
+        if isinstance(target, StateHandle) and target._slot.kind is SlotKind.LAZY and (
             not any(isinstance(a, StateHandle) and a is not target for a in args[1:])
         ):
             return self._record_lazy(func, target, args, kwargs)
-        if func in _ALIAS_OPS and isinstance(args[0], StateHandle) and args[0]._slot.kind != "temp":
+        if func in _ALIAS_OPS and isinstance(args[0], StateHandle) and \
+                args[0]._slot.kind is not SlotKind.TEMP:
             return self.handle(args[0]._slot)
         # everything else runs on real values
         values = {}
@@ -352,13 +403,14 @@ class Store:
                 values[h._slot.key] = self.read(h._slot)
             return values[h._slot.key]
 
-        if isinstance(target, StateHandle) and target._slot.kind != "temp":
+        if isinstance(target, StateHandle) and target._slot.kind is not SlotKind.TEMP:
             slot = target._slot
-            if func in _OVERWRITE and slot.kind in ("remote", "dropped") and args[0] is target:
+            if func in _OVERWRITE and slot.kind in (SlotKind.REMOTE, SlotKind.DROPPED) and \
+                    args[0] is target:
                 value = torch.empty(slot.value.shape, dtype=slot.value.dtype)
             else:
                 value = unwrap(target)
-                if slot.kind == "remote":
+                if slot.kind is SlotKind.REMOTE:
                     value = value.clone()
             values[slot.key] = value
             uargs = tree_map_only(StateHandle, unwrap, args)
@@ -384,7 +436,7 @@ class Store:
         rest = tuple(
             a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args[1:]
         )
-        slot.program.ops.append((name, rest, dict(kwargs), rng))
+        slot.init.ops.append((name, rest, dict(kwargs), rng))
         return target
 
     def _dispatch_capture(self, func, args, kwargs):
@@ -393,11 +445,9 @@ class Store:
         out = func(*uargs, **ukw)
         target = _mutated_arg(func, args, kwargs)
         if isinstance(target, StateHandle):
-            if self.on_capture_state_op is not None and target._slot.kind != "temp":
-                self.on_capture_state_op(target._slot)
             return target
         return tree_map_only(
-            torch.Tensor, lambda t: self.handle(self.new_slot("temp", t)), out
+            torch.Tensor, lambda t: self.handle(self.new_slot(SlotKind.TEMP, t)), out
         )
 
     @contextlib.contextmanager
@@ -413,10 +463,3 @@ class Store:
             self.capturing = False
             for s, v in saved:
                 s.value = v
-
-
-def unwrap_temp(x):
-    """The inner value of a temporary handle (capture outputs), or ``x`` itself."""
-    if isinstance(x, StateHandle):
-        return x._slot.value
-    return x

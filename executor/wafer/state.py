@@ -25,10 +25,6 @@ class StateStore:
         """Copies on the host of the values of ``keys``."""
         return {k: self.tensors[k].detach().to("cpu", copy=True) for k in keys}
 
-    def drop(self, keys: list) -> None:
-        for k in keys:
-            self.tensors.pop(k, None)
-
     def missing(self, keys: list) -> list:
         return [k for k in keys if k not in self.tensors]
 
