@@ -39,13 +39,15 @@ def positive_int(value, name: str, *, allow_none: bool = False, fix: Optional[st
 
 
 def positive_number(value, name: str, *, allow_none: bool = False, fix: Optional[str] = None,
-                    error: type[Exception] = ValueError):
+                    error: type[Exception] = ValueError, unit: Optional[str] = None):
     """``value`` as a float if it is a real number above 0 (``None`` too when ``allow_none``);
-    otherwise ``error`` naming ``name``, the rule and ``fix``. NaN and infinity are refused."""
+    otherwise ``error`` naming ``name``, the rule (``unit``, if given, named in it: "a
+    positive number of seconds") and ``fix``. NaN and infinity are refused."""
     if value is None and allow_none:
         return None
     if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0
             or value == float("inf")):
-        rule = "a positive number or None" if allow_none else "a positive number"
+        rule = "a positive number" + (f" of {unit}" if unit else "")
+        rule += " or None" if allow_none else ""
         raise error(_message(name, rule, value, fix, "Set it above 0."))
     return float(value)

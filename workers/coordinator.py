@@ -60,9 +60,7 @@ from workers.resume import start_position
 from workers.sharding import PASSED_BATCHES
 from workers.stream import CsxInputStream, _Worker
 
-__all__ = ["ASSIGNMENT_MODES", "CoordinatedInputStream", "cost_summary", "global_position"]
-
-ASSIGNMENT_MODES = ("static", "dynamic")
+__all__ = ["CoordinatedInputStream", "cost_summary", "global_position"]
 
 _COST_SAMPLES = 4096  # batch costs kept per worker (a uniform sample of all of them)
 _PUMP_WAIT_S = 0.02  # the pump's longest wait for replies before it looks for new work
@@ -117,14 +115,12 @@ class CoordinatedInputStream(CsxInputStream):
     worker's batch costs, the reorder window's occupancy and the wait attributable to
     stragglers.
 
-    Extra arguments (beyond :class:`~workers.stream.CsxInputStream`'s):
-        assignment: ``"dynamic"`` or ``"static"``; None: ``cs_config.input_assignment``.
-        assigned_batches_per_worker: numbers a worker holds at most (the one it produces and
-            the ones queued behind it); None: the policy's, else 2.
-        reorder_window_batches: numbers issued beyond the last delivered step at most; None:
-            the policy's ``reorder_window_batches_per_worker`` x ``num_workers_per_csx``, or
-            when that is None ``num_workers_per_csx`` x :attr:`max_batches_ahead` (what the
-            workers' buffers hold together under round-robin: the same bound on memory).
+    The assignment mode is ``cs_config.input_assignment``; the policy's
+    ``assigned_batches_per_worker`` bounds the numbers a worker holds (the one it produces and
+    the ones queued behind it), and its :meth:`~workers.flow.FlowPolicy.reorder_window_batches`
+    the numbers issued beyond the last delivered step (None: ``num_workers_per_csx`` x
+    :attr:`max_batches_ahead`, what the workers' buffers hold together under round-robin: the
+    same bound on memory).
 
     The wait attributable to stragglers is the time :meth:`next` waited for a step while later
     batches were already there: in the reorder window (dynamic, from the moment the first one
@@ -132,25 +128,12 @@ class CoordinatedInputStream(CsxInputStream):
     wrong worker. It is counted against the worker that produced the step.
     """
 
-    def __init__(self, dataloader, cs_config, wse_id, *, assignment=None,
-                 assigned_batches_per_worker=None, reorder_window_batches=None,
-                 resume_states=None, **options):
-        mode = cs_config.input_assignment if assignment is None else assignment
-        if mode not in ASSIGNMENT_MODES:
-            raise ValueError(
-                f"CoordinatedInputStream: assignment={mode!r}; it must be one of "
-                f"{ASSIGNMENT_MODES} (CSConfig.input_assignment).")
-        policy = options.get("policy")
+    def __init__(self, dataloader, cs_config, wse_id, *, policy, resume_states=None,
+                 **options):
+        mode = cs_config.input_assignment
         W = cs_config.num_workers_per_csx
-        if assigned_batches_per_worker is None:
-            assigned_batches_per_worker = getattr(policy, "assigned_batches_per_worker", 2)
-        if reorder_window_batches is None and policy is not None and \
-                policy.reorder_window_batches_per_worker is not None:
-            reorder_window_batches = W * policy.reorder_window_batches_per_worker
-        for name, v in (("assigned_batches_per_worker", assigned_batches_per_worker),
-                        ("reorder_window_batches", reorder_window_batches)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ValueError(f"CoordinatedInputStream: {name}={v!r}; it must be an int >= 1.")
+        assigned_batches_per_worker = policy.assigned_batches_per_worker
+        reorder_window_batches = policy.reorder_window_batches(W)
         self.requested_mode = mode
         self.mode = "static"
         self.mode_reason = ""
@@ -193,7 +176,8 @@ class CoordinatedInputStream(CsxInputStream):
             states = [DataLoaderCheckpoint(**s) if isinstance(s, dict) else s
                       for s in resume_states]
             self._dynamic_start = global_position(states)
-        super().__init__(dataloader, cs_config, wse_id, resume_states=resume_states, **options)
+        super().__init__(dataloader, cs_config, wse_id, policy=policy, resume_states=resume_states,
+                         **options)
         # None: what the workers hold together under round-robin; never less than every
         # worker's share, so the window never starves a worker outright
         window = reorder_window_batches or W * self.max_batches_ahead
@@ -354,7 +338,7 @@ class CoordinatedInputStream(CsxInputStream):
         A slow batch then holds back at most that much of its worker's usual work, and cheap
         batches go many to a call."""
         k = self.assigned_per_worker
-        cap = min(getattr(self.policy, "small_reply_batches", k),
+        cap = min(self.policy.small_reply_batches,
                   self.window_batches // self.num_workers)  # the workers share the window
         recent = self._recent_costs[w]
         if len(recent) < _COST_SAMPLES_FOR_SIZING or cap <= k:

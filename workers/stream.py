@@ -32,7 +32,7 @@ from workers.context import DataLoaderCheckpoint, WorkerInfo
 from workers.dataloader import DataLoader, EmptyDataLoaderError
 from workers.duplicates import WorkerKeys
 from workers.errors import InputWorkerError, StragglerWarning, WorkerCrashLoopError
-from workers.flow import FlowPolicy, input_bytes_in_flight_per_worker
+from workers.flow import FlowPolicy
 from workers.input_worker import InputWorker, unpack_reply
 from workers.local_stream import BatchInfo, sample_key_batches
 from workers.placement import NodePlacer
@@ -220,6 +220,45 @@ def _first_lines(text: str, n: int = 6) -> str:
     return "\n".join(lines[:n]) + ("\n..." if len(lines) > n else "")
 
 
+def _check_arguments(dataloader, cs_config, wse_id, policy, name_prefix) -> None:
+    """Refuse :class:`CsxInputStream` arguments of the wrong kind, saying how to build them."""
+    if not isinstance(dataloader, DataLoader):
+        raise TypeError(
+            f"CsxInputStream: dataloader must be a cstream DataLoader "
+            f"(cstream.utils.data.DataLoader(input_fn, ...)), got "
+            f"{type(dataloader).__name__}: {dataloader!r}."
+        )
+    if not isinstance(cs_config, CSConfig):
+        raise TypeError(
+            f"CsxInputStream: cs_config must be a CSConfig, got {type(cs_config).__name__}: "
+            f"{cs_config!r}. Build one with cstream.utils.CSConfig(num_csx=..., "
+            "num_workers_per_csx=...)."
+        )
+    if isinstance(wse_id, bool) or not isinstance(wse_id, int) or not (
+            0 <= wse_id < cs_config.num_csx):
+        raise ValueError(
+            f"CsxInputStream: wse_id={wse_id!r} is not a CS-X of this cluster; it must be an "
+            f"int in [0, {cs_config.num_csx}) (cs_config.num_csx={cs_config.num_csx})."
+        )
+    if not isinstance(policy, FlowPolicy):
+        raise TypeError(
+            f"CsxInputStream: policy must be a FlowPolicy, got {type(policy).__name__}: "
+            f"{policy!r}. Build the run's with workers.flow.FlowPolicy.from_config(cs_config)."
+        )
+    if not isinstance(name_prefix, str) or not name_prefix:
+        raise ValueError(
+            f"CsxInputStream: name_prefix={name_prefix!r}; it must be a non-empty string "
+            "(actors are named '<name_prefix>-csx<c>-w<w>')."
+        )
+    if not ray.is_initialized():
+        raise RuntimeError(
+            "CsxInputStream starts its input workers as Ray actors, and Ray is not "
+            "initialised in this process. Start it first (ray.init(...), or create "
+            "cstream.backend(\"CSX\"), which starts or joins Ray), or use "
+            "workers.local_stream.LocalInputStream to stream without Ray."
+        )
+
+
 class CsxInputStream:
     """The input side of one CS-X: its InputWorker actors and their round-robin merge.
 
@@ -230,24 +269,24 @@ class CsxInputStream:
         wse_id: which CS-X this stream feeds (``0 <= wse_id < cs_config.num_csx``).
         resume_states: the :meth:`worker_states` of an earlier stream of this CS-X; the new
             stream delivers exactly the batches that stream would have delivered next.
-        in_flight_per_worker: ``fetch`` requests kept outstanding per worker when each reply
-            carries one batch.
-        batches_per_fetch: the most batches per ``fetch`` reply (one Ray call and one object
-            for all the batches a worker has ready, one request outstanding at a time); None:
-            ``cs_config.batches_per_fetch``. A worker buffers up to ``max(in_flight_per_worker,
-            batches_per_fetch)`` produced batches, so it is never more than
+        policy: the run's :class:`~workers.flow.FlowPolicy`: the ``fetch`` requests kept
+            outstanding per worker when each reply carries one batch
+            (``requests_in_flight_per_worker``), the most batches per reply
+            (``batches_per_fetch``: one Ray call and one object for all the batches a worker
+            has ready, one request outstanding at a time; replies of small batches carry up to
+            ``policy.batches_per_reply(nbytes)`` of them where a byte bound is in force), and
+            each worker's byte bound. A worker buffers up to
+            ``policy.worker_buffer_batches(...)`` produced batches, so it is never more than
             :attr:`max_batches_ahead` batches ahead of :meth:`next`.
         name_prefix: actors are named ``f"{name_prefix}-csx{wse_id}-w{w}"``.
         workers_ahead: this CS-X's row of :func:`start_workers_ahead` (entries may be None):
             those workers are set up and used instead of starting new ones; each one taken
             becomes None in the list. One whose set-up fails is killed and a new worker
             started in its place, so that a failure shows as it does without.
-        policy: the run's :class:`~workers.flow.FlowPolicy`: with a byte bound in force,
-            replies of small batches carry up to ``policy.batches_per_reply(nbytes)`` of them.
 
     Each worker's batches in flight -- produced and buffered in the worker, in replies on their
     way, received here and not yet handed out by :meth:`next` -- are bounded in bytes too, by
-    :func:`workers.flow.input_bytes_in_flight_per_worker` (``CSConfig.input_bytes_in_flight_per_csx``
+    :meth:`workers.flow.FlowPolicy.input_bytes_per_worker` (``CSConfig.input_bytes_in_flight_per_csx``
     or a share of this node's object store); at least one batch is always in flight.
 
     >>> import torch, ray
@@ -257,81 +296,33 @@ class CsxInputStream:
     ...     from workers import get_worker_info
     ...     w = get_worker_info().local_worker_id
     ...     return [{"x": torch.full((2,), 10 * w + i)} for i in range(3)]
-    >>> s = CsxInputStream(DataLoader(input_fn), CSConfig(num_workers_per_csx=2), 0,
+    >>> from workers.flow import FlowPolicy
+    >>> cfg = CSConfig(num_workers_per_csx=2)
+    >>> s = CsxInputStream(DataLoader(input_fn), cfg, 0, policy=FlowPolicy.from_config(cfg),
     ...                    name_prefix="doctest")  # doctest: +SKIP
     >>> [s.next()[0]["x"][0].item() for _ in range(4)]  # doctest: +SKIP
     [0, 10, 1, 11]
     >>> s.close()  # doctest: +SKIP
     """
 
-    def __init__(self, dataloader, cs_config, wse_id, *, resume_states=None,
-                 in_flight_per_worker=2, batches_per_fetch=None,
-                 name_prefix=DEFAULT_NAME_PREFIX, zero_copy=False,
-                 policy: FlowPolicy | None = None, workers_ahead: list | None = None):
+    def __init__(self, dataloader, cs_config, wse_id, *, policy: FlowPolicy,
+                 resume_states=None, name_prefix=DEFAULT_NAME_PREFIX, zero_copy=False,
+                 workers_ahead: list | None = None):
+        _check_arguments(dataloader, cs_config, wse_id, policy, name_prefix)
         self.zero_copy = bool(zero_copy)  # True: the caller is each batch's only reader
-        if not isinstance(dataloader, DataLoader):
-            raise TypeError(
-                f"CsxInputStream: dataloader must be a cstream DataLoader "
-                f"(cstream.utils.data.DataLoader(input_fn, ...)), got "
-                f"{type(dataloader).__name__}: {dataloader!r}."
-            )
-        if not isinstance(cs_config, CSConfig):
-            raise TypeError(
-                f"CsxInputStream: cs_config must be a CSConfig, got {type(cs_config).__name__}: "
-                f"{cs_config!r}. Build one with cstream.utils.CSConfig(num_csx=..., "
-                "num_workers_per_csx=...)."
-            )
-        if isinstance(wse_id, bool) or not isinstance(wse_id, int) or not (
-                0 <= wse_id < cs_config.num_csx):
-            raise ValueError(
-                f"CsxInputStream: wse_id={wse_id!r} is not a CS-X of this cluster; it must be an "
-                f"int in [0, {cs_config.num_csx}) (cs_config.num_csx={cs_config.num_csx})."
-            )
-        if isinstance(in_flight_per_worker, bool) or not isinstance(in_flight_per_worker, int) \
-                or in_flight_per_worker < 1:
-            raise ValueError(
-                f"CsxInputStream: in_flight_per_worker={in_flight_per_worker!r}; it must be an "
-                "int >= 1 (the fetch requests kept outstanding per worker, e.g. 2 or 4)."
-            )
-        if batches_per_fetch is None and isinstance(cs_config, CSConfig):
-            batches_per_fetch = cs_config.batches_per_fetch
-        if isinstance(batches_per_fetch, bool) or not isinstance(batches_per_fetch, int) \
-                or batches_per_fetch < 1:
-            raise ValueError(
-                f"CsxInputStream: batches_per_fetch={batches_per_fetch!r}; it must be an int >= 1 "
-                "(batches carried by one reply from a worker, e.g. 1 or 2)."
-            )
-        if not isinstance(name_prefix, str) or not name_prefix:
-            raise ValueError(
-                f"CsxInputStream: name_prefix={name_prefix!r}; it must be a non-empty string "
-                "(actors are named '<name_prefix>-csx<c>-w<w>')."
-            )
-        if not ray.is_initialized():
-            raise RuntimeError(
-                "CsxInputStream starts its input workers as Ray actors, and Ray is not "
-                "initialised in this process. Start it first (ray.init(...), or create "
-                "cstream.backend(\"CSX\"), which starts or joins Ray), or use "
-                "workers.local_stream.LocalInputStream to stream without Ray."
-            )
-
         self.dataloader = dataloader
         self.cs_config = cs_config
         self.wse_id = wse_id
-        self.in_flight_per_worker = in_flight_per_worker
-        self.batches_per_fetch = batches_per_fetch
-        self.capacity = max(in_flight_per_worker, batches_per_fetch)
-        self.in_flight_bytes_per_worker = input_bytes_in_flight_per_worker(
-            cs_config, None if cs_config.input_bytes_in_flight_per_csx else
-            local_object_store_bytes())
         self.policy = policy
-        if policy is not None and self.in_flight_bytes_per_worker is not None \
-                and batches_per_fetch > 1:
-            # room for a reply's worth of small batches (policy.batches_per_reply); the byte
-            # bound keeps large ones to what it allows
-            self.capacity = max(self.capacity, policy.small_reply_batches)
         self.name_prefix = name_prefix
-        W = cs_config.num_workers_per_csx
-        self.num_workers = W
+        W = self.num_workers = cs_config.num_workers_per_csx
+        self.in_flight_per_worker = policy.requests_in_flight_per_worker
+        self.batches_per_fetch = policy.batches_per_fetch  # raised where batches are small
+        self.in_flight_bytes_per_worker = policy.input_bytes_per_worker(
+            cs_config.num_csx, W, None if policy.input_bytes_in_flight_per_csx else
+            local_object_store_bytes())
+        self.capacity = policy.worker_buffer_batches(
+            bytes_bounded=self.in_flight_bytes_per_worker is not None)
         self._closed = False
         self._peeked = None
         self._step = 0
@@ -341,11 +332,8 @@ class CsxInputStream:
         self._placer = NodePlacer(_NUM_CPUS)
         self.key_batches = sample_key_batches(cs_config)
         self._poll_s = min(0.25, cs_config.straggler_timeout_s / 4)
-        self._workers = [
-            _Worker(info=WorkerInfo(w, W, cs_config.num_csx, wse_id),
-                    name=_worker_name(name_prefix, wse_id, w))
-            for w in range(W)
-        ]
+        self._workers = [_Worker(info=WorkerInfo(w, W, cs_config.num_csx, wse_id),
+                                 name=_worker_name(name_prefix, wse_id, w)) for w in range(W)]
         for wk in self._workers:
             wk.received_after = wk.consumed_after = {
                 "worker_step": 0, "samples_streamed": 0,
@@ -359,18 +347,8 @@ class CsxInputStream:
         self._dataloader_ref = ray.put(dataloader)
         self._t_start = time.perf_counter()
         self._t_first: float | None = None
-        ahead = workers_ahead if workers_ahead is not None else []
         try:
-            nodes = self._placer.initial(W, first=wse_id * W)  # as start_workers_ahead's
-            for wk in self._workers:
-                w = wk.info.local_worker_id
-                wk.node = nodes[w]
-                actor = ahead[w] if w < len(ahead) else None
-                if actor is not None:
-                    ahead[w] = None  # taken: set up, or killed if that fails
-                wk.actor = self._spawn(wk, ahead=actor)
-            for wk in self._workers:
-                self._top_up(wk)
+            self._start_workers([] if workers_ahead is None else workers_ahead)
         except BaseException:
             self.close()
             raise
@@ -426,6 +404,20 @@ class CsxInputStream:
             wk.received_after = wk.consumed_after = after
             wk.received = wk.consumed = wk.next_request = int(st.worker_step)
         self._step = total
+
+    def _start_workers(self, ahead: list) -> None:
+        """Start every worker (taking those of ``ahead``, :func:`start_workers_ahead`'s row
+        for this CS-X) and send each its first requests."""
+        nodes = self._placer.initial(self.num_workers, first=self.wse_id * self.num_workers)
+        for wk in self._workers:  # placed as start_workers_ahead places them
+            w = wk.info.local_worker_id
+            wk.node = nodes[w]
+            actor = ahead[w] if w < len(ahead) else None
+            if actor is not None:
+                ahead[w] = None  # taken: set up, or killed if that fails
+            wk.actor = self._spawn(wk, ahead=actor)
+        for wk in self._workers:
+            self._top_up(wk)
 
     def _spawn(self, wk: _Worker, ahead=None):
         """Start ``wk``'s actor on the node ``wk.node``, or set up ``ahead`` (a worker of
@@ -587,8 +579,7 @@ class CsxInputStream:
         # this stream is each batch object's only reader: with zero_copy, no defensive copy
         items = unpack_reply(reply, copy=not self.zero_copy)
         received_unix = time.time()
-        if self.policy is not None and self.capacity > self.batches_per_fetch \
-                and items[0]["kind"] != "error":
+        if self.capacity > self.batches_per_fetch and items[0]["kind"] != "error":
             # small batches: as many per reply as the worker may hold
             m = min(self.capacity, self.policy.batches_per_reply(items[0]["nbytes"]))
             self.batches_per_fetch = max(self.batches_per_fetch, m)
@@ -886,16 +877,13 @@ class CsxInputStream:
             "workers": workers,
         }
 
-    def actor_names(self) -> list[str]:
-        return [wk.name for wk in self._workers]
-
     def close(self) -> None:
         """Kill this stream's actors; safe to call more than once."""
         if self._closed:
             return
         self._closed = True
         self._peeked = None
-        workers = [wk for wk in getattr(self, "_workers", []) if wk.actor is not None]
+        workers = [wk for wk in self._workers if wk.actor is not None]
         # let producers leave input_fn first: a process killed while a thread is inside native
         # code (a torch op) aborts with a stack dump on the console
         stops = []
@@ -905,7 +893,7 @@ class CsxInputStream:
         if stops:
             with contextlib.suppress(Exception):
                 ray.wait(stops, num_returns=len(stops), timeout=_STOP_JOIN_S + 0.5)
-        for wk in getattr(self, "_workers", []):
+        for wk in self._workers:
             wk.pending.clear()
             wk.ready.clear()
             if wk.actor is not None:
