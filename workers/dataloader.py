@@ -165,7 +165,7 @@ class DataLoader:
         return state
 
     def resume_topology(self):
-        r = getattr(self, "_resume", None)
+        r = self._resume
         return None if r is None else (r["num_csx"], r["num_workers_per_csx"])
 
     def __iter__(self):
