@@ -482,7 +482,7 @@ def test_a_workers_bytes_in_flight_stay_within_the_configured_bound(
         assert got == [1.0, 2.0, 3.0, 4.0, 5.0]
         # with the default budget the producer runs more than 5 batches ahead: wait for that
         ahead = _settled(path, at_least=5 + 6 if budget_mib is None else 0) - 5
-        stats = ray_session.get(s._workers[0].actor.stats.remote())
+        stats = ray_session.get(s.workers[0].actor.stats.remote())
     if budget_mib is None:  # a quarter of the object store: the batch counts bind first
         assert 5 < ahead <= most_ahead == s.max_batches_ahead
     else:

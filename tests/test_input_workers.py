@@ -269,7 +269,7 @@ def test_a_stream_takes_the_workers_started_ahead_and_replaces_one_that_died(ray
                         workers_ahead=ahead[0]) as s:
         assert ahead[0] == [None, None]  # taken: set up, or killed and replaced
         got = [s.next()[0].tolist() for _ in range(4)]
-        used = [ray.get(wk.actor.pid.remote()) for wk in s._workers]
+        used = [ray.get(wk.actor.pid.remote()) for wk in s.workers]
     # local id, workers per CS-X, CS-Xs, CS-X, global id, total workers, worker_step
     assert got == [[k % 2, 2, 2, 0, k % 2, 4, k // 2] for k in range(4)]
     assert used[0] == pids[0][0]  # the worker started ahead

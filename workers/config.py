@@ -135,8 +135,7 @@ class CSConfig:
 
     def _check_timing(self) -> None:
         for name in ("wafer_samples_per_sec", "wafer_seconds_per_step"):
-            positive_number(getattr(self, name), f"CSConfig.{name}", allow_none=True,
-                            fix="None: the wafer runs as fast as the step does.")
+            positive_number(getattr(self, name), f"CSConfig.{name}", allow_none=True, fix="")
         if self.wafer_samples_per_sec is not None and self.wafer_seconds_per_step is not None:
             raise ValueError(
                 "CSConfig: set either wafer_samples_per_sec or wafer_seconds_per_step, not both "
@@ -151,7 +150,7 @@ class CSConfig:
         positive_number(self.input_stall_timeout_s, "CSConfig.input_stall_timeout_s",
                         allow_none=True, unit="seconds",
                         fix="None derives it from the batch costs.")
-        positive_number(self.straggler_timeout_s, "CSConfig.straggler_timeout_s")
+        positive_number(self.straggler_timeout_s, "CSConfig.straggler_timeout_s", fix="")
 
     @property
     def total_num_workers(self) -> int:
