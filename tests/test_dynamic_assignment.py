@@ -224,8 +224,8 @@ def test_dynamic_stream_delivers_the_single_process_sequence(ray_session, C, W):
 
 
 def test_a_slow_batch_holds_back_only_its_own_worker(ray_session, tmp_path):
-    # worker 0 is stuck on its first batch (step 0; it holds steps 4, 8 behind it with 3 numbers
-    # a worker) until another worker has produced step 28: the others go on meanwhile
+    # worker 0 is stuck on its first batch (step 0; it holds step 4 behind it with 2 numbers a
+    # worker) until another worker has produced step 28: the others go on meanwhile
     expected = client_sequence(40, n=200)  # one epoch: each id in one batch only
     release = 28
     loader = DataLoader(shuffled_ids_fn, n=200, marker=str(tmp_path / "go"),
