@@ -283,9 +283,7 @@ class WaferDriver:
                 if resume_states is not None:
                     states = [s for s in resume_states if s.wse_id == c]
                 streams.append(Stream(dataloader, cs_config, c, resume_states=states,
-                                      in_flight_per_worker=self.policy
-                                      .requests_in_flight_per_worker, zero_copy=True,
-                                      policy=self.policy,
+                                      zero_copy=True, policy=self.policy,
                                       workers_ahead=None if workers_ahead is None
                                       else workers_ahead[c]))
             self._feed = InputFeed(streams, self.policy)

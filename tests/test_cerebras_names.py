@@ -56,12 +56,14 @@ def test_a_dataloader_worker_process_of_a_ray_input_worker_sees_the_names_and_th
     from cerebras.appliance.environment import appliance_environ
     from workers.config import CSConfig
     from workers.dataloader import DataLoader
+    from workers.flow import FlowPolicy
     from workers.stream import CsxInputStream
 
     appliance_environ["CSTREAM_NAMES_TEST"] = "7"
     try:
         cfg = CSConfig(num_csx=2, num_workers_per_csx=1)
-        stream = CsxInputStream(DataLoader(who_am_i_input_fn), cfg, 1, name_prefix="names")
+        stream = CsxInputStream(DataLoader(who_am_i_input_fn), cfg, 1,
+                                policy=FlowPolicy.from_config(cfg), name_prefix="names")
         try:
             rows = [stream.next()[0][0].tolist() for _ in range(2)]
         finally:

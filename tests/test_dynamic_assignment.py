@@ -23,6 +23,7 @@ from workers import CSConfig, sharding
 from workers.context import BatchAssignment, WorkerInfo, batch_assignment, worker_context
 from workers.coordinator import CoordinatedInputStream, cost_summary
 from workers.dataloader import DataLoader
+from workers.flow import FlowPolicy
 from workers.resume import Source
 from workers.sharding import ShardedSampler, dynamic_assignment_support
 
@@ -79,9 +80,16 @@ def read_steps(streams, steps):
     return out, workers
 
 
+def stream_policy(cfg):
+    """The streams' flow policy: two numbers held a worker, and replies of at most
+    ``batches_per_fetch`` batches whatever their size."""
+    return FlowPolicy.from_config(cfg, assigned_batches_per_worker=2, small_reply_batches=1)
+
+
 def open_streams(cfg, prefix, **kwargs):
     loader = kwargs.pop("loader", None) or DataLoader(shuffled_ids_fn)
-    return [CoordinatedInputStream(loader, cfg, c, name_prefix=f"{prefix}", **kwargs)
+    return [CoordinatedInputStream(loader, cfg, c, name_prefix=f"{prefix}",
+                                   policy=stream_policy(cfg), **kwargs)
             for c in range(cfg.num_csx)]
 
 
@@ -216,8 +224,8 @@ def test_dynamic_stream_delivers_the_single_process_sequence(ray_session, C, W):
 
 
 def test_a_slow_batch_holds_back_only_its_own_worker(ray_session, tmp_path):
-    # worker 0 is stuck on its first batch (step 0; it holds steps 4, 8 behind it with 3 numbers
-    # a worker) until another worker has produced step 28: the others go on meanwhile
+    # worker 0 is stuck on its first batch (step 0; it holds step 4 behind it with 2 numbers a
+    # worker) until another worker has produced step 28: the others go on meanwhile
     expected = client_sequence(40, n=200)  # one epoch: each id in one batch only
     release = 28
     loader = DataLoader(shuffled_ids_fn, n=200, marker=str(tmp_path / "go"),
@@ -252,11 +260,9 @@ def test_the_workers_fill_the_whole_reorder_window_while_the_wafer_waits(ray_ses
     # the lead a slow batch needs is the window, not a few batches a worker
     import time as _time
 
-    from workers.flow import FlowPolicy
-
     stream = CoordinatedInputStream(DataLoader(large_batches_fn), CSConfig(num_workers_per_csx=2),
-                                    0, name_prefix="fillwin", policy=FlowPolicy(),
-                                    reorder_window_batches=24)
+                                    0, name_prefix="fillwin",
+                                    policy=FlowPolicy(reorder_window_batches_per_worker=12))
     try:
         deadline = _time.monotonic() + 60
         while stream.ready_count() < 24 and _time.monotonic() < deadline:
@@ -273,11 +279,9 @@ def test_input_faster_than_the_wafer_goes_several_batches_to_a_reply(ray_session
     # chunks, not one number (one assign call, one reply) per step
     import time as _time
 
-    from workers.flow import FlowPolicy
-
     stream = CoordinatedInputStream(DataLoader(large_batches_fn), CSConfig(num_workers_per_csx=2),
-                                    0, name_prefix="refill", policy=FlowPolicy(),
-                                    reorder_window_batches=64)
+                                    0, name_prefix="refill",
+                                    policy=FlowPolicy(reorder_window_batches_per_worker=32))
     try:
         got = []
         for _ in range(300):
@@ -324,6 +328,7 @@ def test_a_resume_with_another_worker_count_continues_the_sequence_exactly(ray_s
     states = remap_worker_states(states, cfg2)
     loader = DataLoader(shuffled_ids_fn)
     streams = [CoordinatedInputStream(loader, cfg2, c, name_prefix="resume-b",
+                                      policy=stream_policy(cfg2),
                                       resume_states=[st for st in states if st.wse_id == c])
                for c in range(cfg2.num_csx)]
     try:

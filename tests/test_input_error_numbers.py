@@ -19,6 +19,7 @@ from workers import CSConfig
 from workers.coordinator import CoordinatedInputStream
 from workers.dataloader import DataLoader
 from workers.errors import InputWorkerError
+from workers.flow import FlowPolicy
 from workers.sharding import ShardedSampler
 
 FAIL_AT = 13  # the global batch that fails (0-based): step 14
@@ -65,7 +66,8 @@ def fail(mode, C, W):
     """Stream until the error; returns the steps streamed, the error and its parsed head."""
     cfg = CSConfig(num_csx=C, num_workers_per_csx=W, input_assignment=mode,
                    straggler_timeout_s=30.0)
-    streams = [CoordinatedInputStream(DataLoader(failing_rows_fn), cfg, c,
+    policy = FlowPolicy.from_config(cfg, small_reply_batches=1, assigned_batches_per_worker=2)
+    streams = [CoordinatedInputStream(DataLoader(failing_rows_fn), cfg, c, policy=policy,
                                       name_prefix=f"err-{mode}{C}x{W}") for c in range(C)]
     steps, error = [], []
 

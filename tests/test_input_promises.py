@@ -451,7 +451,7 @@ def _settled(path, at_least=0, timeout_s=60.0):
 
 def test_the_object_store_is_sized_from_memory_and_bounds_the_input_bytes(ray_session):
     from executor.ray_session import machine_memory_bytes
-    from workers.flow import object_store_bytes_for
+    from workers.flow import FlowPolicy, object_store_bytes_for
     from workers.stream import CsxInputStream
 
     store = ray_session.cluster_resources()["object_store_memory"]
@@ -459,24 +459,27 @@ def test_the_object_store_is_sized_from_memory_and_bounds_the_input_bytes(ray_se
     assert store > 512 * 2**20  # no longer a fixed 512 MiB on this machine
     cfg = cstorch.utils.CSConfig(num_workers_per_csx=4)
     with CsxInputStream(cstorch.utils.data.DataLoader(counted_megabyte_fn, "/dev/null"), cfg, 0,
-                        name_prefix="bytesdefault") as s:
+                        policy=FlowPolicy.from_config(cfg), name_prefix="bytesdefault") as s:
         assert s.in_flight_bytes_per_worker == int(store * 0.25) // 4
 
 
 @pytest.mark.parametrize("budget_mib,most_ahead", [(None, 12), (2, 5)])
 def test_a_workers_bytes_in_flight_stay_within_the_configured_bound(
         ray_session, tmp_path, budget_mib, most_ahead):
+    from workers.flow import FlowPolicy
     from workers.stream import CsxInputStream
 
     path = str(tmp_path / "produced")
     cfg = cstorch.utils.CSConfig(input_bytes_in_flight_per_csx=budget_mib and budget_mib << 20)
+    # replies of at most batches_per_fetch batches: the bound below counts in batches
+    policy = FlowPolicy.from_config(cfg, small_reply_batches=1)
     with CsxInputStream(cstorch.utils.data.DataLoader(counted_megabyte_fn, path), cfg, 0,
-                        name_prefix=f"bytes{budget_mib}") as s:
+                        policy=policy, name_prefix=f"bytes{budget_mib}") as s:
         got = [s.next()[0][0, 0].item() for _ in range(5)]
         assert got == [1.0, 2.0, 3.0, 4.0, 5.0]
         # with the default budget the producer runs more than 5 batches ahead: wait for that
         ahead = _settled(path, at_least=5 + 6 if budget_mib is None else 0) - 5
-        stats = ray_session.get(s._workers[0].actor.stats.remote())
+        stats = ray_session.get(s.workers[0].actor.stats.remote())
     if budget_mib is None:  # a quarter of the object store: the batch counts bind first
         assert 5 < ahead <= most_ahead == s.max_batches_ahead
     else:

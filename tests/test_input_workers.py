@@ -24,7 +24,12 @@ from workers.errors import (
     UnshardedInputWarning,
     WorkerCrashLoopError,
 )
+from workers.flow import FlowPolicy
 from workers.stream import CsxInputStream, kill_workers, start_workers_ahead
+
+FLOW = FlowPolicy(small_reply_batches=1)
+"""The streams' flow policy: replies carry at most ``batches_per_fetch`` batches whatever their
+size, so the bounds these tests count in batches hold exactly."""
 
 Pair = collections.namedtuple("Pair", ["features", "label"])
 
@@ -239,7 +244,7 @@ def take_ids(stream, n):
 def test_input_fn_sees_its_csx_and_worker_for_every_layout(ray_session):
     streams = [(CSConfig(num_csx=C, num_workers_per_csx=W), c) for C, W in [(2, 2)]
                for c in range(C)]
-    streams = [(cfg, c, CsxInputStream(DataLoader(identity_fn, 2), cfg, c,
+    streams = [(cfg, c, CsxInputStream(DataLoader(identity_fn, 2), cfg, c, policy=FLOW,
                                        name_prefix=f"info{cfg.num_csx}"))
                for cfg, c in streams]
     try:
@@ -260,11 +265,11 @@ def test_a_stream_takes_the_workers_started_ahead_and_replaces_one_that_died(ray
     pids = [[ray.get(a.pid.remote()) for a in row] for row in ahead]
     dead = ahead[0][1]
     ray.kill(dead, no_restart=True)
-    with CsxInputStream(DataLoader(identity_fn, 2), cfg, 0, name_prefix="ahead",
+    with CsxInputStream(DataLoader(identity_fn, 2), cfg, 0, policy=FLOW, name_prefix="ahead",
                         workers_ahead=ahead[0]) as s:
         assert ahead[0] == [None, None]  # taken: set up, or killed and replaced
         got = [s.next()[0].tolist() for _ in range(4)]
-        used = [ray.get(wk.actor.pid.remote()) for wk in s._workers]
+        used = [ray.get(wk.actor.pid.remote()) for wk in s.workers]
     # local id, workers per CS-X, CS-Xs, CS-X, global id, total workers, worker_step
     assert got == [[k % 2, 2, 2, 0, k % 2, 4, k // 2] for k in range(4)]
     assert used[0] == pids[0][0]  # the worker started ahead
@@ -283,7 +288,8 @@ def test_batches_arrive_in_round_robin_order_with_the_exact_sample_ids(ray_sessi
     cfg = CSConfig(num_workers_per_csx=workers)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UnshardedInputWarning)
-        with CsxInputStream(DataLoader(ids_fn, 24, 2), cfg, 0, name_prefix=f"rr{workers}") as s:
+        with CsxInputStream(DataLoader(ids_fn, 24, 2), cfg, 0, policy=FLOW,
+                            name_prefix=f"rr{workers}") as s:
             infos = []
             got = []
             for _ in range(4 * workers):
@@ -299,7 +305,8 @@ def test_batches_arrive_in_round_robin_order_with_the_exact_sample_ids(ray_sessi
 
 
 def test_nested_structures_and_dtypes_round_trip_exactly(ray_session):
-    with CsxInputStream(DataLoader(structures_fn), CSConfig(), 0, name_prefix="nest") as s:
+    with CsxInputStream(DataLoader(structures_fn), CSConfig(), 0, policy=FLOW,
+                        name_prefix="nest") as s:
         spec = s.peek_spec()
         batch, info = s.next()
     want = structures_fn()[0]
@@ -320,7 +327,8 @@ def test_nested_structures_and_dtypes_round_trip_exactly(ray_session):
 
 
 def test_mutating_a_returned_tensor_in_place_does_not_change_other_batches(ray_session):
-    with CsxInputStream(DataLoader(same_tensor_fn), CSConfig(), 0, name_prefix="mut") as s:
+    with CsxInputStream(DataLoader(same_tensor_fn), CSConfig(), 0, policy=FLOW,
+                        name_prefix="mut") as s:
         first, _ = s.next()
         first["x"].add_(100)
         first["y"].mul_(0)
@@ -356,8 +364,9 @@ def test_a_producer_never_runs_more_than_a_bounded_number_of_batches_ahead(ray_s
             time.sleep(0.05)
         return last
 
-    with CsxInputStream(DataLoader(counting_fn, path), CSConfig(), 0, in_flight_per_worker=2,
-                        batches_per_fetch=per_fetch, name_prefix=f"bp{per_fetch}") as s:
+    with CsxInputStream(DataLoader(counting_fn, path), CSConfig(), 0, name_prefix=f"bp{per_fetch}",
+                        policy=FlowPolicy(requests_in_flight_per_worker=2,
+                                          batches_per_fetch=per_fetch, small_reply_batches=1)) as s:
         # one batch per reply: 2 replies in flight + 2 buffered in the worker + 1 waiting to
         # be buffered; up to 2 per reply: 1 left of the last reply + 1 reply of up to 2 in
         # flight + 2 buffered + 1 waiting
@@ -377,7 +386,7 @@ def test_a_producer_never_runs_more_than_a_bounded_number_of_batches_ahead(ray_s
 def test_a_stream_resumed_from_worker_states_continues_the_exact_sequence(ray_session, sampler):
     cfg = CSConfig(num_workers_per_csx=2)
     loader = DataLoader(ids_fn, 20, 4, sampler)  # 10 ids per worker: batches of 4, 4, 2
-    with CsxInputStream(loader, cfg, 0, name_prefix=f"res-{sampler}0") as s:
+    with CsxInputStream(loader, cfg, 0, policy=FLOW, name_prefix=f"res-{sampler}0") as s:
         got = take_ids(s, 7)
         states = s.worker_states()
     # worker 0 is inside epoch 1, worker 1 exactly at the end of epoch 0
@@ -393,7 +402,7 @@ def test_a_stream_resumed_from_worker_states_continues_the_exact_sequence(ray_se
         assert "loader_state" not in states[0].user_state_dict
     json.dumps([st.user_state_dict for st in states])  # plain types, storable in HDF5
 
-    with CsxInputStream(loader, cfg, 0, resume_states=states,
+    with CsxInputStream(loader, cfg, 0, policy=FLOW, resume_states=states,
                         name_prefix=f"res-{sampler}1") as s:
         batches = [s.next() for _ in range(8)]
     assert [info.local_worker_id for _, info in batches][:2] == [1, 0]
@@ -410,7 +419,7 @@ def test_a_stream_resumed_from_worker_states_continues_the_exact_sequence(ray_se
 def test_identical_first_batches_of_all_workers_are_found_by_content(ray_session):
     from workers.duplicates import check_streams
 
-    with CsxInputStream(DataLoader(unsharded_fn), CSConfig(num_workers_per_csx=2), 0,
+    with CsxInputStream(DataLoader(unsharded_fn), CSConfig(num_workers_per_csx=2), 0, policy=FLOW,
                         name_prefix="unsh") as s:
         report = check_streams([s], "unsharded_fn", "warn")
         # the compared batches stay queued: the stream goes on from its first batch
@@ -427,6 +436,7 @@ def test_identical_first_batches_of_all_workers_are_found_by_content(ray_session
 
 def test_input_fn_raising_at_construction_names_the_worker_and_keeps_the_traceback(ray_session):
     s = CsxInputStream(DataLoader(failing_construction_fn), CSConfig(num_workers_per_csx=2), 0,
+                       policy=FLOW,
                        name_prefix="badctor")
     s.next()
     with pytest.raises(InputWorkerError) as ei:
@@ -444,7 +454,8 @@ def test_input_fn_raising_at_construction_names_the_worker_and_keeps_the_traceba
 
 
 def test_input_fn_raising_mid_iteration_surfaces_at_that_batch(ray_session):
-    s = CsxInputStream(DataLoader(failing_iteration_fn), CSConfig(), 0, name_prefix="baditer")
+    s = CsxInputStream(DataLoader(failing_iteration_fn), CSConfig(), 0, policy=FLOW,
+                       name_prefix="baditer")
     assert [s.next()[0].item() for _ in range(2)] == [0, 1]
     with pytest.raises(InputWorkerError) as ei:
         s.next()
@@ -462,7 +473,7 @@ def test_input_fn_raising_mid_iteration_surfaces_at_that_batch(ray_session):
 
 
 def test_an_input_fn_that_yields_nothing_is_a_clear_error(ray_session):
-    s = CsxInputStream(DataLoader(empty_fn), CSConfig(), 0, name_prefix="empty")
+    s = CsxInputStream(DataLoader(empty_fn), CSConfig(), 0, policy=FLOW, name_prefix="empty")
     with pytest.raises(EmptyDataLoaderError, match=r"^CS-X 0, input worker 0: input_fn empty_fn "
                                                    r"returned a dataloader that yields no batch"):
         s.peek_spec()
@@ -475,8 +486,9 @@ def test_a_killed_worker_is_restarted_without_losing_or_repeating_a_sample(ray_s
     cfg = CSConfig(num_workers_per_csx=2, max_worker_restarts=2)
     # at the kill worker 1 has delivered at most 2 + 3 (rest of a reply) + 4 (a reply in
     # flight) of the 16 batches asked of it, so the stream must restart it
-    with CsxInputStream(DataLoader(ids_fn, 64, 2), cfg, 0, in_flight_per_worker=3,
-                        batches_per_fetch=per_fetch, name_prefix=f"kill{per_fetch}") as s:
+    with CsxInputStream(DataLoader(ids_fn, 64, 2), cfg, 0, name_prefix=f"kill{per_fetch}",
+                        policy=FlowPolicy(requests_in_flight_per_worker=3,
+                                          batches_per_fetch=per_fetch, small_reply_batches=1)) as s:
         got = take_ids(s, 5)
         ray_session.kill(ray_session.get_actor(f"kill{per_fetch}-csx0-w1"))
         got += take_ids(s, 27)
@@ -490,7 +502,7 @@ def test_a_worker_that_keeps_dying_stops_the_stream_with_a_crash_loop_error(ray_
                                                                             tmp_path):
     cfg = CSConfig(max_worker_restarts=1)
     marker = tmp_path / "batches-0-and-1-received"
-    s = CsxInputStream(DataLoader(crashing_fn, str(marker)), cfg, 0, name_prefix="loop")
+    s = CsxInputStream(DataLoader(crashing_fn, str(marker)), cfg, 0, policy=FLOW, name_prefix="loop")
     assert [s.next()[0].item() for _ in range(2)] == [0, 1]
     marker.touch()  # now the worker dies at batch 2, and again after its restart
     with pytest.raises(WorkerCrashLoopError) as ei:
@@ -518,7 +530,8 @@ def test_a_straggler_is_reported_with_its_stack_and_the_stream_keeps_waiting(ray
             time.sleep(0.01)
         marker.touch()
 
-    with CsxInputStream(DataLoader(slow_fn, str(marker)), cfg, 0, name_prefix="slow") as s:
+    with CsxInputStream(DataLoader(slow_fn, str(marker)), cfg, 0, policy=FLOW,
+                        name_prefix="slow") as s:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", StragglerWarning)  # a slow actor start may count
             assert s.next()[0].item() == 0
@@ -550,7 +563,7 @@ def test_a_straggler_is_reported_with_its_stack_and_the_stream_keeps_waiting(ray
 
 def test_close_kills_every_actor_and_can_be_called_twice(ray_session):
     s = CsxInputStream(DataLoader(ids_fn, 8, 2), CSConfig(num_workers_per_csx=2), 0,
-                       name_prefix="closing")
+                       policy=FLOW, name_prefix="closing")
     assert live_actors(ray_session, "closing") == ["closing-csx0-w0", "closing-csx0-w1"]
     assert take_ids(s, 1) == [[0, 2]]
     states = s.worker_states()
@@ -560,7 +573,7 @@ def test_close_kills_every_actor_and_can_be_called_twice(ray_session):
         s.next()
     # the names are free again at once: a new stream under the same prefix picks up from there
     with CsxInputStream(DataLoader(ids_fn, 8, 2), CSConfig(num_workers_per_csx=2), 0,
-                        resume_states=states, name_prefix="closing") as again:
+                        policy=FLOW, resume_states=states, name_prefix="closing") as again:
         assert take_ids(again, 2) == [[1, 3], [4, 6]]
     assert wait_actors_gone(ray_session, "closing") == []
 
@@ -568,17 +581,21 @@ def test_close_kills_every_actor_and_can_be_called_twice(ray_session):
 def test_bad_arguments_are_refused_with_the_rule_and_the_fix(ray_session):
     dl = DataLoader(ids_fn, 8, 2)
     with pytest.raises(TypeError, match="dataloader must be a cstream DataLoader"):
-        CsxInputStream(ids_fn, CSConfig(), 0)
+        CsxInputStream(ids_fn, CSConfig(), 0, policy=FLOW)
     with pytest.raises(ValueError, match=r"wse_id=2 is not a CS-X of this cluster; it must be an "
                                          r"int in \[0, 2\)"):
-        CsxInputStream(dl, CSConfig(num_csx=2), 2)
-    with pytest.raises(ValueError, match="in_flight_per_worker=0; it must be an int >= 1"):
-        CsxInputStream(dl, CSConfig(), 0, in_flight_per_worker=0)
+        CsxInputStream(dl, CSConfig(num_csx=2), 2, policy=FLOW)
+    with pytest.raises(TypeError, match=r"policy must be a FlowPolicy, got NoneType: None\. Build "
+                                        r"the run's with workers\.flow\.FlowPolicy\.from_config"):
+        CsxInputStream(dl, CSConfig(), 0, policy=None)
+    with pytest.raises(ValueError, match=r"FlowPolicy\.requests_in_flight_per_worker: expected a "
+                                         r"positive int, got 0\. Set it to 1 or more\."):
+        FlowPolicy(requests_in_flight_per_worker=0)
     with pytest.raises(ValueError, match=r"must hold one state per worker 0\.\.1 "
                                          r"\(num_workers_per_csx=2\), got states for "
                                          r"local_worker_ids \[0\]"):
         from workers.context import DataLoaderCheckpoint
-        CsxInputStream(dl, CSConfig(num_workers_per_csx=2), 0,
+        CsxInputStream(dl, CSConfig(num_workers_per_csx=2), 0, policy=FLOW,
                        resume_states=[DataLoaderCheckpoint(num_workers_per_csx=2)])
     assert live_actors(ray_session, "cstream") == []
 
@@ -609,7 +626,7 @@ def meta_fn():
 
 
 def test_a_batch_that_cannot_be_sent_fails_the_stream_naming_the_batch(ray_session):
-    with CsxInputStream(DataLoader(meta_fn), CSConfig(), 0, name_prefix="meta") as s:
+    with CsxInputStream(DataLoader(meta_fn), CSConfig(), 0, policy=FLOW, name_prefix="meta") as s:
         with pytest.raises(InputWorkerError) as ei:
             s.next()
     assert str(ei.value).startswith("CS-X 0, input worker 0 of 1, global batch 0 (step 1, the "

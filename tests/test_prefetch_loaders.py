@@ -21,6 +21,7 @@ from workers import CSConfig
 from workers.context import BatchAssignment, WorkerInfo, batch_assignment, worker_context
 from workers.coordinator import CoordinatedInputStream
 from workers.dataloader import DataLoader
+from workers.flow import FlowPolicy
 from workers.resume import Source
 from workers.sharding import ShardedSampler, draws_ahead, dynamic_assignment_support
 
@@ -106,11 +107,14 @@ def read_steps(streams, steps):
     return out
 
 
-def open_streams(cfg, prefix, loader, resume=None, **options):
+def open_streams(cfg, prefix, loader, resume=None, assigned_batches_per_worker=2):
+    """One stream per CS-X; replies carry at most ``batches_per_fetch`` batches whatever their
+    size, and a worker holds ``assigned_batches_per_worker`` numbers."""
+    policy = FlowPolicy.from_config(cfg, small_reply_batches=1,
+                                    assigned_batches_per_worker=assigned_batches_per_worker)
     return [CoordinatedInputStream(
-        loader, cfg, c, name_prefix=prefix,
-        resume_states=None if resume is None else [st for st in resume if st.wse_id == c],
-        **options)
+        loader, cfg, c, name_prefix=prefix, policy=policy,
+        resume_states=None if resume is None else [st for st in resume if st.wse_id == c])
         for c in range(cfg.num_csx)]
 
 

@@ -20,13 +20,15 @@ from typing import Optional
 
 def _message(name: str, rule: str, value, fix: Optional[str], default_fix: str) -> str:
     got = "true" if value is True else "false" if value is False else repr(value)
-    return f"{name}: expected {rule}, got {got}. {fix or default_fix}"
+    fix = default_fix if fix is None else fix
+    return f"{name}: expected {rule}, got {got}." + (f" {fix}" if fix else "")
 
 
 def positive_int(value, name: str, *, allow_none: bool = False, fix: Optional[str] = None,
                  error: type[Exception] = ValueError):
     """``value`` if it is an int of 1 or more (``None`` too when ``allow_none``); otherwise
-    ``error`` naming ``name``, the rule and ``fix`` (default: "Set it to 1 or more.").
+    ``error`` naming ``name``, the rule and ``fix`` (None: "Set it to 1 or more."; "": none,
+    where the rule says it all).
 
     bool is refused although it is an int: ``True`` as a count is always a mistake.
     """
@@ -39,13 +41,16 @@ def positive_int(value, name: str, *, allow_none: bool = False, fix: Optional[st
 
 
 def positive_number(value, name: str, *, allow_none: bool = False, fix: Optional[str] = None,
-                    error: type[Exception] = ValueError):
+                    error: type[Exception] = ValueError, unit: Optional[str] = None):
     """``value`` as a float if it is a real number above 0 (``None`` too when ``allow_none``);
-    otherwise ``error`` naming ``name``, the rule and ``fix``. NaN and infinity are refused."""
+    otherwise ``error`` naming ``name``, the rule (``unit``, if given, named in it: "a
+    positive number of seconds") and ``fix`` (None: "Set it above 0."; "": none). NaN and
+    infinity are refused."""
     if value is None and allow_none:
         return None
     if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0
             or value == float("inf")):
-        rule = "a positive number or None" if allow_none else "a positive number"
+        rule = "a positive number" + (f" of {unit}" if unit else "")
+        rule += " or None" if allow_none else ""
         raise error(_message(name, rule, value, fix, "Set it above 0."))
     return float(value)

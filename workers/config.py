@@ -6,19 +6,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from workers.checks import positive_int, positive_number
+
 
 AUTOMATIC_WORKERS_PER_CSX = 1
 """Input workers per CS-X when ``num_workers_per_csx`` is 0 or None (automatic)."""
 DUPLICATE_SAMPLES = ("warn", "error", "ignore")
 INPUT_ASSIGNMENTS = ("dynamic", "static")
-
-
-def _positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"CSConfig.{name}: expected a positive int, got {value!r}. "
-            f"Set {name} to 1 or more, e.g. CSConfig({name}=1)."
-        )
 
 
 @dataclass(kw_only=True)
@@ -51,7 +45,7 @@ class CSConfig:
     buffer (produced and waiting in the workers, in replies on their way, received and not yet
     in the buffer), split equally over its workers; each worker always has at least one batch
     in flight. None: a quarter of the Ray object store, shared by the CS-Xs (see
-    :func:`workers.flow.input_bytes_in_flight_per_worker`)."""
+    :meth:`workers.flow.FlowPolicy.input_bytes_per_worker`)."""
     max_worker_restarts: int = 3
     """How many times a crashed input worker is restarted before the run fails."""
     straggler_timeout_s: float = 60.0
@@ -117,13 +111,16 @@ class CSConfig:
         self.workers_chosen_automatically = self.num_workers_per_csx in (None, 0)
         if self.workers_chosen_automatically:
             self.num_workers_per_csx = AUTOMATIC_WORKERS_PER_CSX
-        _positive_int("num_csx", self.num_csx)
-        _positive_int("num_workers_per_csx", self.num_workers_per_csx)
-        _positive_int("input_buffer_batches", self.input_buffer_batches)
-        _positive_int("batches_per_fetch", self.batches_per_fetch)
-        _positive_int("duplicate_check_batches", self.duplicate_check_batches)
-        if self.input_bytes_in_flight_per_csx is not None:
-            _positive_int("input_bytes_in_flight_per_csx", self.input_bytes_in_flight_per_csx)
+        for name in ("num_csx", "num_workers_per_csx", "input_buffer_batches",
+                     "batches_per_fetch", "duplicate_check_batches",
+                     "input_bytes_in_flight_per_csx"):
+            positive_int(getattr(self, name), f"CSConfig.{name}",
+                         allow_none=name == "input_bytes_in_flight_per_csx",
+                         fix=f"Set {name} to 1 or more, e.g. CSConfig({name}=1).")
+        self._check_choices()
+        self._check_timing()
+
+    def _check_choices(self) -> None:
         if self.input_assignment not in INPUT_ASSIGNMENTS:
             raise ValueError(
                 f"CSConfig.input_assignment: expected one of {INPUT_ASSIGNMENTS}, got "
@@ -135,12 +132,10 @@ class CSConfig:
                 f"CSConfig.duplicate_samples: expected one of {DUPLICATE_SAMPLES}, got "
                 f"{self.duplicate_samples!r}."
             )
+
+    def _check_timing(self) -> None:
         for name in ("wafer_samples_per_sec", "wafer_seconds_per_step"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
-                raise ValueError(
-                    f"CSConfig.{name}: expected a positive number or None, got {v!r}."
-                )
+            positive_number(getattr(self, name), f"CSConfig.{name}", allow_none=True, fix="")
         if self.wafer_samples_per_sec is not None and self.wafer_seconds_per_step is not None:
             raise ValueError(
                 "CSConfig: set either wafer_samples_per_sec or wafer_seconds_per_step, not both "
@@ -152,16 +147,10 @@ class CSConfig:
             raise ValueError(
                 f"CSConfig.max_worker_restarts: expected an int >= 0, got {self.max_worker_restarts!r}."
             )
-        v = self.input_stall_timeout_s
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
-            raise ValueError(
-                f"CSConfig.input_stall_timeout_s: expected a positive number of seconds or None "
-                f"(derived from the batch costs), got {v!r}."
-            )
-        if not isinstance(self.straggler_timeout_s, (int, float)) or self.straggler_timeout_s <= 0:
-            raise ValueError(
-                f"CSConfig.straggler_timeout_s: expected a positive number, got {self.straggler_timeout_s!r}."
-            )
+        positive_number(self.input_stall_timeout_s, "CSConfig.input_stall_timeout_s",
+                        allow_none=True, unit="seconds",
+                        fix="None derives it from the batch costs.")
+        positive_number(self.straggler_timeout_s, "CSConfig.straggler_timeout_s", fix="")
 
     @property
     def total_num_workers(self) -> int:

@@ -2,7 +2,8 @@
 stream puts the batches back into global order.
 
 :class:`CoordinatedInputStream` is the input side of one CS-X (a
-:class:`~workers.stream.CsxInputStream`) with a coordinator in front of its workers. Under
+:class:`~workers.stream.CsxInputStream`) with a :class:`Coordinator` in front of its workers
+(the stream's assignment). Under
 round-robin (static) assignment step ``s`` can only come from worker ``s % W``, so one slow
 batch holds the wafer while the other workers sit with full buffers. Here:
 
@@ -13,7 +14,8 @@ batch holds the wafer while the other workers sit with full buffers. Here:
   :class:`~workers.sharding.ParquetDataset`) turns each number into its samples (this CS-X's
   slice of that global batch), so which worker produces a batch changes, the batch does not;
 - replies from any worker land in a bounded *reorder window* keyed by number, and
-  :meth:`next` releases them in order: the wafer sees exactly the single-process sequence;
+  the stream's ``next`` releases them in order: the wafer sees exactly the single-process
+  sequence;
 - numbers are issued only below ``delivered + reorder_window_batches`` (and while the window's
   bytes stay under the CS-X's byte bound), so memory stays bounded whatever a straggler does;
 - a loader that draws index batches ahead of the batch it yields (a torch ``DataLoader`` with
@@ -39,8 +41,8 @@ batch holds the wafer while the other workers sit with full buffers. Here:
   of workers, in either mode.
 
 Loaders that cannot take part (iterable datasets, other samplers:
-:func:`workers.sharding.dynamic_assignment_support`) keep the round-robin of the base class;
-:meth:`stats` says which mode ran and why.
+:func:`workers.sharding.dynamic_assignment_support`) keep the round-robin
+(:class:`~workers.stream.RoundRobin`); the stream's ``stats`` say which mode ran and why.
 """
 
 from __future__ import annotations
@@ -55,14 +57,15 @@ from typing import Any
 
 import ray
 
+from workers.config import CSConfig
 from workers.context import DataLoaderCheckpoint
+from workers.duplicates import WorkerKeys
+from workers.flow import FlowPolicy
 from workers.resume import start_position
 from workers.sharding import PASSED_BATCHES
-from workers.stream import CsxInputStream, _Worker
+from workers.stream import CsxInputStream, RoundRobin, StreamWorker
 
-__all__ = ["ASSIGNMENT_MODES", "CoordinatedInputStream", "cost_summary", "global_position"]
-
-ASSIGNMENT_MODES = ("static", "dynamic")
+__all__ = ["CoordinatedInputStream", "cost_summary", "global_position"]
 
 _COST_SAMPLES = 4096  # batch costs kept per worker (a uniform sample of all of them)
 _PUMP_WAIT_S = 0.02  # the pump's longest wait for replies before it looks for new work
@@ -111,60 +114,101 @@ def cost_summary(costs: list) -> dict | None:
 
 
 class CoordinatedInputStream(CsxInputStream):
-    """A :class:`~workers.stream.CsxInputStream` whose global batches are assigned to the
-    workers by a coordinator (``CSConfig.input_assignment="dynamic"``) or round-robin
-    (``"static"``), recording either way what the run report needs about stragglers: each
-    worker's batch costs, the reorder window's occupancy and the wait attributable to
-    stragglers.
+    """A :class:`~workers.stream.CsxInputStream` given a :class:`Coordinator` as its
+    assignment: its global batches are assigned to the workers by the coordinator
+    (``CSConfig.input_assignment="dynamic"``) or round-robin (``"static"``), recording either
+    way what the run report needs about stragglers. Takes the stream's arguments."""
 
-    Extra arguments (beyond :class:`~workers.stream.CsxInputStream`'s):
-        assignment: ``"dynamic"`` or ``"static"``; None: ``cs_config.input_assignment``.
-        assigned_batches_per_worker: numbers a worker holds at most (the one it produces and
-            the ones queued behind it); None: the policy's, else 2.
-        reorder_window_batches: numbers issued beyond the last delivered step at most; None:
-            the policy's ``reorder_window_batches_per_worker`` x ``num_workers_per_csx``, or
-            when that is None ``num_workers_per_csx`` x :attr:`max_batches_ahead` (what the
-            workers' buffers hold together under round-robin: the same bound on memory).
+    def __init__(self, dataloader, cs_config, wse_id, *, resume_states=None, **options):
+        super().__init__(dataloader, cs_config, wse_id, resume_states=resume_states,
+                         assignment=Coordinator(resume_states), **options)
 
-    The wait attributable to stragglers is the time :meth:`next` waited for a step while later
-    batches were already there: in the reorder window (dynamic, from the moment the first one
-    arrived), or with another worker (static, when the wait began). The data was there, in the
-    wrong worker. It is counted against the worker that produced the step.
+    @property
+    def window_batches(self) -> int:
+        """The reorder window's bound in batches (:attr:`Coordinator.window_batches`)."""
+        return self.assignment.window_batches
+
+    @property
+    def assigned_per_worker(self) -> int:
+        """Numbers a worker holds at most where its batches are not cheap
+        (:attr:`Coordinator.assigned_per_worker`)."""
+        return self.assignment.assigned_per_worker
+
+
+class Coordinator:
+    """The assignment of a :class:`~workers.stream.CsxInputStream` whose global batches are
+    handed out by a coordinator (``CSConfig.input_assignment="dynamic"``), or round-robin
+    (``"static"``, or loaders that cannot take part) through a
+    :class:`~workers.stream.RoundRobin`; either way it records what the run report needs about
+    stragglers: each worker's batch costs, the reorder window's occupancy and the wait
+    attributable to stragglers.
+
+    The policy's ``assigned_batches_per_worker`` bounds the numbers a worker holds (the one it
+    produces and the ones queued behind it), and its
+    :meth:`~workers.flow.FlowPolicy.reorder_window_batches` the numbers issued beyond the last
+    delivered step (None: ``num_workers_per_csx`` x the stream's ``max_batches_ahead``, what
+    the workers' buffers hold together under round-robin: the same bound on memory).
+
+    The wait attributable to stragglers is the time the stream's ``next`` waited for a step
+    while later batches were already there: in the reorder window (dynamic, from the moment
+    the first one arrived), or with another worker (static, when the wait began). The data was
+    there, in the wrong worker. It is counted against the worker that produced the step.
     """
 
-    def __init__(self, dataloader, cs_config, wse_id, *, assignment=None,
-                 assigned_batches_per_worker=None, reorder_window_batches=None,
-                 resume_states=None, **options):
-        mode = cs_config.input_assignment if assignment is None else assignment
-        if mode not in ASSIGNMENT_MODES:
-            raise ValueError(
-                f"CoordinatedInputStream: assignment={mode!r}; it must be one of "
-                f"{ASSIGNMENT_MODES} (CSConfig.input_assignment).")
-        policy = options.get("policy")
-        W = cs_config.num_workers_per_csx
-        if assigned_batches_per_worker is None:
-            assigned_batches_per_worker = getattr(policy, "assigned_batches_per_worker", 2)
-        if reorder_window_batches is None and policy is not None and \
-                policy.reorder_window_batches_per_worker is not None:
-            reorder_window_batches = W * policy.reorder_window_batches_per_worker
-        for name, v in (("assigned_batches_per_worker", assigned_batches_per_worker),
-                        ("reorder_window_batches", reorder_window_batches)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ValueError(f"CoordinatedInputStream: {name}={v!r}; it must be an int >= 1.")
-        self.requested_mode = mode
+    stream: CsxInputStream
+    cs_config: CSConfig
+    policy: FlowPolicy
+
+    def __init__(self, resume_states=None):
+        """``resume_states``: those the stream is given; under dynamic assignment every worker
+        starts from the furthest position among them (:func:`global_position`)."""
+        self._resume_states = resume_states
+        self.round_robin = RoundRobin()
+
+    def attach(self, stream: CsxInputStream) -> None:
+        self.stream = stream
+        self.round_robin.attach(stream)
+        self.cs_config, self.policy = stream.cs_config, stream.policy
+        W = self.num_workers = stream.num_workers
+        resume_states = self._resume_states
+        self.requested_mode = self.cs_config.input_assignment
         self.mode = "static"
         self.mode_reason = ""
-        self.assigned_per_worker = assigned_batches_per_worker
-        self.window_batches = W * assigned_batches_per_worker  # set once the stream is built
+        self.assigned_per_worker = self.policy.assigned_batches_per_worker
+        self.window_batches = W * self.assigned_per_worker  # sized once the workers start
+        self._base_window = self.window_batches
+        self._dynamic_start = None
+        if resume_states is not None and self.requested_mode == "dynamic":
+            states = [DataLoaderCheckpoint(**s) if isinstance(s, dict) else s
+                      for s in resume_states]
+            self._dynamic_start = global_position(states)
+        self._init_numbers(W)
+        self._init_records(W)
+        self._cond = threading.Condition()  # guards everything the pump thread touches
+        self._pump_thread: threading.Thread | None = None
+        self._pump_error: BaseException | None = None
+
+    def _init_numbers(self, W: int) -> None:
+        """The state of the numbers handed out and of the reorder window."""
         self._outstanding = [deque() for _ in range(W)]  # numbers assigned, not yet received
         self._sends = [0] * W  # assign() calls made to each worker's current actor
         self._window: dict[int, tuple[int, dict]] = {}  # number -> (worker, reply item)
         self._window_bytes = 0
         self._next_number = 0
+        self._first_issued = 0
         self._refilling = False  # the window was filled to its bound: refilled in chunks
         self._refill_free = 1  # numbers free in a refilling window when the pump refills it
         self._delivered_after: dict | None = None
-        self._dynamic_start = None
+        self._failed = [False] * W  # a worker's error reply is in the window
+        self._draws_ahead = [0] * W  # index batches each worker's loader draws ahead
+        # each worker's current process: the first and the highest number assigned to it
+        self._first_number: list[int | None] = [None] * W
+        self._last_number: list[int | None] = [None] * W
+        self._starting = [False] * W  # a restarted process that has not answered yet
+        self._batches_per_epoch: int | None = None  # global batches of an epoch (dynamic)
+
+    def _init_records(self, W: int) -> None:
+        """What the run report reads: batch costs, straggler waits, window occupancy, CPU."""
         self._costs = [[] for _ in range(W)]
         # each worker's recent batch costs: their median sizes its assignment (a mean would
         # follow the moments a loaded machine preempted the worker, not its batches' work)
@@ -176,37 +220,21 @@ class CoordinatedInputStream(CsxInputStream):
         self._occupancy_sum = 0
         self._occupancy_max = 0
         self._deliveries = 0
-        self._failed = [False] * W  # a worker's error reply is in the window
-        self._draws_ahead = [0] * W  # index batches each worker's loader draws ahead
-        # each worker's current process: the first and the highest number assigned to it
-        self._first_number: list[int | None] = [None] * W
-        self._last_number: list[int | None] = [None] * W
-        self._starting = [False] * W  # a restarted process that has not answered yet
-        self._batches_per_epoch: int | None = None  # global batches of an epoch (dynamic)
         self._pump_cpu_s = 0.0  # the coordinator thread's CPU time
         self._issue_cpu_s = 0.0  # its CPU time choosing workers for numbers and sending them
-        self._first_issued = 0
-        self._cond = threading.Condition()  # guards everything the pump thread touches
-        self._pump_thread: threading.Thread | None = None
-        self._pump_error: BaseException | None = None
-        if resume_states is not None and mode == "dynamic":
-            states = [DataLoaderCheckpoint(**s) if isinstance(s, dict) else s
-                      for s in resume_states]
-            self._dynamic_start = global_position(states)
-        super().__init__(dataloader, cs_config, wse_id, resume_states=resume_states, **options)
-        # None: what the workers hold together under round-robin; never less than every
-        # worker's share, so the window never starves a worker outright
-        window = reorder_window_batches or W * self.max_batches_ahead
-        self._base_window = max(window, W * assigned_batches_per_worker)
-        self.window_batches = self._base_window
-        try:
-            self._decide_mode()
-        except BaseException:
-            self.close()
-            raise
 
     # -- setup ----------------------------------------------------------------------------
-    def _spawn_options(self, wk: _Worker) -> dict:
+    def begin(self) -> None:
+        """Size the window now that the stream's buffers are known, and decide the mode."""
+        # None: what the workers hold together under round-robin; never less than every
+        # worker's share, so the window never starves a worker outright
+        W = self.num_workers
+        window = self.policy.reorder_window_batches(W) or W * self.stream.max_batches_ahead
+        self._base_window = max(window, W * self.assigned_per_worker)
+        self.window_batches = self._base_window
+        self._decide_mode()
+
+    def spawn_options(self, wk: StreamWorker) -> dict:
         if self.requested_mode != "dynamic":
             return {}
         start = self._dynamic_start if wk.restarts == 0 and self.mode == "static" else None
@@ -214,12 +242,11 @@ class CoordinatedInputStream(CsxInputStream):
                 "dynamic_start": None if start is None else
                 start.get("user_state_dict") or start_position()}
 
-    def _spawn(self, wk: _Worker, ahead=None):
-        actor = super()._spawn(wk, ahead)
+    def started(self, wk: StreamWorker, actor) -> dict:
         w = wk.info.local_worker_id
         self._sends[w] = 0
         if self.mode != "dynamic":
-            return actor
+            return {}
         # a restart. The numbers the dead process did not deliver (those of replies received
         # and not yet moved into the window are delivered) go to live workers that can make
         # them now; the new process makes the rest, in order, and gets new numbers once it
@@ -230,15 +257,12 @@ class CoordinatedInputStream(CsxInputStream):
         out = list(self._outstanding[w])
         kept = self._hand_over(w, out[received:])
         self._outstanding[w] = deque(out[:received] + kept)
-        if self._restart_events:  # the event _restart recorded for this restart
-            self._restart_events[-1].update(
-                numbers_owed=len(out) - received, handed_to_live_workers=len(out) - received
-                - len(kept))
         if kept:
             actor.assign.remote(0, kept)
             self._sends[w] = 1
             self._first_number[w], self._last_number[w] = kept[0], kept[-1]
-        return actor
+        return {"numbers_owed": len(out) - received,
+                "handed_to_live_workers": len(out) - received - len(kept)}
 
     def _can_take(self, w: int, number: int) -> bool:
         """Whether live worker ``w`` can make ``number`` next after what it holds: its
@@ -254,13 +278,13 @@ class CoordinatedInputStream(CsxInputStream):
         """Give each of ``numbers`` (those worker ``dead`` owed, in order) to the live worker
         holding the fewest that can make it (:meth:`_can_take`), one on a node where no worker
         just died if there is one; returns those none can take."""
-        suspects = set(self._placer.suspects())
+        suspects = set(self.stream.placer.suspects())
         given: dict[int, list[int]] = {}
         kept = []
         for number in numbers:
             able = [w for w in range(self.num_workers)
                     if w != dead and self._can_take(w, number)]
-            healthy = [w for w in able if (self._workers[w].node or {}).get("node_id")
+            healthy = [w for w in able if (self.stream.workers[w].node or {}).get("node_id")
                        not in suspects]
             if not able:
                 kept.append(number)
@@ -269,23 +293,23 @@ class CoordinatedInputStream(CsxInputStream):
             self._outstanding[w].append(number)
             given.setdefault(w, []).append(number)
         for w, nums in given.items():
-            wk = self._workers[w]
+            wk = self.stream.workers[w]
             sent = (self._sends[w], nums)
-            if wk.pending or not self._top_up(wk, assign=sent):
+            if wk.pending or not self.stream.top_up(wk, assign=sent):
                 wk.actor.assign.remote(*sent)
             self._sends[w] += 1
         return kept
 
-    def _wait_after_restart(self, wk: _Worker) -> bool:
+    def waits_after_restart(self) -> bool:
         # dynamic: the pump goes back to every worker's replies (the numbers the dead one
         # owed may now be with the others)
         return self.mode != "dynamic"
 
     def _check_started(self) -> None:
         """A restarted process that answered ``where()`` takes new numbers from now on."""
-        for w, wk in enumerate(self._workers):
+        for w, wk in enumerate(self.stream.workers):
             if self._starting[w]:
-                self._node_of(wk, 0)
+                self.stream.node_of(wk, 0)
                 self._starting[w] = wk.where_ref is not None
 
     def _decide_mode(self) -> None:
@@ -293,7 +317,7 @@ class CoordinatedInputStream(CsxInputStream):
             self.mode, self.mode_reason = "static", "CSConfig.input_assignment='static'"
             return
         modes = []
-        for wk in self._workers:
+        for wk in self.stream.workers:
             try:
                 mode, why, ahead = ray.get(wk.actor.assignment_mode.remote())
             except ray.exceptions.RayError:
@@ -309,26 +333,25 @@ class CoordinatedInputStream(CsxInputStream):
             self.mode = "static"
             self.mode_reason = next((why for m, why in modes if m == "static"),
                                     "the input workers could not build their dataloaders")
-            if "dynamic" in kinds:
-                self.close()
+            if "dynamic" in kinds:  # the stream closes itself as it raises
                 raise RuntimeError(
-                    f"CS-X {self.wse_id}: the input workers' loaders disagree on dynamic "
+                    f"CS-X {self.stream.wse_id}: the input workers' loaders disagree on dynamic "
                     f"assignment ({[m for m, _ in modes]}); input_fn must build the same kind "
                     "of loader in every worker.")
             return
-        self._next_number = self._first_issued = self._step
+        self._next_number = self._first_issued = self.stream.step
         try:
             self._batches_per_epoch = ray.get(
-                self._workers[0].actor.batches_per_epoch.remote(), timeout=60)
+                self.stream.workers[0].actor.batches_per_epoch.remote(), timeout=60)
         except ray.exceptions.RayError:
             pass  # None: a dead worker's numbers wait for its new process
         if self._dynamic_start is not None:
-            for wk in self._workers:  # a restart before any batch starts here too
+            for wk in self.stream.workers:  # a restart before any batch starts here too
                 wk.received_after = wk.consumed_after = self._dynamic_start
         with self._cond:
             self._issue()
         pump = threading.Thread(target=self._pump, daemon=True,
-                                name=f"coordinator-csx{self.wse_id}")
+                                name=f"coordinator-csx{self.stream.wse_id}")
         pump.start()
         self._pump_thread = pump  # close() joins only a started thread, even after a Ctrl-C
 
@@ -338,7 +361,7 @@ class CoordinatedInputStream(CsxInputStream):
         workers can hold their share and the numbers their loaders draw ahead together."""
         self.window_batches = self._base_window + sum(self._draws_ahead)
 
-    def _needs_numbers(self, wk: _Worker, drawn_ahead: int) -> None:
+    def needs_numbers(self, wk: StreamWorker, drawn_ahead: int) -> None:
         """``wk``'s loader waits for a number with ``drawn_ahead`` batches drawn and not yet
         produced: it draws at least that many ahead (a sampler wrapper's read-ahead)."""
         w = wk.info.local_worker_id
@@ -354,7 +377,7 @@ class CoordinatedInputStream(CsxInputStream):
         A slow batch then holds back at most that much of its worker's usual work, and cheap
         batches go many to a call."""
         k = self.assigned_per_worker
-        cap = min(getattr(self.policy, "small_reply_batches", k),
+        cap = min(self.policy.small_reply_batches,
                   self.window_batches // self.num_workers)  # the workers share the window
         recent = self._recent_costs[w]
         if len(recent) < _COST_SAMPLES_FOR_SIZING or cap <= k:
@@ -362,7 +385,7 @@ class CoordinatedInputStream(CsxInputStream):
         typical = sorted(recent)[len(recent) // 2]
         return max(k, min(cap, int(_HELD_WORK_S / max(typical, 1e-9))))
 
-    def _reply_min_batches(self, wk: _Worker) -> int:
+    def reply_min_batches(self, wk: StreamWorker) -> int:
         """Dynamic assignment of cheap batches (more numbers held than
         ``assigned_per_worker``): a fetch waits for every number the worker holds (at most a
         reply's worth, and at most ``input_worker._REPLY_WAIT_S``), so one reply carries
@@ -373,12 +396,12 @@ class CoordinatedInputStream(CsxInputStream):
         held = len(self._outstanding[w]) - sum(1 for it in wk.ready if it["kind"] != "error")
         # the last numbers held are drawn ahead: their batches wait for numbers not yet given
         held -= self._draws_ahead[w]
-        return max(1, min(held, self.batches_per_fetch))
+        return max(1, min(held, self.stream.batches_per_fetch))
 
     def _window_full(self) -> bool:
-        if self._next_number >= self._step + self.window_batches:
+        if self._next_number >= self.stream.step + self.window_batches:
             return True
-        limit = self.in_flight_bytes_per_worker
+        limit = self.stream.in_flight_bytes_per_worker
         return limit is not None and self._window and \
             self._window_bytes >= limit * self.num_workers
 
@@ -399,7 +422,7 @@ class CoordinatedInputStream(CsxInputStream):
                      min(sum(k), self.window_batches // 2))
         self._refill_free = refill
         new: dict[int, list[int]] = {}
-        if self._refill_due(self._step):
+        if self._refill_due(self.stream.step):
             self._refilling = False
             while not self._window_full():
                 free = [w for w in range(self.num_workers)
@@ -408,13 +431,13 @@ class CoordinatedInputStream(CsxInputStream):
                     break
                 w = min(free, key=lambda i: len(self._outstanding[i]))
                 self._give(w, new)
-            self._refilling = self._next_number >= self._step + self.window_batches
+            self._refilling = self._next_number >= self.stream.step + self.window_batches
         self._top_up_oldest(new)
         for w, numbers in new.items():
-            wk = self._workers[w]
+            wk = self.stream.workers[w]
             # a worker with no request out gets one carrying its numbers: one call, not two
             sent = (self._sends[w], numbers)
-            if wk.pending or not self._top_up(wk, assign=sent):
+            if wk.pending or not self.stream.top_up(wk, assign=sent):
                 wk.actor.assign.remote(*sent)
             self._sends[w] += 1
 
@@ -440,11 +463,11 @@ class CoordinatedInputStream(CsxInputStream):
         while len(self._outstanding[w]) < self._draws_ahead[w] + 1:
             self._give(w, new)
 
-    def _global_batch(self, wk: _Worker, reply: dict) -> int | None:
+    def global_batch(self, wk: StreamWorker, reply: dict) -> int | None:
         """The global batch a worker's failed ``reply`` was for: under dynamic assignment the
         number the worker was producing (not the round-robin formula's)."""
         if self.mode != "dynamic":
-            return super()._global_batch(wk, reply)
+            return self.round_robin.global_batch(wk, reply)
         if "global_batch" in reply:
             return reply["global_batch"]
         index, w = reply.get("index"), wk.info.local_worker_id
@@ -453,14 +476,14 @@ class CoordinatedInputStream(CsxInputStream):
         out = self._outstanding[w]
         return out[pos] if pos is not None and 0 <= pos < len(out) else None
 
-    def _drain(self, wk: _Worker) -> None:
+    def _drain(self, wk: StreamWorker) -> None:
         """Move ``wk``'s received replies into the reorder window."""
         w = wk.info.local_worker_id
         while wk.ready:
             item = wk.ready.popleft()
             if item["kind"] == "error":
                 # the batch the worker was making: its oldest number not received
-                number = self._outstanding[w][0] if self._outstanding[w] else self._step
+                number = self._outstanding[w][0] if self._outstanding[w] else self.stream.step
                 item["global_batch"] = number
                 self._window.setdefault(number, (w, item))
                 self._failed[w] = True
@@ -469,7 +492,7 @@ class CoordinatedInputStream(CsxInputStream):
             number = item["step"]
             expected = self._outstanding[w].popleft() if self._outstanding[w] else None
             if number != expected:  # a broken invariant, never silently wrong data
-                self._raise_failure(wk, {
+                self.stream.raise_failure(wk, {
                     "exc_type": "RuntimeError", "traceback": "", "during": "in transport",
                     "exc_message": f"expected global batch {expected}, received {number}"})
             self._window[number] = (w, item)
@@ -492,9 +515,9 @@ class CoordinatedInputStream(CsxInputStream):
 
     def _others_ahead(self, w: int) -> bool:
         """Round-robin: another worker than ``w`` has a later batch here or on its way."""
-        if any(wk.ready for i, wk in enumerate(self._workers) if i != w):
+        if any(wk.ready for i, wk in enumerate(self.stream.workers) if i != w):
             return True
-        refs = [wk.pending[0][1] for i, wk in enumerate(self._workers) if i != w and wk.pending]
+        refs = [wk.pending[0][1] for i, wk in enumerate(self.stream.workers) if i != w and wk.pending]
         if not refs:
             return False
         done, _ = ray.wait(refs, num_returns=1, timeout=0, fetch_local=False)
@@ -510,7 +533,7 @@ class CoordinatedInputStream(CsxInputStream):
         left waiting for its next number."""
         cpu0 = time.thread_time()
         try:
-            while not self._closed:
+            while not self.stream.closed:
                 self._pump_cpu_s = time.thread_time() - cpu0
                 with self._cond:
                     self._check_started()
@@ -518,10 +541,10 @@ class CoordinatedInputStream(CsxInputStream):
                     self._issue()
                     self._issue_cpu_s += time.thread_time() - t0
                     by_ref = {}
-                    for wk in self._workers:
+                    for wk in self.stream.workers:
                         if self._outstanding[wk.info.local_worker_id] and not wk.pending \
                                 and not wk.ready:
-                            self._top_up(wk)
+                            self.stream.top_up(wk)
                         if wk.ready:
                             self._drain(wk)
                         if self._outstanding[wk.info.local_worker_id] and wk.pending:
@@ -540,12 +563,12 @@ class CoordinatedInputStream(CsxInputStream):
                     for ref in done:
                         wk = by_ref[ref]
                         if wk.pending and wk.pending[0][1] is ref:
-                            self._receive_reply(wk)  # it is there; restarts a dead worker
+                            self.stream.receive_reply(wk)  # it is there; restarts a dead worker
                             self._drain(wk)
                     self._cond.notify_all()
         except BaseException as e:  # noqa: BLE001 (raised by next() in the consumer's thread)
             with self._cond:
-                if not self._closed or self._pump_error is None:
+                if not self.stream.closed or self._pump_error is None:
                     self._pump_error = e
                 self._cond.notify_all()
 
@@ -559,16 +582,16 @@ class CoordinatedInputStream(CsxInputStream):
         while number not in self._window:
             if self._pump_error is not None:
                 raise self._pump_error
-            self._check_open()
+            self.stream.check_open()
             if ahead_since is None and any(n > number for n in self._window):
                 ahead_since = time.perf_counter()
-            self._cond.wait(self._poll_s)
+            self._cond.wait(self.stream.poll_s)
             waited = time.perf_counter() - wait_start
             holder = self._holder(number)
             if waited >= next_report and holder is not None and number not in self._window:
                 self._cond.release()
                 try:
-                    self._report_straggler(self._workers[holder], waited)
+                    self.stream.report_straggler(self.stream.workers[holder], waited)
                 finally:
                     self._cond.acquire()
                 next_report = max(2 * next_report, waited + timeout)
@@ -577,14 +600,14 @@ class CoordinatedInputStream(CsxInputStream):
     def stall_report(self) -> list[dict]:
         """Dynamic assignment: every worker holding numbers not yet received, the holder of
         the next step's number first; while the duplicate check waits for the workers' first
-        batches, those it waits for (see :meth:`CsxInputStream.stall_report`)."""
+        batches, those it waits for (see :meth:`RoundRobin.stall_report`)."""
         if self.mode == "static":
-            return super().stall_report()
+            return self.round_robin.stall_report()
         with self._cond:
-            number = self._step
-            keys_wait = self._peeked is not None
+            number = self.stream.step
+            keys_wait = self.stream.peeked is not None
             owing = []
-            for wk in self._workers:
+            for wk in self.stream.workers:
                 if keys_wait and wk.received >= wk.keys_until:
                     continue
                 received = sum(1 for it in wk.ready if it["kind"] != "error")
@@ -592,22 +615,22 @@ class CoordinatedInputStream(CsxInputStream):
                 if numbers:
                     owing.append((wk, numbers))
         owing.sort(key=lambda o: number not in o[1])
-        owed = self._with_stacks(owing)
+        owed = self.stream.with_stacks(owing)
         if not keys_wait and not any(number in o[1] for o in owing):  # a broken invariant
-            owed.insert(0, {"wse_id": self.wse_id, "local_worker_id": None,
-                            "batches": [(number, number - self._first_step + 1)],
+            owed.insert(0, {"wse_id": self.stream.wse_id, "local_worker_id": None,
+                            "batches": [(number, number - self.stream.first_step + 1)],
                             "note": "(no input worker holds this global batch: the coordinator "
                                     "has not assigned it)"})
         return owed
 
     # -- delivering -------------------------------------------------------------------------
-    def _next_reply(self) -> tuple[int, dict, Any]:
-        step = self._step
+    def next_reply(self) -> tuple[int, dict, Any]:
+        step = self.stream.step
         t0 = time.perf_counter()
         if self.mode == "static":
             w = step % self.num_workers
-            ahead = not self._workers[w].ready and self._others_ahead(w)
-            w, reply, batch = super()._next_reply()
+            ahead = not self.stream.workers[w].ready and self._others_ahead(w)
+            w, reply, batch = self.round_robin.next_reply()
             if ahead:
                 self._straggler_wait[w] += time.perf_counter() - t0
             self._record_cost(w, reply.get("produce_s"))
@@ -618,7 +641,7 @@ class CoordinatedInputStream(CsxInputStream):
                 straggling = self._wait_for(step)
                 self._straggler_wait[self._window[step][0]] += straggling
             w, item = self._window.pop(step)
-            wk = self._workers[w]
+            wk = self.stream.workers[w]
             self._occupancy_sum += len(self._window)
             self._occupancy_max = max(self._occupancy_max, len(self._window))
             self._deliveries += 1
@@ -632,29 +655,27 @@ class CoordinatedInputStream(CsxInputStream):
                 if self._refill_due(step + 1):
                     self._cond.notify_all()
         if item["kind"] == "error":
-            self._raise_failure(wk, item)
+            self.stream.raise_failure(wk, item)
         return w, item, item.pop("batch")
 
-    def sample_keys(self):
+    def sample_keys(self) -> list[WorkerKeys]:
         if self.mode == "static":
-            return super().sample_keys()
-        from workers.duplicates import WorkerKeys
-
+            return self.round_robin.sample_keys()
         with self._cond:
             # the pump takes in the replies (and their keys); every worker holds numbers
             # from the start, so each gets its first batches
             while not all(wk.received >= wk.keys_until or self._failed[wk.info.local_worker_id]
-                          for wk in self._workers):
+                          for wk in self.stream.workers):
                 if self._pump_error is not None:
                     raise self._pump_error
-                self._check_open()
-                self._cond.wait(self._poll_s)
-            return [WorkerKeys(self.wse_id, wk.info.local_worker_id, list(wk.keys))
-                    for wk in self._workers]
+                self.stream.check_open()
+                self._cond.wait(self.stream.poll_s)
+            return [WorkerKeys(self.stream.wse_id, wk.info.local_worker_id, list(wk.keys))
+                    for wk in self.stream.workers]
 
     def worker_states(self) -> list[DataLoaderCheckpoint]:
         if self.mode == "static":
-            return super().worker_states()
+            return self.round_robin.worker_states()
         with self._cond:
             return self._dynamic_states()
 
@@ -662,9 +683,9 @@ class CoordinatedInputStream(CsxInputStream):
         # every worker resumes at the position after the last delivered batch; worker_step
         # values are a round-robin position, so the states resume in either mode
         after = self._delivered_after or self._dynamic_start
-        W, total = self.num_workers, self._step
+        W, total = self.num_workers, self.stream.step
         out = []
-        for wk in self._workers:
+        for wk in self.stream.workers:
             i = wk.info
             a = after or wk.consumed_after
             out.append(DataLoaderCheckpoint(
@@ -677,13 +698,13 @@ class CoordinatedInputStream(CsxInputStream):
 
     def ready_count(self) -> int:
         if self.mode == "static":
-            return super().ready_count()
+            return self.round_robin.ready_count()
         with self._cond:
             return len(self._window)
 
     def close(self) -> None:
-        super().close()
-        pump = getattr(self, "_pump_thread", None)
+        """Wake the pump thread (the stream is closed) and wait for it to end."""
+        pump = self._pump_thread
         if pump is not None and pump is not threading.current_thread():
             with self._cond:
                 self._cond.notify_all()
@@ -696,7 +717,7 @@ class CoordinatedInputStream(CsxInputStream):
         return self._stats()
 
     def _stats(self) -> dict:
-        out = super().stats()
+        out = self.stream.transport_stats()
         out["assignment"] = {
             "requested": self.requested_mode, "mode": self.mode, "reason": self.mode_reason,
             "assigned_batches_per_worker": [self.numbers_per_worker(w) for w in range(

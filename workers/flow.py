@@ -16,9 +16,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
+from workers.checks import positive_int
 from workers.config import CSConfig
 
 DEFAULT_LOOKAHEAD_STEPS = 64
+_OPTIONAL_FIELDS = ("object_store_bytes", "input_bytes_in_flight_per_csx",
+                    "reorder_window_batches_per_worker")
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ class FlowPolicy:
     produces and the ones queued behind it). Few, so that a worker stuck on a slow batch holds
     few others back; three, so that two are queued while a finished batch travels to the
     coordinator and the number that replaces it travels back. Cheap batches are held more at a
-    time (``CoordinatedInputStream.numbers_per_worker``)."""
+    time (``Coordinator.numbers_per_worker``)."""
     reorder_window_batches_per_worker: Optional[int] = None
     """Dynamic assignment: numbers are issued at most ``num_workers_per_csx`` x this beyond the
     last step the CS-X's stream delivered (the reorder window's bound, in batches; the byte
@@ -61,12 +64,8 @@ class FlowPolicy:
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if v is None and f.name in ("object_store_bytes", "input_bytes_in_flight_per_csx",
-                                        "reorder_window_batches_per_worker"):
-                continue
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"FlowPolicy.{f.name}: expected a positive int, got {v!r}.")
+            positive_int(getattr(self, f.name), f"FlowPolicy.{f.name}",
+                         allow_none=f.name in _OPTIONAL_FIELDS)
 
     @classmethod
     def from_config(cls, cs_config: CSConfig, lookahead_steps: int = DEFAULT_LOOKAHEAD_STEPS,
@@ -85,11 +84,41 @@ class FlowPolicy:
             return max(self.batches_per_fetch, self.small_reply_batches)
         return self.batches_per_fetch
 
+    def worker_buffer_batches(self, bytes_bounded: bool) -> int:
+        """The most batches an input worker holds produced and not yet asked for: enough for
+        the requests kept in flight and for a reply's worth; where a byte bound is in force
+        and replies carry several batches, a reply's worth of small batches
+        (:meth:`batches_per_reply`); the byte bound keeps large ones to what it allows.
+
+        >>> FlowPolicy().worker_buffer_batches(bytes_bounded=False)
+        4
+        >>> FlowPolicy().worker_buffer_batches(bytes_bounded=True)
+        32
+        """
+        batches = max(self.requests_in_flight_per_worker, self.batches_per_fetch)
+        if bytes_bounded and self.batches_per_fetch > 1:
+            batches = max(batches, self.small_reply_batches)
+        return batches
+
+    def reorder_window_batches(self, num_workers_per_csx: int) -> Optional[int]:
+        """Dynamic assignment: the reorder window's bound in batches for a CS-X's
+        ``num_workers_per_csx`` workers; None: :attr:`reorder_window_batches_per_worker` is
+        None (the stream sizes the window from its workers' buffers)."""
+        per_worker = self.reorder_window_batches_per_worker
+        return None if per_worker is None else num_workers_per_csx * per_worker
+
     def input_bytes_per_worker(self, num_csx: int, num_workers_per_csx: int,
                                object_store_bytes: Optional[int]) -> Optional[int]:
         """One input worker's byte bound: :attr:`input_bytes_in_flight_per_csx` (or, when None,
         :data:`OBJECT_STORE_SHARE_FOR_INPUT` of ``object_store_bytes`` shared by the
-        ``num_csx`` CS-Xs) split over a CS-X's workers. None: neither is known."""
+        ``num_csx`` CS-Xs) split over a CS-X's workers. None: neither is known. At least one
+        byte: each worker always has at least one batch in flight.
+
+        >>> FlowPolicy().input_bytes_per_worker(2, 4, 8 * 2**30) // 2**20  # MiB
+        256
+        >>> FlowPolicy(input_bytes_in_flight_per_csx=2**20).input_bytes_per_worker(1, 1, None)
+        1048576
+        """
         per_csx = self.input_bytes_in_flight_per_csx
         if per_csx is None:
             if not object_store_bytes:
@@ -129,19 +158,3 @@ OBJECT_STORE_SHARE_FOR_INPUT = 0.25
 """The share of the object store the input side may fill by default: the rest holds the wafer's
 input buffers (whose batches still live in the objects that carried them), step outputs and
 whatever else the cluster runs."""
-
-
-def input_bytes_in_flight_per_worker(cs_config: CSConfig,
-                                     object_store_bytes: Optional[int]) -> Optional[int]:
-    """Each input worker's byte bound: ``cs_config.input_bytes_in_flight_per_csx`` (or, when
-    None, :data:`OBJECT_STORE_SHARE_FOR_INPUT` of the object store shared by the CS-Xs) split
-    over the CS-X's workers. None: no object store size known and none configured.
-
-    >>> cfg = CSConfig(num_csx=2, num_workers_per_csx=4)
-    >>> input_bytes_in_flight_per_worker(cfg, 8 * 2**30) // 2**20  # MiB
-    256
-    >>> input_bytes_in_flight_per_worker(CSConfig(input_bytes_in_flight_per_csx=2**20), None)
-    1048576
-    """
-    return FlowPolicy.from_config(cs_config).input_bytes_per_worker(
-        cs_config.num_csx, cs_config.num_workers_per_csx, object_store_bytes)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import array
 import bisect
 import collections
+import functools
 import hashlib
 import math
 import os
@@ -249,21 +250,17 @@ class ShardedSampler:
         expected, self._resume_from, self._resume_digest = self._resume_digest, None, None
         self._start_iteration(start, expected)
         self.skipped_epoch = False
-        order = hashlib.blake2b(digest_size=16)
-        source = iter(self.data_source)
-        walked = 0  # global batches of this epoch walked (and digested)
-        # the last PASSED_BATCHES global batches walked and not yielded, with the digest after
-        # each: one handed to this worker later (its worker died) is yielded from here
-        passed: collections.OrderedDict[int, tuple] = collections.OrderedDict()
-        batch = None
+        check = None if expected is None else functools.partial(
+            self._check_order, expected=expected, start=start)
+        walk = _EpochWalk(self.data_source, n, start, check, self.epoch)
         while True:
             try:
                 number = assignment.peek()
             except AssignmentClosed:
                 return
             epoch, index = divmod(number, n)
-            if epoch == self.epoch and index in passed:
-                batch, digest = passed.pop(index)
+            if epoch == self.epoch and index in walk.passed:
+                batch, digest = walk.passed.pop(index)
                 part = self._slice(batch, index, C, c)
                 assignment.take()
                 self._next, self._digest = index + 1, digest
@@ -273,38 +270,19 @@ class ShardedSampler:
                 # walk the rest of the epoch as the round-robin path does: a sampler may draw
                 # random numbers up to its end (RandomSampler draws again there), and the
                 # next epoch's shuffle must be drawn from the same state in every worker
-                self.skipped_epoch = walked == 0
-                for _ in source:
-                    pass
+                self.skipped_epoch = walk.walked == 0
+                walk.finish()
                 return
-            if epoch < self.epoch or index < max(walked, start):
+            if epoch < self.epoch or index < max(walk.walked, start):
                 raise RuntimeError(
                     f"ShardedSampler: global batch number {number} (batch {index} of epoch "
                     f"{epoch}) was assigned after this worker had passed it (epoch "
-                    f"{self.epoch}, batch {max(walked, start)}); numbers must reach a worker "
+                    f"{self.epoch}, batch {max(walk.walked, start)}); numbers must reach a worker "
                     "in increasing order.")
-            while walked <= index:
-                if walked == start and expected is not None:
-                    self._check_order(order.hexdigest(), expected, start)
-                try:
-                    batch = next(source)
-                except StopIteration:
-                    raise ValueError(
-                        f"ShardedSampler: epoch {self.epoch} of the data source ended after "
-                        f"{walked} global batches, but len(data_source) is {n}. Dynamic "
-                        "assignment numbers global batches with len(data_source): give the "
-                        "batch sampler a length that matches what it yields.") from None
-                if not hasattr(batch, "__len__") or not hasattr(batch, "__getitem__"):
-                    batch = list(batch)
-                order.update(_batch_bytes(batch))
-                walked += 1
-                if walked <= index:
-                    passed[walked - 1] = (batch, order.hexdigest())
-                    if len(passed) > PASSED_BATCHES:
-                        passed.popitem(last=False)
+            batch = walk.to(index)
             part = self._slice(batch, index, C, c)
             assignment.take()
-            self._yielded(index, order.hexdigest())
+            self._yielded(index, walk.digest())
             yield part
 
     def _yielded(self, index: int, digest: str) -> None:
@@ -379,6 +357,54 @@ class ShardedSampler:
 PASSED_BATCHES = 1024
 """Under dynamic assignment a worker can still produce this many of the latest global batches
 it walked past (the numbers a dead worker owed, handed to it by its coordinator)."""
+
+
+class _EpochWalk:
+    """One epoch of a batch sampler walked in order under dynamic assignment: each global
+    batch drawn is added to the order digest (checked at the resume position ``start`` by
+    ``check_order``, if any), and the last :data:`PASSED_BATCHES` walked past are kept in ``passed``
+    (index -> (batch, digest after it)): one handed to this worker later (its worker died) is
+    yielded from there."""
+
+    def __init__(self, data_source, n: int, start: int, check_order, epoch: int):
+        self.source = iter(data_source)
+        self.n, self.start, self.epoch = n, start, epoch
+        self.check_order = check_order
+        self.walked = 0  # global batches of this epoch walked (and digested)
+        self.order = hashlib.blake2b(digest_size=16)
+        self.passed: collections.OrderedDict[int, tuple] = collections.OrderedDict()
+
+    def digest(self) -> str:
+        return self.order.hexdigest()
+
+    def to(self, index: int):
+        """Walk up to global batch ``index`` of the epoch and return it."""
+        batch = None
+        while self.walked <= index:
+            if self.walked == self.start and self.check_order is not None:
+                self.check_order(self.digest())
+            try:
+                batch = next(self.source)
+            except StopIteration:
+                raise ValueError(
+                    f"ShardedSampler: epoch {self.epoch} of the data source ended after "
+                    f"{self.walked} global batches, but len(data_source) is {self.n}. Dynamic "
+                    "assignment numbers global batches with len(data_source): give the "
+                    "batch sampler a length that matches what it yields.") from None
+            if not hasattr(batch, "__len__") or not hasattr(batch, "__getitem__"):
+                batch = list(batch)
+            self.order.update(_batch_bytes(batch))
+            self.walked += 1
+            if self.walked <= index:
+                self.passed[self.walked - 1] = (batch, self.digest())
+                if len(self.passed) > PASSED_BATCHES:
+                    self.passed.popitem(last=False)
+        return batch
+
+    def finish(self) -> None:
+        """Draw the rest of the epoch."""
+        for _ in self.source:
+            pass
 
 
 def sharded_sampler_of(loader) -> ShardedSampler | None:
