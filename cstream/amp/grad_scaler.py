@@ -3,12 +3,17 @@ ops (they trace into the step's graph), with the rules of ``cerebras.pytorch`` 2
 
 from __future__ import annotations
 
+import weakref
 from typing import Optional, Union
 
 import torch
 
 import cstream
 from cstream.optim.optimizer import group_tensors
+
+_CONDITIONAL_STEPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+"""The optimizers inside a step run by a dynamic GradScaler: optimizer -> (this step's
+gradients are finite, the (tensor, copy) pairs ``update_if_finite`` marked)."""
 
 DEFAULT_MAX_LOSS_SCALE = 2.0 ** 15
 DEFAULT_MIN_LOSS_SCALE = 2.0 ** -14
@@ -176,17 +181,17 @@ class GradScaler:
             raise RuntimeError("GradScaler.step_if_finite: the overflow check has not run; call "
                                "GradScaler.step(optimizer).")
         self._num_skipped_steps.add_(1 - self.isfinite.long())
-        optimizer._ensure_preinitialized()
+        optimizer.ensure_preinitialized()
         tensors = _params(optimizer)
         tensors += [t for s in optimizer.state.values() for t in s.values()
                     if isinstance(t, torch.Tensor)]
         saved = _copies(tensors)
         marked: list = []  # update_if_finite's (tensor, copy) pairs
-        optimizer._amp_conditional_step = (self.isfinite, marked)
+        _CONDITIONAL_STEPS[optimizer] = (self.isfinite, marked)
         try:
             out = optimizer.step(*args, **kwargs)
         finally:
-            del optimizer._amp_conditional_step
+            del _CONDITIONAL_STEPS[optimizer]
         for t, old in [*zip(tensors, saved), *marked]:
             t.copy_(torch.where(self.isfinite, t, old))
         return out
@@ -232,7 +237,7 @@ def update_if_finite(optimizer, tensor: torch.Tensor) -> None:
     """Inside ``optimizer.step()`` run by a dynamic :class:`GradScaler`: keep ``tensor``'s value
     from now on only if the step's gradients are finite (its parameters and ``state`` are kept
     that way already). Elsewhere it does nothing."""
-    active = getattr(optimizer, "_amp_conditional_step", None)
+    active = _CONDITIONAL_STEPS.get(optimizer)
     if active is not None:
         active[1].append((tensor, tensor.clone()))
 
@@ -240,7 +245,7 @@ def update_if_finite(optimizer, tensor: torch.Tensor) -> None:
 def isfinite(optimizer):
     """Inside ``optimizer.step()`` run by a dynamic :class:`GradScaler`: whether this step's
     gradients are finite (a bool tensor); True elsewhere."""
-    active = getattr(optimizer, "_amp_conditional_step", None)
+    active = _CONDITIONAL_STEPS.get(optimizer)
     return True if active is None else active[0]
 
 

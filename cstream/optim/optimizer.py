@@ -41,7 +41,7 @@ def with_grads(group: dict) -> list:
 def _wrap_step(step: Callable) -> Callable:
     @functools.wraps(step)
     def wrapper(self, *args, **kwargs):
-        self._ensure_preinitialized()
+        self.ensure_preinitialized()
         out = step(self, *args, **kwargs)
         self._check_state_keys()
         return out
@@ -193,7 +193,8 @@ class Optimizer:
         """Names of state tensors shaped like their parameter (sparsified with it)."""
         return []
 
-    def _ensure_preinitialized(self) -> None:
+    def ensure_preinitialized(self) -> None:
+        """Run :meth:`preinitialize` once (the backend calls it before a step is captured)."""
         if self._preinitialized:
             return
         self._preinitialized = True
@@ -232,7 +233,7 @@ class Optimizer:
 
     def state_dict(self) -> dict:
         """torch's layout: ``{"state": {index: {...}}, "param_groups": [{..., "params": [...]}]}``."""
-        self._ensure_preinitialized()
+        self.ensure_preinitialized()
         index, groups = {}, []
         for group in self.param_groups:
             packed = {k: float(v) if isinstance(v, _NumberLR) else v
@@ -247,7 +248,7 @@ class Optimizer:
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Write a saved state into this optimizer's (already created) state tensors in place."""
-        self._ensure_preinitialized()
+        self.ensure_preinitialized()
         groups = state_dict.get("param_groups")
         if groups is None or "state" not in state_dict:
             raise ValueError(

@@ -262,12 +262,12 @@ class Backend:
 
     def register_stateful(self, obj) -> None:
         """Objects whose state must exist before a step is traced (optimizers): the engine
-        calls their ``_ensure_preinitialized()`` first."""
+        calls their ``ensure_preinitialized()`` first."""
         self._stateful.add(obj)
 
     def preinitialize_all(self) -> None:
         for obj in list(self._stateful):
-            obj._ensure_preinitialized()
+            obj.ensure_preinitialized()
 
     # -- randomness ----------------------------------------------------------------------------
     def get_rng_state(self) -> torch.Tensor:
