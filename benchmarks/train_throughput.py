@@ -455,11 +455,9 @@ def git_commit() -> dict:
 
 
 def default_compiler() -> str:
-    import inspect
+    from executor.backends.options import CSXOptions
 
-    from executor.backends.csx import CSXBackend
-
-    return inspect.signature(CSXBackend.__init__).parameters["compiler"].default
+    return CSXOptions().compiler
 
 
 def run_training(args, tmp: Path, results: dict) -> None:
