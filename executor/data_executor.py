@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import os
 import time
@@ -14,7 +13,7 @@ from executor import phases, runtime
 from executor.profiler import Profiler
 from executor.report import StepScalars
 from executor.schedule import Schedule, normalize_checkpoint_steps
-from workers.checks import positive_int
+from workers.checks import did_you_mean, positive_int
 from workers.config import CSConfig
 from workers.dataloader import STATE_FORMAT, DataLoader
 from workers.errors import InputWorkerError
@@ -32,10 +31,9 @@ def _check_arguments(unknown: dict, dataloader) -> None:
     """Refuse a keyword DataExecutor does not take, and a dataloader that is not cstream's."""
     if unknown:
         name = next(iter(unknown))
-        close = difflib.get_close_matches(name, _PARAMS, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
         raise TypeError(
-            f"DataExecutor got an unexpected keyword argument {name!r}.{hint} "
+            f"DataExecutor got an unexpected keyword argument {name!r}."
+            f"{did_you_mean(name, _PARAMS)} "
             f"Valid arguments: {', '.join(_PARAMS)}."
         )
     if not isinstance(dataloader, DataLoader):

@@ -14,8 +14,9 @@ ValueError: CSConfig.num_csx: expected a positive int, got 0. Set it to 1 or mor
 
 from __future__ import annotations
 
+import difflib
 import numbers
-from typing import Optional
+from typing import Iterable, Optional
 
 
 def _message(name: str, rule: str, value, fix: Optional[str], default_fix: str) -> str:
@@ -54,3 +55,14 @@ def positive_number(value, name: str, *, allow_none: bool = False, fix: Optional
         rule += " or None" if allow_none else ""
         raise error(_message(name, rule, value, fix, "Set it above 0."))
     return float(value)
+
+
+def did_you_mean(name: str, valid: Iterable[str]) -> str:
+    """" Did you mean 'x'?" for the valid name closest to a misspelt ``name``; "" when none is
+    close. The tail of every unknown-name message.
+
+    >>> did_you_mean("lookahed", ["lookahead", "compiler"])
+    " Did you mean 'lookahead'?"
+    """
+    close = difflib.get_close_matches(name, list(valid), n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import warnings
 from typing import Any
@@ -12,6 +11,7 @@ from cstream.optim.configure import (configure_optimizer_params, configure_param
                                      configure_scheduler_params)
 from cstream.optim.muon import Muon
 from cstream.optim.optimizer import Optimizer
+from workers.checks import did_you_mean
 from cstream.optim.optimizers import (
     ASGD, SGD, Adadelta, Adafactor, Adagrad, Adam, Adamax, AdamW, Lamb, Lion, NAdam, RAdam,
     RMSprop, Rprop,
@@ -33,10 +33,9 @@ def _check_kwargs(cls, kwargs: dict, what: str, skip=("self", "optimizer", "para
         inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
     for name in kwargs:
         if name not in valid:
-            close = difflib.get_close_matches(name, valid, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
             raise TypeError(
-                f"{what} {cls.__name__} has no argument {name!r}.{hint} Valid arguments: "
+                f"{what} {cls.__name__} has no argument {name!r}.{did_you_mean(name, valid)} "
+                "Valid arguments: "
                 f"{', '.join(valid)}.")
 
 

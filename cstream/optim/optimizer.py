@@ -19,6 +19,7 @@ from typing import Callable, Iterable, Optional
 import torch
 
 import cstream
+from workers.checks import did_you_mean
 
 
 def group_tensors(tensors: list) -> list[tuple[list, list[int]]]:
@@ -298,13 +299,9 @@ class Optimizer:
                     f"a state saved by the same optimizer class with the same options.")
 
     def __getattr__(self, name: str):
-        import difflib
-
         if name.startswith("__"):
             raise AttributeError(name)
-        close = difflib.get_close_matches(name, [n for n in dir(type(self))
-                                                 if not n.startswith("_")], n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(name, [n for n in dir(type(self)) if not n.startswith("_")])
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}.{hint}")
 
     def __repr__(self) -> str:

@@ -15,13 +15,12 @@ TypeError: cstream.backend("CSX") got an unknown option 'lookahed'. Did you mean
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import numbers
 import os
 from dataclasses import dataclass
 from typing import ClassVar, Literal, Optional, Union, get_args
 
-from workers.checks import positive_int
+from workers.checks import did_you_mean, positive_int
 from workers.flow import DEFAULT_LOOKAHEAD_STEPS
 
 Compiler = Literal["auto", "fx", "inductor"]
@@ -66,10 +65,9 @@ class _Options:
         unknown = next((name for name in given if name not in valid), None)
         if unknown is None:
             return cls(**given)
-        close = difflib.get_close_matches(unknown, valid, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
         raise TypeError(f'cstream.backend("{cls.backend_name}") got an unknown option '
-                        f"{unknown!r}.{hint} Valid options: {', '.join(valid)}.")
+                        f"{unknown!r}.{did_you_mean(unknown, valid)} Valid options: "
+                        f"{', '.join(valid)}.")
 
     def given(self) -> dict:
         """The options that differ from their defaults, as keyword arguments."""
