@@ -98,6 +98,11 @@ def write_gpt_hdf5(folder: Path, files: int = 2, per_file: int = 64, msl: int = 
             f.create_dataset("data", data=data)
 
 
+def checkpoint_every(steps: int) -> int:
+    """Steps between checkpoints: a third of the run (the resumed run starts at the first)."""
+    return max(1, steps // 3)
+
+
 def params_for(program: str, shipped: Path, data: Path, steps: int, precision: str,
                release_2_2: bool) -> dict:
     """The shipped configuration with this trial's data, steps, precision and logging."""
@@ -108,9 +113,8 @@ def params_for(program: str, shipped: Path, data: Path, steps: int, precision: s
         params["model"]["fp16_type"] = "bfloat16" if bf16 else "float16"
     else:
         params["model"]["use_bfloat16"] = bf16
-    every = max(1, steps // 3)
     run = params["runconfig"]
-    run.update(max_steps=steps, log_steps=1, checkpoint_steps=every, seed=1,
+    run.update(max_steps=steps, log_steps=1, checkpoint_steps=checkpoint_every(steps), seed=1,
                save_initial_checkpoint=False)
     run.pop("eval_frequency", None)
     for key in ("train_input", "eval_input"):
@@ -163,7 +167,7 @@ def trial(args) -> dict:
     path = [str(REPO), str(root), *args.pythonpath, os.environ.get("PYTHONPATH", "")]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p),
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
-    first = max(1, args.steps // 3)
+    first = checkpoint_every(args.steps)
     runs = {}
     for backend in ("CPU", "CSX"):
         full, resumed = work / f"{backend}-full", work / f"{backend}-resumed"
