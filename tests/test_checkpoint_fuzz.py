@@ -1,11 +1,15 @@
 """Fuzzing cstream.save / cstream.load: generated structures round-trip exactly (or are refused for
 keys the layout cannot tell apart), and damaged files either load the original values or raise
-CheckpointError (never wrong values, a crash or a hang)."""
+CheckpointError (never wrong values, a crash or a hang). The mutations are a fixed sequence
+(``derandomize``): one damaged global heap makes HDF5 loop for ever (the strict xfail at the
+end), and a random draw that hit such a file would hang the suite."""
 
 from __future__ import annotations
 
 import math
+import os
 import struct
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +21,7 @@ from cstream.saving import CheckpointError, to_eager
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32,
           torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64]
-FUZZ = settings(max_examples=200, deadline=None,
+FUZZ = settings(max_examples=200, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
@@ -121,3 +125,25 @@ def test_every_prefix_of_the_header_is_refused_as_truncated(tmp_path):
         (tmp_path / "cut.h5").write_bytes(data[:n])
         with pytest.raises(CheckpointError):
             cstream.load(tmp_path / "cut.h5")
+
+
+@pytest.mark.xfail(strict=True, reason="HDF5 loops for ever reading a variable-length string "
+                   "attribute whose global-heap entry a mutation damaged; the load cannot be "
+                   "bounded from Python (the loop never returns to the interpreter)")
+def test_a_file_with_a_damaged_global_heap_is_refused_not_read_for_ever():
+    """A mutation found by the fuzz test above: the ``b.2.1.__metadata__`` attribute's heap entry
+    is damaged. The load runs in its own process, bounded to 30 s."""
+    import subprocess
+    import sys
+
+    path = Path(__file__).parent / "data" / "corrupt_global_heap.h5"
+    code = ("import sys\nimport cstream\nfrom cstream.saving import CheckpointError\n"
+            "try:\n    cstream.load(sys.argv[1])\n"
+            "except CheckpointError:\n    print('refused')\n")
+    try:
+        out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                             text=True, timeout=30,
+                             env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    except subprocess.TimeoutExpired:
+        pytest.fail("loading the damaged file did not end within 30 s")
+    assert out.stdout.strip() == "refused", out.stderr[-2000:]
