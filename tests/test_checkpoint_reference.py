@@ -23,6 +23,11 @@ import torch
 
 import cstream as cstorch
 from cstream.saving import CheckpointError, describe
+from reference.tolerance import assert_number_close, assert_tensor_close
+
+# compares with numbers another program made on another CPU (make test reruns these under
+# other float kernels: ATEN_CPU_CAPABILITY / MKL_CBWR)
+pytestmark = pytest.mark.cross_cpu
 
 REFERENCE = Path(__file__).resolve().parent / "reference"
 FIXTURES = REFERENCE / "fixtures"
@@ -133,14 +138,17 @@ def test_a_run_the_real_package_checkpointed_resumes_in_cstream_to_the_same_loss
         cstorch.utils.data.DataLoader(lambda: _batches(6)[3:]), num_steps=3)
     for x, y in executor:
         keep(step(x, y))
-    assert losses == pytest.approx(gen["losses"][3:], rel=1e-6)
+    # the real package's run was on another CPU and torch version: float32's bound, 6 steps
+    for step, (ours, theirs) in enumerate(zip(losses, gen["losses"][3:]), 4):
+        assert_number_close(ours, theirs, step, f"loss of step {step}")
+    assert len(losses) == len(gen["losses"][3:])
     got = {e["key"]: e for e in record(model.state_dict())}
     for want in gen["final_model"]:
         have = got[want["key"]]
         assert (have["dtype"], have["shape"]) == (want["dtype"], want["shape"])
         a = torch.frombuffer(bytearray.fromhex(have["bits"]), dtype=torch.float32)
         b = torch.frombuffer(bytearray.fromhex(want["bits"]), dtype=torch.float32)
-        assert torch.allclose(a, b, rtol=1e-6, atol=1e-7), (want["key"], a, b)
+        assert_tensor_close(a, b, 6, want["key"])
 
 
 def _batches(n: int) -> list:

@@ -12,6 +12,11 @@ import pytest
 import torch
 
 import cstream as cstorch
+from reference.tolerance import assert_number_close, assert_tensor_close
+
+# compares with numbers another program made on another CPU (make test reruns these under
+# other float kernels: ATEN_CPU_CAPABILITY / MKL_CBWR)
+pytestmark = pytest.mark.cross_cpu
 
 FIXTURE = json.loads((pathlib.Path(__file__).parent / "reference" / "fixtures"
                       / "amp.json").read_text())
@@ -85,11 +90,11 @@ def check(records, scenario):
             assert (ours["steps"], ours["overflows"]) == (
                 theirs["steps_since_rescale"], theirs["overflows_since_rescale"]), where
         scaled = scenario["scaled_losses"][i - 1]
-        assert ours["scaled"] == pytest.approx(scaled, rel=1e-6, nan_ok=True), where
+        # the fixtures come from another CPU and torch version: float32's bound for i steps
+        assert_number_close(ours["scaled"], float(scaled), i, f"{where}, scaled loss")
         for j, (a, b) in enumerate(zip(ours["params"], theirs["params"])):
-            torch.testing.assert_close(
-                a, torch.tensor(b).reshape(a.shape), rtol=1e-6, atol=1e-9, equal_nan=True,
-                msg=lambda m: f"{where}, parameter {j}: {m}")
+            assert_tensor_close(a, torch.tensor(b).reshape(a.shape), i,
+                                f"{where}, parameter {j}", equal_nan=True)
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))

@@ -4,8 +4,8 @@
 ``tests/reference/gen_sched.py``, rerun with ``make reference``): per case, ``get_last_lr()``,
 ``get_last_value()`` and every param group's ``lr`` after construction and after each of 40
 steps, the state dict after 20 steps and the rates of a scheduler that loaded it. cstream must
-give the same within 1e-6 relative, eagerly (CPU backend) and traced (CSX), except the listed
-deviations (docs/reference.md, "Learning-rate schedulers").
+give the same within float32's bound across CPUs (``reference/tolerance.py``), eagerly (CPU
+backend) and traced (CSX), except the listed deviations (docs/reference.md, "Learning-rate schedulers").
 """
 
 from __future__ import annotations
@@ -21,26 +21,34 @@ import torch
 
 import cstream as cstorch
 
+# compares with numbers another program made on another CPU (make test reruns these under
+# other float kernels: ATEN_CPU_CAPABILITY / MKL_CBWR)
+pytestmark = pytest.mark.cross_cpu
+
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "reference"))
 from gen_sched import build, decode, encode, make_optimizer, values  # noqa: E402
+from reference.tolerance import rel_bound  # noqa: E402
 
 REF = json.loads((HERE / "reference" / "fixtures" / "sched.json").read_text())
 CASES = REF["cases"]
 STEPS, SAVE_AT = REF["steps"], REF["save_at"]
+# the real package ran on another CPU and torch version; a rate is at most STEPS float32
+# updates of the first one (a chained or multiplicative schedule carries its rounding along)
+REL = rel_bound(STEPS)
 
 # cases where cstream follows the docstring instead of the real package (docs/reference.md)
 DEVIATIONS = {"warm_restarts"}
 
 
 def close(got, want, where):
-    """Lists of per-group values (None where a group is not scheduled) agree within 1e-6
+    """Lists of per-group values (None where a group is not scheduled) agree within REL
     relative (1e-9 absolute near zero)."""
     assert len(got) == len(want), where
     for g, w in zip(got, want):
         assert (g is None) == (w is None), (where, got, want)
         if w is not None:
-            assert g == pytest.approx(w, rel=1e-6, abs=1e-9), (where, got, want)
+            assert g == pytest.approx(w, rel=REL, abs=1e-9), (where, got, want)
 
 
 def warm_restarts_by_docstring(step: int, initial=0.5, t_0=9, eta_min=0.01) -> float:
@@ -134,7 +142,7 @@ def test_the_real_warm_restarts_stops_annealing_after_its_first_period_and_cstre
     """The deviation, shown: after its first period the real package's rate no longer
     anneals, it holds the initial rate for a period, then eta_min for a period, and so on."""
     real = [s["last_lr"][0] for s in CASES["warm_restarts"]["steps"]]
-    assert real[:9] == pytest.approx([warm_restarts_by_docstring(i) for i in range(9)], rel=1e-6)
+    assert real[:9] == pytest.approx([warm_restarts_by_docstring(i) for i in range(9)], rel=REL)
     assert real[9:] == pytest.approx((([0.5] * 9 + [0.01] * 9) * 2)[:STEPS + 1 - 9])
     cstorch.backend("CPU")
     opt = make_optimizer(cstorch)
@@ -161,7 +169,7 @@ def _state_after(name: str, steps: int):
 
 def _assert_same_state(got, want, where):
     """Encoded state dicts (see gen_sched.encode) agree: keys, dtypes, values (floats within
-    1e-6 relative)."""
+    REL relative)."""
     if isinstance(want, dict):
         assert isinstance(got, dict) and sorted(got) == sorted(want), (where, got, want)
         for key in want:
@@ -171,7 +179,7 @@ def _assert_same_state(got, want, where):
         for i, (g, w) in enumerate(zip(got, want)):
             _assert_same_state(g, w, (*where, i))
     elif isinstance(want, float):
-        assert got == pytest.approx(want, rel=1e-6, abs=1e-9), (where, got, want)
+        assert got == pytest.approx(want, rel=REL, abs=1e-9), (where, got, want)
     else:
         assert got == want and type(got) is type(want), (where, got, want)
 
@@ -250,7 +258,7 @@ def test_sgd_takes_each_step_with_the_reference_rate_of_that_step():
         opt.step()
         sched.step()
     rates = [s["last_lr"][0] for s in CASES["sequential"]["steps"][:STEPS]]
-    assert float(p.detach()) == pytest.approx(1 - sum(rates), rel=1e-6)
+    assert float(p.detach()) == pytest.approx(1 - sum(rates), rel=REL)
 
 
 def test_sgd_decays_each_step_with_the_reference_weight_decay_of_that_step():
@@ -265,7 +273,7 @@ def test_sgd_decays_each_step_with_the_reference_weight_decay_of_that_step():
         opt.step()
         sched.step()
         want *= 1 - 0.5 * snap["last_value"][0]
-    assert float(p.detach()) == pytest.approx(want, rel=1e-6)
+    assert float(p.detach()) == pytest.approx(want, rel=REL)
 
 
 # -- traced ------------------------------------------------------------------------------------
@@ -447,6 +455,6 @@ def test_configure_lr_scheduler_takes_the_model_zoos_adjust_learning_rate():
     for step in range(STEPS + 1):
         close(values(sched.get_last_lr()), want[step]["last_lr"], step)
         assert float(plain.get_last_lr()[1]) == pytest.approx(want[step]["last_lr"][0],
-                                                              rel=1e-6, abs=1e-9)
+                                                              rel=REL, abs=1e-9)
         sched.step()
         plain.step()
