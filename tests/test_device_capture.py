@@ -216,3 +216,53 @@ def test_an_op_called_by_its_cpu_name_is_reported_for_cuda():
     report = validate_for("cuda", mlp, vectors, loss_of)
     assert any("_scaled_dot_product_flash_attention_for_cpu" in f
                for f in report["device_bound_ops"]), report["device_bound_ops"]
+
+
+# -- the wafer's devices, as the capture's read guard sees them -------------------------------------
+
+class CreatesItsOwn(torch.nn.Module):
+    """Tensors the step makes itself (no state in them), moved to their own device, and
+    clip_grad_norm_, whose devices come from torch's grouping by device."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        pos = torch.arange(8).float()
+        pos = pos.to(pos.device) / 8
+        return self.lin(x + pos.unsqueeze(0).to(device=pos.device))
+
+
+def test_moves_to_the_devices_of_step_tensors_and_of_torchs_grouping_are_no_reads():
+    def run(kind, **options):
+        torch.manual_seed(0)
+        backend = cstorch.backend(kind, **options)
+        model = CreatesItsOwn()
+        compiled = cstorch.compile(model, backend)
+        opt = cstorch.optim.SGD(model.parameters(), lr=0.05)
+        losses = []
+
+        @cstorch.trace
+        def step(batch):
+            loss = mse(compiled, batch)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        @cstorch.step_closure
+        def keep(loss):
+            losses.append(loss.item())
+
+        executor = cstorch.utils.data.DataExecutor(cstorch.utils.data.DataLoader(vectors),
+                                                   num_steps=3)
+        for batch in executor:
+            keep(step(batch))
+        backend.shutdown()
+        return losses
+
+    cpu = run("CPU")
+    assert len(cpu) == 3
+    assert run("CSX", in_process=True) == cpu
