@@ -15,7 +15,6 @@ for the step's ops.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import threading
 import time
 import warnings
@@ -25,12 +24,14 @@ from typing import Any, Optional
 import torch
 
 from executor.engine.compiler import CacheEntry, cache_key, input_spec
+from executor.engine.devices import DeviceBoundError, check_device_clean
 from executor.wafer.feed import BatchSpecError, InputFeed
 from executor.wafer.loop import Collected, DriverError, Phase, RunPlan, WaferLoop
 from executor.wafer.program import Program
 from executor.wafer.state import StateStore
 from workers.duplicates import check_streams
 from workers.flow import FlowPolicy
+from workers.torch_compat import import_for_unpickling_graphs
 
 __all__ = ["BatchSpecError", "Collected", "DriverError", "WaferDriver", "remap_worker_states",
            "rss_bytes"]
@@ -152,7 +153,7 @@ class WaferDriver:
                  compiler: str = "auto", use_ray_workers: bool = False,
                  num_threads: Optional[int] = None, cpus: Optional[int] = None):
         if use_ray_workers:  # an actor: captured graphs arrive pickled, and unpickling needs it
-            importlib.import_module("torch._higher_order_ops.triton_kernel_wrap")
+            import_for_unpickling_graphs()
         self.device = torch.device(device)
         # the wafer's own random stream: the client seeds it (set_rng_state) before each run
         self.rng = torch.Generator(device=self.device)
@@ -208,6 +209,13 @@ class WaferDriver:
             self._program = None
             return {"compiler": None, "cache_hit": False, "compile_s": 0.0,
                     "num_threads": self.num_threads}
+        if self.device.type != "cpu":
+            # here torch has the device's kernels to look up: an op the client's check could
+            # only judge by name is judged by the dispatcher
+            try:
+                check_device_clean(graph, self.device)
+            except DeviceBoundError as e:
+                raise DriverError(str(e)) from None
         missing = self.store.missing(state_order)
         if missing and not compile_only:
             raise DriverError(f"{len(missing)} state tensors have no value on the wafer.")

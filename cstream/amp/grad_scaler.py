@@ -10,6 +10,7 @@ import torch
 
 import cstream
 from cstream.optim.optimizer import group_tensors
+from workers.torch_compat import foreach
 
 _CONDITIONAL_STEPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 """The optimizers inside a step run by a dynamic GradScaler: optimizer -> (this step's
@@ -134,7 +135,7 @@ class GradScaler:
         grads = [p.grad for p in _params(optimizer) if p.grad is not None]
         inv_scale = 1.0 / self._loss_scale  # float32 (a Python number when static)
         for group, _ in group_tensors(grads):
-            torch._foreach_mul_(group, inv_scale)
+            foreach.mul_(group, inv_scale)
         if self.dynamic:
             self._squared_local_norms.extend(torch.sum(g * g) for g in grads)
 
@@ -169,7 +170,7 @@ class GradScaler:
         grads = [p.grad for opt in self._unscaled.values() for p in _params(opt)
                  if p.grad is not None]
         for group, _ in group_tensors(grads):
-            torch._foreach_mul_(group, clip_coef)
+            foreach.mul_(group, clip_coef)
 
     @torch.no_grad()
     def step_if_finite(self, optimizer, *args, **kwargs):
@@ -328,17 +329,17 @@ def clip_grad_norm_(params, max_norm: float, norm_type: float = 2.0) -> torch.Te
     """``torch.nn.utils.clip_grad_norm_``'s rule (its multi-tensor path, on every device): the
     gradients scaled by ``min(1, max_norm / (total_norm + 1e-6))``; returns the total norm.
 
-    One ``torch._foreach_*`` op per stage, so a traced step gets a few ops for the whole model.
+    One multi-tensor (``foreach``) op per stage, so a traced step gets a few ops for the whole model.
     """
     groups = _grads_by_device_and_dtype(params)
     if not groups:
         return torch.tensor(0.0)
     first = groups[0][0].device
-    norms = [n for grads in groups for n in torch._foreach_norm(grads, norm_type)]
+    norms = [n for grads in groups for n in foreach.norm(grads, norm_type)]
     total = torch.linalg.vector_norm(torch.stack([_on(n, first) for n in norms]), norm_type)
     clip_coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     for grads in groups:
-        torch._foreach_mul_(grads, _on(clip_coef, grads[0].device))
+        foreach.mul_(grads, _on(clip_coef, grads[0].device))
     return total
 
 
@@ -346,7 +347,7 @@ def _copies(tensors: list) -> list:
     """Exact copies of ``tensors``: floating-point ones with one ``x * 1`` op per dtype."""
     out = [None] * len(tensors)
     for group, indices in group_tensors(tensors):
-        copies = torch._foreach_mul(group, 1) if group[0].dtype.is_floating_point else [
+        copies = foreach.mul(group, 1) if group[0].dtype.is_floating_point else [
             t.clone() for t in group]
         for i, c in zip(indices, copies):
             out[i] = c
@@ -359,7 +360,7 @@ def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def clip_grad_value_(params, clip_value: float) -> None:
-    """``torch.nn.utils.clip_grad_value_``'s rule, one ``torch._foreach_*`` op per stage."""
+    """``torch.nn.utils.clip_grad_value_``'s rule, one multi-tensor (``foreach``) op per stage."""
     for grads in _grads_by_device_and_dtype(params):
-        torch._foreach_clamp_min_(grads, -clip_value)
-        torch._foreach_clamp_max_(grads, clip_value)
+        foreach.clamp_min_(grads, -clip_value)
+        foreach.clamp_max_(grads, clip_value)

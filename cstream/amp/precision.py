@@ -28,10 +28,12 @@ import contextlib
 
 import torch
 
+from workers.torch_compat import tree_leaves
+
 
 def _half_input(inputs) -> torch.dtype | None:
     """The 16-bit floating dtype of the first such tensor among ``inputs`` (nested), or None."""
-    for leaf in torch.utils._pytree.tree_leaves(inputs):
+    for leaf in tree_leaves(inputs):
         if isinstance(leaf, torch.Tensor) and leaf.dtype in (torch.float16, torch.bfloat16):
             return leaf.dtype
     return None

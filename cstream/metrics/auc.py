@@ -77,7 +77,7 @@ class AUCMetric(Metric):
         for name in ("true_positive", "true_negative", "false_positive", "false_negative"):
             self.register_state(name, torch.zeros(n, dtype=_ACC))
         self.register_state("samples_out_of_range", torch.zeros((), dtype=_ACC))
-        if "threshold_grid" not in self._buffers:
+        if "threshold_grid" not in dict(self.named_buffers(recurse=False)):
             # the thresholds as a state tensor: one made inside the step from Python numbers
             # would be a constant lifted into the graph, which inductor's functionalization
             # refuses. Not readable: it never changes, so no step needs to export it.

@@ -48,7 +48,7 @@ def _resetting(fn):
     @functools.wraps(fn)
     def reset(self):
         with torch.no_grad():
-            if "_num_updates" in self._buffers:
+            if "_num_updates" in dict(self.named_buffers(recurse=False)):
                 self._num_updates.zero_()
             fn(self)
 
@@ -155,7 +155,7 @@ class Metric(torch.nn.Module, ABC):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{self.name}: state {name!r} must be a torch.Tensor, got "
                             f"{type(tensor).__name__}.")
-        existing = self._buffers.get(name)
+        existing = dict(self.named_buffers(recurse=False)).get(name)
         if existing is not None:
             if existing.shape != tensor.shape or existing.dtype != tensor.dtype:
                 raise ValueError(

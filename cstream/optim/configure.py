@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import torch
 
-_NORMS = (torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm)
+from workers.torch_compat import NormBase
+
+_NORMS = (NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm)
 
 
 def _no_decay_names(model: torch.nn.Module) -> set[str]:

@@ -20,17 +20,16 @@ import torch
 
 import cstream
 from workers.checks import did_you_mean
+from workers.torch_compat import group_tensors_by_device_and_dtype
 
 
 def group_tensors(tensors: list) -> list[tuple[list, list[int]]]:
     """``tensors`` grouped by (device, dtype) as torch's multi-tensor code groups them (the
     group order decides a total norm's summation order), each group with its positions in
-    ``tensors``: the unit of one ``torch._foreach_*`` call."""
-    from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
-
+    ``tensors``: the unit of one multi-tensor (``foreach``) call."""
     if not tensors:
         return []
-    grouped = _group_tensors_by_device_and_dtype([list(tensors)], with_indices=True)
+    grouped = group_tensors_by_device_and_dtype([list(tensors)], with_indices=True)
     return [(group, indices) for [group], indices in grouped.values()]
 
 
@@ -78,7 +77,7 @@ class Optimizer:
     differs: :meth:`initial_state` (one parameter's state tensors, by name, with their initial
     values), :meth:`update` (one parameter's update, in place) and
     :meth:`state_names_to_sparsify`. One that updates a whole group at once (multi-tensor
-    ``torch._foreach_*`` ops) overrides :meth:`update_group` instead of :meth:`update`. A
+    multi-tensor (``foreach``) ops) overrides :meth:`update_group` instead of :meth:`update`. A
     subclass may also override :meth:`preinitialize` (create state) and :meth:`step` (update in
     place) whole, as ``cerebras.pytorch``'s contract has it. With ``enable_global_step`` every
     parameter gets a float32 ``"step"`` state tensor (after the state :meth:`preinitialize`

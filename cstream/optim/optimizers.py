@@ -18,6 +18,7 @@ import torch
 
 import cstream
 from cstream.optim.optimizer import Optimizer, group_tensors, with_grads
+from workers.torch_compat import foreach
 
 
 def _check(name, value, low=0.0, high=None, owner="", high_inclusive=False):
@@ -52,7 +53,7 @@ def _signed_grad(p, maximize):
 class _ForeachOptimizer(Optimizer):
     """An optimizer whose update is multi-tensor: :meth:`update_bucket` takes the group's
     parameters that have gradients, one (device, dtype) bucket at a time (the unit of one
-    ``torch._foreach_*`` op), so a traced step has the same ops for any number of parameters."""
+    multi-tensor (``foreach``) op), so a traced step has the same ops for any number of parameters."""
 
     def update_group(self, group):
         for params, _ in group_tensors(with_grads(group)):
@@ -94,21 +95,21 @@ class SGD(_ForeachOptimizer):
         return ["momentum_buffer"]
 
     def update_bucket(self, group, params):
-        """2.10's per-parameter arithmetic as one ``torch._foreach_*`` op per stage."""
+        """2.10's per-parameter arithmetic as one multi-tensor (``foreach``) op per stage."""
         lr, momentum = group["lr"], group["momentum"]
         grads = [p.grad for p in params]
         if group["maximize"]:
-            grads = torch._foreach_neg(grads)
-        grads = torch._foreach_add(grads, torch._foreach_mul(params, group["weight_decay"]))
+            grads = foreach.neg(grads)
+        grads = foreach.add(grads, foreach.mul(params, group["weight_decay"]))
         if momentum != 0:
             bufs = [self.state[p]["momentum_buffer"] for p in params]
-            torch._foreach_mul_(bufs, momentum)
-            torch._foreach_add_(bufs, grads, alpha=1.0 - group["dampening"])
+            foreach.mul_(bufs, momentum)
+            foreach.add_(bufs, grads, alpha=1.0 - group["dampening"])
             if group["nesterov"]:
-                torch._foreach_add_(grads, bufs, alpha=momentum)
+                foreach.add_(grads, bufs, alpha=momentum)
             else:
                 grads = bufs
-        torch._foreach_add_(params, torch._foreach_mul(grads, -lr))
+        foreach.add_(params, foreach.mul(grads, -lr))
 
 
 class _AdamBase(_ForeachOptimizer):
@@ -140,40 +141,40 @@ class _AdamBase(_ForeachOptimizer):
         return ["exp_avg", "exp_avg_sq", "max_exp_avg_sq"]
 
     def update_bucket(self, group, params):
-        """2.10's per-parameter arithmetic as one ``torch._foreach_*`` op per stage."""
+        """2.10's per-parameter arithmetic as one multi-tensor (``foreach``) op per stage."""
         states = [self.state[p] for p in params]
         beta1, beta2 = group["betas"]
         grads = [p.grad for p in params]
         if group["l2_regularization_rate"] > 0.0:
-            grads = torch._foreach_add(grads, params, alpha=group["l2_regularization_rate"])
+            grads = foreach.add(grads, params, alpha=group["l2_regularization_rate"])
         exp_avgs = [st["exp_avg"] for st in states]
         exp_avg_sqs = [st["exp_avg_sq"] for st in states]
-        torch._foreach_mul_(exp_avgs, beta1)
-        torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)
-        torch._foreach_mul_(exp_avg_sqs, beta2)
-        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
+        foreach.mul_(exp_avgs, beta1)
+        foreach.add_(exp_avgs, grads, alpha=1.0 - beta1)
+        foreach.mul_(exp_avg_sqs, beta2)
+        foreach.addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
         if group["amsgrad"]:
             peaks = [st["max_exp_avg_sq"] for st in states]
-            torch._foreach_maximum_(peaks, exp_avg_sqs)
-            denom = torch._foreach_sqrt(peaks)
+            foreach.maximum_(peaks, exp_avg_sqs)
+            denom = foreach.sqrt(peaks)
         else:
-            denom = torch._foreach_sqrt(exp_avg_sqs)
-        torch._foreach_add_(denom, group["eps"])
-        update = torch._foreach_div(exp_avgs, denom)
+            denom = foreach.sqrt(exp_avg_sqs)
+        foreach.add_(denom, group["eps"])
+        update = foreach.div(exp_avgs, denom)
         if group["correct_bias"]:
             b1ps = [st["beta1_power"] for st in states]
             b2ps = [st["beta2_power"] for st in states]
             # 1 - x as -x + 1: the same float
-            bias_correction1 = torch._foreach_add(torch._foreach_neg(b1ps), 1.0)
-            bias_correction2 = torch._foreach_add(torch._foreach_neg(b2ps), 1.0)
-            step_size = torch._foreach_div(torch._foreach_sqrt(bias_correction2),
+            bias_correction1 = foreach.add(foreach.neg(b1ps), 1.0)
+            bias_correction2 = foreach.add(foreach.neg(b2ps), 1.0)
+            step_size = foreach.div(foreach.sqrt(bias_correction2),
                                            bias_correction1)
-            torch._foreach_mul_(update, step_size)
-            torch._foreach_mul_(b1ps, beta1)
-            torch._foreach_mul_(b2ps, beta2)
-        torch._foreach_add_(update, torch._foreach_mul(params, group["weight_decay"]))
-        torch._foreach_mul_(update, group["lr"])
-        torch._foreach_sub_(params, update)
+            foreach.mul_(update, step_size)
+            foreach.mul_(b1ps, beta1)
+            foreach.mul_(b2ps, beta2)
+        foreach.add_(update, foreach.mul(params, group["weight_decay"]))
+        foreach.mul_(update, group["lr"])
+        foreach.sub_(params, update)
 
     def load_state_dict(self, state_dict):
         """Also takes a state saved by torch's or HuggingFace's Adam/AdamW (a ``step`` count

@@ -4,7 +4,7 @@
 >>> batch = {"x": torch.ones(2), "y": [torch.zeros(1), 3]}
 >>> [(s, t.shape[0]) for s, t in visit_torch_tensors(batch)]
 [(['x'], 2), (['y', '0'], 1)]
->>> from torch.utils._pytree import tree_flatten
+>>> from workers.torch_compat import tree_flatten
 >>> list(recurse_spec(tree_flatten(batch)[1]))
 [['x'], ['y', '0'], ['y', '1']]
 """
@@ -15,7 +15,8 @@ from inspect import isclass
 from typing import Any, Callable, Generator, List, Optional, Tuple
 
 import torch
-from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
+
+from workers.torch_compat import TreeSpec, tree_flatten, tree_unflatten
 
 Scope = List[str]
 

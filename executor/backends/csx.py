@@ -83,7 +83,7 @@ class CSXBackend(Backend):
 
     def __init__(self, options: CSXOptions):
         if options.device.startswith("cuda") and options.in_process and \
-                not torch.cuda.is_available():
+                not options.validate_only and not torch.cuda.is_available():
             raise RuntimeError(f'cstream.backend("CSX", device={options.device!r}) needs CUDA, '
                                "which this machine does not have.")
         super().__init__(options)
@@ -97,6 +97,9 @@ class CSXBackend(Backend):
         self.in_process = options.in_process
         self.address = options.address
         self.exec_device = options.device
+        # validate_only traces for exec_device and computes nothing: its driver only opens the
+        # input, on the CPU, so a step for a GPU is checked on a machine without one
+        self.driver_device = "cpu" if options.validate_only else options.device
         self.compiler = options.compiler
         self.lookahead = options.lookahead
         self.num_threads = options.num_threads
@@ -171,9 +174,7 @@ class CSXBackend(Backend):
     def compile(self, model: torch.nn.Module) -> CompiledModel:
         seen: dict[int, torch.Tensor] = {}
         for mod_name, mod in model.named_modules(remove_duplicate=False):
-            for pname, p in list(mod._parameters.items()):
-                if p is None:
-                    continue
+            for pname, p in list(mod.named_parameters(recurse=False, remove_duplicate=False)):
                 full = f"{mod_name}.{pname}" if mod_name else pname
                 if id(p) not in seen:
                     if isinstance(p, StateHandle):
@@ -184,14 +185,12 @@ class CSXBackend(Backend):
                                                   requires_grad=p.requires_grad)
                     seen[id(p)] = newp
                     self._params.add(newp)
-                mod._parameters[pname] = seen[id(p)]
-            for bname, b in list(mod._buffers.items()):
-                if b is None:
-                    continue
+                setattr(mod, pname, seen[id(p)])
+            for bname, b in list(mod.named_buffers(recurse=False, remove_duplicate=False)):
                 full = f"{mod_name}.{bname}" if mod_name else bname
                 if id(b) not in seen:
                     seen[id(b)] = self._to_handle(b, full)
-                mod._buffers[bname] = seen[id(b)]
+                setattr(mod, bname, seen[id(b)])
         for mod in model.modules():
             _FROZEN.add(mod)
         self._models.add(model)

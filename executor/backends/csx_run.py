@@ -23,16 +23,17 @@ import warnings
 from typing import Optional
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
 from executor import phases
 from executor.driver import DriverError, matmul_flops
 from executor.engine import warmup
 from executor.engine.capture import Captured, OutputLeaf, capture, first_difference
+from executor.engine.devices import device_bound_ops
 from executor.engine.errors import CompileError
 from executor.engine.handles import SlotKind, StateHandle, StepOutput
 from workers.errors import UnshardedInputWarning
 from workers.flow import FlowPolicy
+from workers.torch_compat import tree_flatten, tree_map_only, tree_unflatten
 
 log = logging.getLogger("cstream")
 
@@ -134,7 +135,8 @@ class CSXRun:
                 new = capture(self.store, traced.run, args, kwargs,
                               lambda: ex.closures.take_since(mark),
                               self.backend.param_handles(),
-                              devices=(self.backend.device.torch_device,))
+                              devices=(self.backend.device.torch_device,),
+                              target=self.backend.exec_device)
             if cap is not None and new.ops != cap.ops:
                 raise CompileError(
                     f"the graph of {traced!r} changed at step {ex.user_iteration}: "
@@ -185,11 +187,22 @@ class CSXRun:
     def _launch(self, cap: Captured, consts: list) -> None:
         b = self.backend
         self.started = True
+        # a graph for the CPU was captured with the CPU's own dispatch: nothing to check
+        bound = [] if torch.device(b.exec_device).type == "cpu" else \
+            device_bound_ops(cap.graph, b.exec_device)
         if b.validate_only:
-            self.report = {"validated": True, "trace_s": cap.trace_s, "ops": cap.num_ops}
+            self.report = {"validated": True, "trace_s": cap.trace_s, "ops": cap.num_ops,
+                           "device": str(b.exec_device), "device_bound_ops": bound}
             b.last_compile = dict(self.report)
             log.info("validate_only: traced %d ops; nothing compiled or run", cap.num_ops)
             return
+        if bound:
+            raise CompileError(
+                f"the traced step cannot run on the wafer's device {b.exec_device}: "
+                f"{len(bound)} of its ops are tied to another device ({'; '.join(bound[:5])}"
+                f"{' ...' if len(bound) > 5 else ''}). Write them with device-neutral torch "
+                "calls, or run the wafer on the CPU (device=\"cpu\")."
+            )
         b.sync_state_to_driver()
         with phases.phase("compiling"):
             self.report = self.driver.load_program(

@@ -125,7 +125,7 @@ class DriverClient:
 class LocalDriverClient(DriverClient):
     def __init__(self, backend):
         t0 = time.perf_counter()
-        self.driver = WaferDriver(device=backend.exec_device, compile_dir=str(backend.compile_dir),
+        self.driver = WaferDriver(device=backend.driver_device, compile_dir=str(backend.compile_dir),
                                   compiler=backend.compiler, use_ray_workers=False,
                                   num_threads=backend.num_threads)
         self.startup = {"driver_s": time.perf_counter() - t0}
@@ -221,10 +221,10 @@ class RayDriverClient(DriverClient):
         threads = backend.num_threads or default_num_threads()  # reserved; see WaferDriver
         options = dict(max_concurrency=16, name=f"cstream-wafer-{os.getpid()}-{id(backend):x}",
                        num_cpus=round(max(0.0, min(threads, node_cpus - INPUT_RESERVE_CPUS)), 2))
-        if str(backend.exec_device).startswith("cuda"):
+        if str(backend.driver_device).startswith("cuda"):
             options["num_gpus"] = 1
         self.actor = ray.remote(WaferDriver).options(**options).remote(
-            device=backend.exec_device, compile_dir=str(backend.compile_dir),
+            device=backend.driver_device, compile_dir=str(backend.compile_dir),
             compiler=backend.compiler, use_ray_workers=True, num_threads=backend.num_threads,
             cpus=max(1, int(node_cpus)))
         self._ping = self.actor.ping.remote()

@@ -130,7 +130,9 @@ class CSXOptions(_Options):
     compile_only: bool = False
     """Trace and compile the step, run nothing (the data is dropped: ``drop_data``)."""
     validate_only: bool = False
-    """Trace and check the step, compile and run nothing (the data is dropped)."""
+    """Trace and check the step, compile and run nothing (the data is dropped). The step is
+    traced for ``device`` (no GPU needed for ``"cuda"``); ``last_compile["device_bound_ops"]``
+    lists what in it cannot run there."""
     drop_data: bool = False
     """Keep no parameter values: a checkpoint holding every state tensor must be loaded before a
     run."""

@@ -13,22 +13,22 @@ Ops on state are recorded in place; :mod:`executor.engine.compiler` turns that i
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Optional
 
 import torch
-from torch._subclasses.fake_tensor import (DataDependentOutputException,
-                                           DynamicOutputShapeException, FakeTensorMode)
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
+from executor.engine.devices import neutral_dispatch, retarget
 from executor.engine.errors import TracingError
 from executor.engine.guards import (ReadGuard, not_state_error, scalar_argument_error,
                                     value_dependent_error)
 from executor.engine.handles import Slot, SlotKind, StateHandle, Store
 from executor.engine.portable import portable
+from workers.torch_compat import (DataDependentOutputException, DynamicOutputShapeException,
+                                  FakeTensorMode, TreeSpec, is_non_fake_input_error,
+                                  scalar_argument_given_a_tensor, tree_flatten, tree_unflatten)
 
 
 @dataclass
@@ -220,22 +220,16 @@ class _StepTrace:
             return [s.value for s in inputs.state_slots], outputs.tensors
 
 
-# torch raises these two as a plain TypeError and AssertionError: their text is all that tells
-# them from other errors of the same type
-_SCALAR_GIVEN_A_HANDLE = re.compile(r"argument '(\w+)' must be Number, not StateHandle")
-_NON_FAKE_INPUT = ("convert all Tensors to FakeTensors", "on non-Fake Tensor inputs")
-
-
 def _as_tracing_error(e: Exception) -> Optional[TracingError]:
     """torch's error ``e`` for what a traced step cannot hold, as a :class:`TracingError` with
     the user's line and the fix; None for any other error. Its ``__cause__`` is torch's error
     where that names the op (a tensor from outside the step), else None."""
     if isinstance(e, (DynamicOutputShapeException, DataDependentOutputException)):
         return value_dependent_error(e)
-    if isinstance(e, TypeError):
-        m = _SCALAR_GIVEN_A_HANDLE.search(str(e))
-        return None if m is None else scalar_argument_error(m.group(1), e)
-    if isinstance(e, AssertionError) and any(text in str(e) for text in _NON_FAKE_INPUT):
+    name = scalar_argument_given_a_tensor(e, StateHandle.__name__)
+    if name is not None:
+        return scalar_argument_error(name, e)
+    if is_non_fake_input_error(e):
         error = not_state_error()
         error.__cause__ = e
         return error
@@ -256,15 +250,18 @@ def _no_gradients(param_handles):
 
 
 def capture(store: Store, fn: Callable, args, kwargs, take_closures: Callable[[], list],
-            param_handles, devices=()) -> Captured:
+            param_handles, devices=(), target="cpu") -> Captured:
     """Trace ``fn(*args, **kwargs)`` once with fake values; nothing is computed.
     ``take_closures()`` returns the closures queued since the step began, as
     ``(fn, args, kwargs, is_checkpoint_closure)``, and removes them from the queue.
-    ``devices`` name the wafer (the backend's device): ``.to()`` to one of them moves nothing."""
+    ``devices`` name the wafer (the backend's device): ``.to()`` to one of them moves nothing.
+    ``target`` is the device the wafer runs the graph on: for one other than the CPU, the step
+    is captured with device-neutral dispatch and its device arguments name ``target``
+    (:mod:`executor.engine.devices`)."""
     t0 = time.perf_counter()
     inputs = prepare_inputs(store, args, kwargs)
     trace = _StepTrace(store, fn, inputs, take_closures, devices)
-    with _no_gradients(param_handles):
+    with _no_gradients(param_handles), neutral_dispatch(target):
         try:
             graph = trace.graph()
         except Exception as e:
@@ -273,6 +270,7 @@ def capture(store: Store, fn: Callable, args, kwargs, take_closures: Callable[[]
                 raise
             raise error from error.__cause__
     recorded = trace.recorded
+    graph = retarget(graph, target)
     return Captured(
         graph=portable(graph),  # it travels pickled (to a Ray driver, to the compile process)
         state_slots=inputs.state_slots,

@@ -9,10 +9,13 @@ import pickle
 import sys
 from pathlib import Path
 
-import torch
-import torch._higher_order_ops.triton_kernel_wrap  # noqa: F401  (unpickling captured graphs)
+from workers.torch_compat import import_for_unpickling_graphs
 
-from executor.engine.compiler import CacheEntry, compile_inductor_artifact
+import_for_unpickling_graphs()  # before the job's graph is unpickled
+
+import torch  # noqa: E402
+
+from executor.engine.compiler import CacheEntry, compile_inductor_artifact  # noqa: E402
 
 
 def main(job_path: str) -> int:
@@ -20,7 +23,10 @@ def main(job_path: str) -> int:
     device = job["device"]
     example = tuple([torch.zeros(s, dtype=d, device=device) for s, d in part]
                     for part in job["metas"])
-    compile_inductor_artifact(job["graph"], example, CacheEntry(job["compile_dir"], job["key"]))
+    graph = job["graph"]
+    if device != "cpu":
+        graph = graph.to(device)  # tensors the graph holds, where its inputs are (as fx_step)
+    compile_inductor_artifact(graph, example, CacheEntry(job["compile_dir"], job["key"]))
     os.remove(job_path)
     return 0
 

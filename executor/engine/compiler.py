@@ -5,12 +5,12 @@ Two compilers:
 * ``"fx"`` -- replay the captured aten graph (state updated in place) as a ``torch.fx``
   GraphModule: no compile time, Python overhead per op.
 * ``"inductor"`` -- functionalise the graph (state in -> state out, no mutation) and compile it
-  with ``torch._inductor``: fused kernels, the optimizer update fused too; 20+ s cold, a few
+  with inductor, torch's compiler: fused kernels, the optimizer update fused too; 20+ s cold, a few
   seconds from its cache.
 
 The cache lives in ``compile_dir/<key>/`` where ``key`` hashes the graph, the input spec, the
 device and the torch/cstream versions. An inductor compile leaves its artifact there
-(``inductor/``: the compiled module, saved with ``torch._inductor.standalone_compile``), and
+(``inductor/``: the compiled module, saved with inductor's ``standalone_compile``), and
 inductor's kernel cache lives in ``compile_dir/inductor-cache``. A process that finds the
 artifact loads it: nothing is compiled (``cache_hit``). The compile itself runs in a separate
 process (:func:`start_inductor_compile`, ``python -m executor.engine.compile_job``), so the
@@ -32,7 +32,10 @@ from typing import Callable, Optional
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.utils._pytree import tree_unflatten
+
+from workers.torch_compat import (OpOverload, graph_codegen, load_compiled_artifact,
+                                  op_entry_point, op_overload_name, op_schema, standalone_compile,
+                                  tree_unflatten)
 
 
 log = logging.getLogger("cstream.compile")
@@ -50,19 +53,19 @@ def cache_key(graph_code: str, input_spec: list, device: str) -> str:
 
 def _generator_overload(op):
     """``op`` itself if it takes a ``generator``, else its overload that does, else None."""
-    if any(a.name == "generator" for a in op._schema.arguments):
+    if any(a.name == "generator" for a in op_schema(op).arguments):
         return op
-    packet, name = op.overloadpacket, op._overloadname
+    packet, name = op.overloadpacket, op_overload_name(op)
     for candidate in ("generator" if name == "default" else f"{name}_generator",):
         alt = getattr(packet, candidate, None)
-        if alt is not None and any(a.name == "generator" for a in alt._schema.arguments):
+        if alt is not None and any(a.name == "generator" for a in op_schema(alt).arguments):
             return alt
     return None
 
 
 def _is_random(node: torch.fx.Node) -> bool:
     op = node.target
-    return node.op == "call_function" and isinstance(op, torch._ops.OpOverload) and (
+    return node.op == "call_function" and isinstance(op, OpOverload) and (
         torch.Tag.nondeterministic_seeded in op.tags)
 
 
@@ -229,7 +232,7 @@ _LITERALS = (bool, int, str, type(None))
 def _structured(gm: torch.fx.GraphModule, outputs):
     """The output node's values in the structure ``gm`` returns them in: a graph built with
     pytree inputs and outputs (``make_fx``) keeps them flat and unflattens on return."""
-    info = getattr(gm.graph._codegen, "pytree_info", None)
+    info = getattr(graph_codegen(gm.graph), "pytree_info", None)
     if info is None or info.out_spec is None:
         return outputs
     return tree_unflatten(list(outputs), info.out_spec)
@@ -277,7 +280,7 @@ class _ReplaySource:
             self.lines.append(f"{name} = {self._bind(obj, '_a')}")
         elif node.op == "call_function":
             target = node.target
-            fn = target._op if isinstance(target, torch._ops.OpOverload) else target
+            fn = op_entry_point(target) if isinstance(target, OpOverload) else target
             args = [self._render(a) for a in node.args]
             args += [f"{k}={self._render(v)}" for k, v in node.kwargs.items()]
             self.lines.append(f"{name} = {self._bind(fn, '_f')}({', '.join(args)})")
@@ -287,7 +290,7 @@ class _ReplaySource:
             raise NotImplementedError(f"replay of an fx {node.op!r} node ({node.format_node()})")
 
     def source(self) -> str:
-        info = getattr(self.gm.graph._codegen, "pytree_info", None)
+        info = getattr(graph_codegen(self.gm.graph), "pytree_info", None)
         # a pytree graph takes the leaves of (state, batch, consts); a plain one the three lists
         inputs = "(*state, *batch, *consts)" if info is not None else "(state, batch, consts)"
         body = "\n".join("        " + line for line in self.lines)
@@ -302,9 +305,9 @@ def replay_function(gm: torch.fx.GraphModule) -> Callable:
 
     ``GraphModule``'s own code calls each aten op through ``OpOverload.__call__``, a Python
     frame per op, and flattens its inputs with pytree on every call; here each op is bound to
-    its C++ entry point (``OpOverload._op``) and the inputs are taken as they come. Constants
-    other than ints, bools, strings and None (floats, dtypes, devices, ...) are bound as
-    globals, so every value is the graph's own object."""
+    its C++ entry point (:func:`workers.torch_compat.op_entry_point`) and the inputs are taken
+    as they come. Constants other than ints, bools, strings and None (floats, dtypes, devices,
+    ...) are bound as globals, so every value is the graph's own object."""
     code = _ReplaySource(gm)
     src = code.source()
     env = code.env
@@ -374,8 +377,6 @@ def _inductor_env(entry: CacheEntry) -> None:
 
 def compile_inductor_artifact(gm: torch.fx.GraphModule, example: tuple, entry: CacheEntry) -> None:
     """Functionalise ``gm``, compile it with inductor and save the artifact in ``entry``."""
-    from torch._inductor import standalone_compile
-
     _inductor_env(entry)
     pure, changed, constants = functionalize(gm, example)
     state, batch, consts = example
@@ -395,10 +396,8 @@ def load_inductor_artifact(entry: CacheEntry, generator: Optional[torch.Generato
     """The compiled step saved in ``entry`` (no compile; inductor's kernel cache is reused).
     ``random``: the graph has random ops; they draw from ``generator``'s state, lent to the
     default generator for each step. False: there is nothing to lend."""
-    from torch._inductor.standalone_compile import CompiledArtifact
-
     _inductor_env(entry)
-    fn = CompiledArtifact.load(path=str(entry.artifact), format="binary")
+    fn = load_compiled_artifact(path=str(entry.artifact), format="binary")
     changed = json.loads(entry.changed_file.read_text())
     constants = torch.load(entry.constants_file, weights_only=True)
     return CompiledStep(fn, changed, "inductor", generator, seeded=not random,

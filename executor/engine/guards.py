@@ -15,10 +15,10 @@ import os
 import sys
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
 
 from executor.engine.errors import TracingError
+from workers.torch_compat import BatchNormBase, FakeTensor, observe_grouped_devices
 
 _T = torch.Tensor
 READS = {
@@ -105,7 +105,7 @@ def _module_hint(found) -> tuple[str, str]:
             else f"{cls.__module__}.{cls.__qualname__}")
     where = f" It happened inside {name}" + (f" `{path}`" if path else "") + "."
     fix = ""
-    if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and module.momentum is None:
+    if isinstance(module, BatchNormBase) and module.momentum is None:
         fix = (
             " BatchNorm with momentum=None (a cumulative moving average) computes its factor "
             "1/num_batches_tracked with float() in Python, which needs the value. Fix: give "
@@ -261,35 +261,41 @@ class ReadGuard(TorchFunctionMode):
         # ``compiled_model.device`` gives it); kept alive so their ids stay theirs
         self._wafer_devices: dict[int, torch.device] = {id(d): d for d in devices}
         self._wafer_ids = self._wafer_devices.keys()
-        self._saved_grouping = self._saved_fake_device = None
+        self._grouping = None
 
     def _note_wafer_device(self, device: torch.device) -> torch.device:
         self._wafer_devices.setdefault(id(device), device)
         return device
 
-    def _group_by_device(self, *args, **kwargs):
+    def _note_grouped(self, grouped: dict) -> None:
         """torch's grouping of tensors by (device, dtype), as used by clip_grad_norm_ and the
         foreach optimizers: the devices it returns are those of step tensors, the wafer."""
-        grouped = self._saved_grouping(*args, **kwargs)
         for device, _ in grouped:
             self._note_wafer_device(device)
-        return grouped
+
+    def _note_created(self, out) -> None:
+        """The devices of fake tensors the step created itself (``torch.arange(t)`` and ops
+        on it): their ``.device`` property answers without passing this mode."""
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, FakeTensor):
+                self._note_wafer_device(t.device)
 
     def __enter__(self):
-        # Two ways a step's device reaches Python without passing this mode, noted while the
-        # step is traced: torch's grouping by device, and the ``.device`` of the tensors the
-        # step creates itself (fake tensors, whose property answers below any mode).
-        self._saved_grouping = torch._C._group_tensors_by_device_and_dtype
-        torch._C._group_tensors_by_device_and_dtype = self._group_by_device
-        self._saved_fake_device = FakeTensor.__dict__["device"]
-        read = self._saved_fake_device.fget
-        FakeTensor.device = property(lambda t: self._note_wafer_device(read(t)))
-        return super().__enter__()
+        # torch's grouping by device hands its devices to Python below any mode: observed in
+        # this thread while the step is traced
+        self._grouping = observe_grouped_devices(self._note_grouped)
+        self._grouping.__enter__()
+        try:
+            return super().__enter__()
+        except BaseException:
+            self._grouping.__exit__(None, None, None)
+            raise
 
     def __exit__(self, *exc):
-        torch._C._group_tensors_by_device_and_dtype = self._saved_grouping
-        FakeTensor.device = self._saved_fake_device
-        return super().__exit__(*exc)
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._grouping.__exit__(None, None, None)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -316,7 +322,9 @@ class ReadGuard(TorchFunctionMode):
                     f"random value). Fix: multiply explicitly, e.g. `x.add_(y * {name})` instead "
                     f"of `x.add_(y, {name}={name})`."
                 )
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        self._note_created(out)
+        return out
 
     def _check_move(self, func, args, kwargs) -> None:
         """Refuse a ``.to``/``.cuda`` that moves a value off the wafer's device."""

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from typing import Optional, Protocol
 
 import torch
-from torch.utils._pytree import tree_map_only
+
+from workers.torch_compat import (DisableTorchFunctionSubclass, make_wrapper_subclass, op_schema,
+                                  tree_map_only)
 
 _ALIAS_OPS = {torch.ops.aten.detach.default, torch.ops.aten.alias.default}
 RANDOM_INPLACE = {
@@ -155,7 +157,7 @@ class StateHandle(torch.Tensor):
     @staticmethod
     def __new__(cls, slot: Slot, requires_grad: bool = False):
         meta = slot.value
-        r = torch.Tensor._make_wrapper_subclass(
+        r = make_wrapper_subclass(
             cls, meta.shape, dtype=meta.dtype, device="cpu", requires_grad=requires_grad,
             strides=meta.stride(),
         )
@@ -213,7 +215,7 @@ class StateHandle(torch.Tensor):
             hook = store.torch_function_hook(func, args, kwargs)
             if hook is not NotImplemented:
                 return hook
-        with torch._C.DisableTorchFunctionSubclass():
+        with DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
 
     @classmethod
@@ -236,7 +238,7 @@ def _store_of(args, kwargs) -> Optional["Store"]:
 
 def _mutated_arg(func, args, kwargs):
     """The argument an in-place/out op writes to (None for functional ops)."""
-    schema = func._schema
+    schema = op_schema(func)
     if not schema.is_mutable:
         return None
     for i, a in enumerate(schema.arguments):

@@ -15,6 +15,9 @@ from __future__ import annotations
 import torch
 from torch.fx.node import map_aggregate
 
+from workers.torch_compat import (OpOverload, graph_codegen, op_overload_name, op_schema,
+                                  set_graph_codegen)
+
 
 class _Ref:
     """An input of a node that is the ``index``-th node of the graph."""
@@ -30,12 +33,12 @@ class _Op:
 
     __slots__ = ("namespace", "packet", "overload")
 
-    def __init__(self, op: torch._ops.OpOverload):
+    def __init__(self, op: OpOverload):
         self.namespace = op.namespace
-        self.packet = op._schema.name.split("::", 1)[1]
-        self.overload = op._overloadname
+        self.packet = op_schema(op).name.split("::", 1)[1]
+        self.overload = op_overload_name(op)
 
-    def resolve(self) -> torch._ops.OpOverload:
+    def resolve(self) -> OpOverload:
         return getattr(getattr(getattr(torch.ops, self.namespace), self.packet), self.overload)
 
 
@@ -72,7 +75,7 @@ def _rebuild(nodes: list, attrs: dict, codegen) -> "PortableGraphModule":
             (args, kwargs), lambda a: built[a.index] if isinstance(a, _Ref)
             else a.resolve() if isinstance(a, _TorchName) else a)
         built.append(graph.create_node(op, target, args, kwargs, name=name))
-    graph._codegen = codegen
+    set_graph_codegen(graph, codegen)
     return PortableGraphModule(attrs, graph)
 
 
@@ -84,7 +87,7 @@ class PortableGraphModule(torch.fx.GraphModule):
         nodes, attrs = [], {}
         for node in self.graph.nodes:
             target = node.target
-            if isinstance(target, torch._ops.OpOverload):
+            if isinstance(target, OpOverload):
                 target = _Op(target)
             elif node.op == "get_attr":
                 attrs[target] = _attr(self, target)
@@ -93,7 +96,7 @@ class PortableGraphModule(torch.fx.GraphModule):
                 lambda a: _Ref(index[a]) if isinstance(a, torch.fx.Node)
                 else _TorchName(a) if isinstance(a, _TorchName.TYPES) else a)
             nodes.append((node.op, node.name, target, args, kwargs))
-        return _rebuild, (nodes, attrs, self.graph._codegen)
+        return _rebuild, (nodes, attrs, graph_codegen(self.graph))
 
 
 def portable(gm: torch.fx.GraphModule) -> PortableGraphModule:

@@ -17,8 +17,9 @@ _thread: Optional[threading.Thread] = None
 
 def _trace_once() -> None:
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
+
+    from workers.torch_compat import FakeTensorMode
 
     def step(x, w):
         w = w.detach().requires_grad_(True)

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from workers.flow import FlowPolicy
 from workers.stall import InputStallError, stall_bound
+from workers.torch_compat import tree_flatten, tree_unflatten
 
 
 class BatchSpecError(ValueError):

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from workers.torch_compat import tree_flatten, tree_unflatten
 
 
 class SyntheticDataset(torch.utils.data.IterableDataset):
