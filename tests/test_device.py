@@ -248,3 +248,17 @@ def test_a_checkpoint_loads_onto_the_device_map_location_names(tmp_path):
     assert devices([cstorch.load(path, map_location={"cpu": "meta"})["w"]]) == {"meta"}
     called = cstorch.load(path, map_location=lambda t, loc: t.to("meta") if loc == "cpu" else None)
     assert devices([called["w"]]) == {"meta"} and called["step"] == 3
+
+
+def test_a_cpu_wafer_refuses_a_cuda_generator_state_and_takes_a_cpu_one(tmp_path):
+    backend = cstorch.backend("CSX", in_process=True, artifact_dir=tmp_path)
+    with pytest.raises(ValueError, match=(
+            r"the state has 16 bytes, but the CPU generator of the CSX backend's wafer "
+            r"\(device='cpu'\) keeps \d+: it was saved from another device's generator")):
+        cstorch.set_rng_state(torch.zeros(16, dtype=torch.uint8))
+    torch.manual_seed(3)
+    state = torch.get_rng_state()
+    torch.manual_seed(4)
+    cstorch.set_rng_state(state)
+    assert torch.equal(cstorch.get_rng_state(), state)
+    backend.shutdown()
