@@ -123,6 +123,17 @@ def test_the_loss_scaler_and_optimizer_state_are_created_on_the_backend_device(m
     assert devices(opt.lr_tensor(g) for g in opt.param_groups) == {"meta"}  # what a scheduler uses
 
 
+def test_optimizer_state_made_before_compile_follows_the_model_to_the_device(meta_backend):
+    model = torch.nn.Linear(3, 2)  # on the CPU: built outside `with backend.device:`
+    opt = cstorch.optim.Adam(model.parameters(), lr=0.1)
+    opt.ensure_preinitialized()  # as loading a checkpoint into it would
+    # zeros_like(p) on the CPU (the scalar counters are made on the backend's device)
+    assert "cpu" in devices(v for s in opt.state.values() for v in s.values())
+    cstorch.compile(model, meta_backend)
+    assert devices(model.parameters()) == {"meta"}
+    assert devices(v for s in opt.state.values() for v in s.values()) == {"meta"}
+
+
 def _scheduler_cases():
     import sys
     from pathlib import Path

@@ -124,7 +124,18 @@ class EagerBackend(Backend):
     def compile(self, model):
         if self.device.torch_device.type != "cpu":
             model.to(self.device.torch_device)
+            self._optimizer_state_to_device()
         return super().compile(model)
+
+    def _optimizer_state_to_device(self) -> None:
+        """State an optimizer created before the model moved (built, or loaded from a
+        checkpoint, before ``cstream.compile``) follows it to the device."""
+        device = self.device.torch_device
+        for optimizer in list(self._stateful):
+            for state in getattr(optimizer, "state", {}).values():
+                for name, value in state.items():
+                    if isinstance(value, torch.Tensor) and value.device != device:
+                        state[name] = value.to(device)
 
     def device_context(self):
         if self.device.torch_device.type == "cpu":
