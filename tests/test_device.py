@@ -273,3 +273,39 @@ def test_a_cpu_wafer_refuses_a_cuda_generator_state_and_takes_a_cpu_one(tmp_path
     cstorch.set_rng_state(state)
     assert torch.equal(cstorch.get_rng_state(), state)
     backend.shutdown()
+
+
+def _tensors_held(obj, seen=None) -> list:
+    """Every tensor a scheduler holds in its attributes, its sub-schedulers' included."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _tensors_held(v, seen)]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensors_held(v, seen)]
+    if isinstance(obj, cstorch.optim.lr_scheduler.Scheduler):
+        return [t for k, v in vars(obj).items() if k != "optimizer"
+                for t in _tensors_held(v, seen)]
+    return []
+
+
+@pytest.mark.parametrize("name", sorted(_scheduler_cases()[0]))
+def test_a_scheduler_state_saved_on_the_cpu_loads_onto_the_backend_device(name, tmp_path):
+    cases, build, make_optimizer = _scheduler_cases()
+    backend = cstorch.backend("CPU", artifact_dir=tmp_path)
+    sched = build(cstorch, make_optimizer(cstorch), cases[name])
+    for _ in range(5):
+        sched.step()
+    saved = sched.state_dict()  # CPU tensors, as cstream.load reads a checkpoint
+    backend.shutdown()
+    meta = EagerBackend(CPUOptions(artifact_dir=tmp_path), torch_device="meta")
+    opt = make_optimizer(cstorch)
+    sched = build(cstorch, opt, cases[name])
+    sched.load_state_dict(saved)
+    sched.step()
+    assert devices(_tensors_held(sched)) == {"meta"}
+    meta.shutdown()
