@@ -309,3 +309,12 @@ def test_a_scheduler_state_saved_on_the_cpu_loads_onto_the_backend_device(name, 
     sched.step()
     assert devices(_tensors_held(sched)) == {"meta"}
     meta.shutdown()
+
+
+def test_map_location_cache_of_the_cerebras_api_reads_into_cpu_memory(tmp_path):
+    path = tmp_path / "ckpt.h5"
+    cstorch.save({"w": torch.arange(3.0)}, path)
+    loaded = cstorch.load(path, map_location="cache")
+    assert loaded["w"].device.type == "cpu" and torch.equal(loaded["w"], torch.arange(3.0))
+    with pytest.raises(ValueError, match="map_location='nowhere' is not a usable device here"):
+        cstorch.load(path, map_location="nowhere")
