@@ -113,6 +113,8 @@ def test_a_metric_fed_inputs_on_two_devices_is_left_where_it_is_and_torch_says_w
 def test_the_loss_scaler_and_optimizer_state_are_created_on_the_backend_device(meta_backend):
     scaler = cstorch.amp.GradScaler(loss_scale="dynamic")
     assert devices(scaler.state_dict().values()) == {"meta"}
+    static = cstorch.amp.GradScaler(loss_scale=128.0)
+    assert devices([static.get_num_skipped_steps(), scaler.get_num_skipped_steps()]) == {"meta"}
     with meta_backend.device:
         model = torch.nn.Linear(3, 2)
     cstorch.compile(model, meta_backend)
