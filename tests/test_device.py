@@ -140,7 +140,9 @@ def _scheduler_cases():
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parent / "reference"))
+    reference = str(Path(__file__).parent / "reference")
+    if reference not in sys.path:
+        sys.path.insert(0, reference)
     from gen_sched import CASES, build, make_optimizer
 
     return CASES, build, make_optimizer
