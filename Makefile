@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 
-.PHONY: setup demo test test-all test-cpu-variants lint bench clean reference
+.PHONY: setup demo test test-all test-cpu-variants lint bench gpu-check clean reference
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,13 @@ lint: setup
 bench: setup
 	$(PY) benchmarks/step_replay.py
 	$(PY) benchmarks/input_scaling.py
+
+# On a machine with a CUDA GPU, with the machine's own torch (no venv: `setup` would install
+# another torch): the examples, the model set on a CUDA wafer and the CUDA tests, in under 5
+# minutes; writes benchmarks/results/gpu_check.json. GPU_CHECK_ARGS="--device cpu" is the dry
+# run on a CPU, "--ray no" leaves out the Ray rows.
+gpu-check:
+	PYTHONPATH=$(CURDIR) $(PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 # The real cerebras-pytorch package in a venv of its own (it pins torch 2.4.0, a CUDA build of
 # about 5.7 GB) rewrites tests/reference/fixtures/. Never part of `make test`.

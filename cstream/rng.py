@@ -1,6 +1,8 @@
 """The random stream of the training step, saved and restored like ``torch.get_rng_state``.
 
-On the CPU backend the step draws from this process's generator. On CSX the wafer has its own
+On the CPU backend the step draws from this process's generator; on the GPU backend from the
+CUDA generator of its device (``torch.cuda.get_rng_state(device)``, a state of another size: a
+state saved on one device is restored on that kind of device). On CSX the wafer has its own
 generator: each run seeds it from this process's generator (so ``torch.manual_seed(s)`` before
 a run fixes every dropout mask), and hands its final state back when the run ends.
 
@@ -47,11 +49,13 @@ def set_rng_state(state: torch.Tensor) -> None:
 
 
 def manual_seed(seed: int) -> None:
-    """Seed the step's random numbers: this process's generator (``torch.manual_seed``) and,
-    where a backend exists, its generator (the wafer's on CSX) with the same state."""
+    """Seed the step's random numbers: this process's generators (``torch.manual_seed``: the
+    CPU's and every CUDA device's) and, where a backend exists, its generator (the wafer's on
+    CSX) with the same state."""
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"cstream.manual_seed expects an int seed, got {seed!r}.")
-    torch.manual_seed(seed)
     backend = runtime.current_backend()
-    if backend is not None:
-        backend.set_rng_state(torch.get_rng_state())
+    if backend is None:
+        torch.manual_seed(seed)
+    else:
+        backend.manual_seed(seed)

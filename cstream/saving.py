@@ -118,9 +118,10 @@ def _open(path, fn: str):
 
 
 def _device_function(map_location):
-    """``map_location`` (as ``torch.load`` takes it) as a function applied to each tensor read."""
-    if map_location is None:
-        return None
+    """``map_location`` (as ``torch.load`` takes it, or ``cerebras.pytorch.load``'s
+    ``"cache"``) as a function applied to each tensor read."""
+    if map_location is None or (isinstance(map_location, str) and map_location == "cache"):
+        return None  # tensors are read into CPU memory once, when first touched
     if isinstance(map_location, dict):  # {saved location: new location}; tensors are saved from "cpu"
         return _device_function(map_location.get("cpu"))
     if callable(map_location) and not isinstance(map_location, (str, torch.device)):
@@ -150,8 +151,11 @@ def load(path, map_location=None):
     """Load what :func:`save` wrote. Tensor values of dicts are read when first accessed.
 
     Used exactly like ``torch.load``: ``model.load_state_dict(cstream.load(path)["model"])``.
-    ``map_location`` is what ``torch.load`` takes: ``None``, a device (``"cpu"``,
-    ``torch.device``), a dict of locations, or a callable ``(tensor, "cpu") -> tensor``. Dicts come
+    ``map_location`` is what ``torch.load`` takes: ``None``, a device (``"cpu"``, ``"cuda"``,
+    ``torch.device``), a dict of locations (the file's tensors count as saved from ``"cpu"``), or a
+    callable ``(tensor, "cpu") -> tensor``; ``"cache"`` (``cerebras.pytorch``'s: read each tensor
+    once, when first touched) is what cstream does for ``None`` too. Tensors saved from a GPU load
+    into CPU memory unless ``map_location`` says otherwise. Dicts come
     back as :class:`LazyDict` (a ``dict``); tensors inside lists and tuples are read at load.
     ``torch.save(cstream.load(path, map_location="cpu"), "ckpt.pt")`` converts a checkpoint to
     PyTorch's pickle format. A file that is not a readable checkpoint raises

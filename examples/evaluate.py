@@ -36,6 +36,8 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=99)
     p.add_argument("--artifact-dir", default="cstream_logs")
     p.add_argument("--in-process", action="store_true")
+    p.add_argument("--device", default="cpu",
+                   help="CSX: where the wafer executes the step (cpu, cuda, cuda:N)")
     args = p.parse_args(argv)
     checkpoint = Path(args.checkpoint) if args.checkpoint else newest_checkpoint(
         Path(args.checkpoint_dir))
@@ -43,6 +45,10 @@ def main(argv=None):
     options = {"artifact_dir": args.artifact_dir}
     if args.backend == "CSX":
         options["in_process"] = args.in_process
+        options["device"] = args.device
+    elif args.device != "cpu":
+        p.error(f"--device {args.device} is an option of --backend CSX (where its wafer runs); "
+                "--backend GPU runs on cuda:0 and --backend CPU on the CPU.")
     backend = cstorch.backend(args.backend, **options)
     with backend.device:
         model = MLP()

@@ -40,6 +40,8 @@ def main(argv=None):
     p.add_argument("--artifact-dir", default="cstream_logs")
     p.add_argument("--checkpoint", default=None, help="resume from this checkpoint")
     p.add_argument("--in-process", action="store_true", help="CSX: run the wafer in this process")
+    p.add_argument("--device", default="cpu",
+                   help="CSX: where the wafer executes the step (cpu, cuda, cuda:N)")
     p.add_argument("--log-every", type=int, default=25)
     args = p.parse_args(argv)
 
@@ -47,6 +49,10 @@ def main(argv=None):
     options = {"artifact_dir": args.artifact_dir, "max_checkpoints": args.max_checkpoints}
     if args.backend == "CSX":
         options["in_process"] = args.in_process
+        options["device"] = args.device
+    elif args.device != "cpu":
+        p.error(f"--device {args.device} is an option of --backend CSX (where its wafer runs); "
+                "--backend GPU runs on cuda:0 and --backend CPU on the CPU.")
     backend = cstorch.backend(args.backend, **options)
 
     with backend.device:

@@ -246,9 +246,10 @@ class WaferDriver:
 
     # -- randomness ------------------------------------------------------------------------------
     def set_rng_state(self, state: torch.Tensor) -> None:
-        """Continue the wafer's random stream from the client's generator state (a CPU
-        generator's state; a CUDA wafer seeds its own generator from it)."""
-        if self.device.type == "cpu":
+        """Continue the wafer's random stream from ``state``: its own generator's state (as
+        ``get_rng_state`` gave it), or on a CUDA wafer also a CPU generator's state (the
+        client's), which seeds it."""
+        if self.device.type == "cpu" or state.numel() == self.rng.get_state().numel():
             self.rng.set_state(state)
         else:
             self.rng.manual_seed(int.from_bytes(hashlib.sha256(state.numpy().tobytes())

@@ -10,6 +10,7 @@ import torch
 
 import cstream
 from cstream.optim.optimizer import group_tensors
+from executor import runtime
 from workers.torch_compat import foreach
 
 _CONDITIONAL_STEPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -108,7 +109,9 @@ class GradScaler:
         """How many optimizer steps were skipped for non-finite gradients (int64 tensor)."""
         if self.dynamic:
             return self._num_skipped_steps
-        return torch.tensor(0, dtype=torch.int64)
+        backend = runtime.current_backend()  # a static scaler skips none: 0, on the device
+        return torch.zeros((), dtype=torch.int64,
+                           device=None if backend is None else backend.device.torch_device)
 
     # -- the step ---------------------------------------------------------------------------------
     def _no_scaling(self) -> bool:

@@ -22,15 +22,37 @@ _RESULT = torch.float32  # the dtype compute() returns (as cerebras.pytorch) unl
 _REGISTRY: dict[str, list[weakref.ref]] = {}
 
 
+def _inputs_device(args, kwargs):
+    """The one device the tensors among ``args`` and ``kwargs`` are on; None if there are none,
+    or several devices (then torch's own error says which)."""
+    devices = {v.device for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)}
+    return devices.pop() if len(devices) == 1 else None
+
+
+def _follow_inputs(metric: "Metric", args, kwargs) -> None:
+    """Move an eager metric's state to the device of its inputs: a metric built on the CPU (or
+    before the backend) and updated with a GPU model's outputs accumulates on the GPU. State
+    held by the engine (CSX handles, whose values live on the wafer) is left where it is."""
+    device = _inputs_device(args, kwargs)
+    if device is None:
+        return
+    states = list(metric._buffers.values())
+    if all(type(s) is torch.Tensor and s.device != device for s in states if s is not None):
+        metric.to(device)
+
+
 def _counted_update(fn):
-    """Wrap a subclass's ``update``: no autograd, and ``num_updates`` counts the outermost call
-    (an ``update`` that calls ``super().update`` still counts once)."""
+    """Wrap a subclass's ``update``: no autograd, the state on the inputs' device, and
+    ``num_updates`` counts the outermost call (an ``update`` that calls ``super().update``
+    still counts once)."""
 
     @functools.wraps(fn)
     def update(self, *args, **kwargs):
         outer = not self.__dict__.get("_in_update", False)
         self.__dict__["_in_update"] = True
         try:
+            if outer:
+                _follow_inputs(self, args, kwargs)
             with torch.no_grad():
                 fn(self, *args, **kwargs)
                 if outer:
@@ -145,8 +167,9 @@ class Metric(torch.nn.Module, ABC):
     def register_state(self, name: str, tensor: torch.Tensor, persistent: bool = False) -> None:
         """Register ``tensor`` as the state ``name`` (an attribute of the metric).
 
-        The state is made a state tensor of the current backend (on CSX its value lives with
-        the engine and is updated by every traced step). Registering an existing name again
+        The state is made a state tensor of the current backend, on its device (on CSX its
+        value lives with the engine and is updated by every traced step); an ``update`` with
+        tensors on another device moves the state there first. Registering an existing name again
         (as ``reset`` does) writes the new value into the existing tensor, in place; its shape
         and dtype cannot change.
         """

@@ -277,6 +277,11 @@ class Backend:
     def set_rng_state(self, state: torch.Tensor) -> None:
         torch.set_rng_state(state)
 
+    def manual_seed(self, seed: int) -> None:
+        """Seed this process's generators and the step's generator with ``seed``."""
+        torch.manual_seed(seed)
+        self.set_rng_state(torch.get_rng_state())
+
     # -- checkpoint retention ------------------------------------------------------------
     def register_checkpoint(self, path) -> None:
         """Called by :func:`cstream.save`; keeps only the newest ``max_checkpoints`` files."""

@@ -1,4 +1,9 @@
-"""Eager backends: CPU (the debugging path and numerical oracle) and GPU."""
+"""Eager backends: CPU (the debugging path and numerical oracle) and GPU.
+
+Both are one :class:`EagerBackend` on a torch device: the model, every state tensor cstream
+creates (optimizer state, schedulers, loss scaler, metrics), the batches and the random stream
+of the step live on that device, and step closures get their tensors on the CPU.
+"""
 
 from __future__ import annotations
 
@@ -13,13 +18,17 @@ from workers.context import DataLoaderCheckpoint, WorkerInfo
 from workers.resume import Source, check_position, start_position
 
 
-def _to_device(obj, device):
+def _to_device(obj, device, only_from=None):
+    """``obj`` with every tensor moved to ``device`` (only those on ``only_from``, if given);
+    dicts, lists, tuples and namedtuples keep their types."""
     if isinstance(obj, torch.Tensor):
-        return obj.to(device, non_blocking=True)
+        if only_from is not None and obj.device != only_from:
+            return obj
+        return obj.to(device, non_blocking=obj.device.type == "cpu")
     if isinstance(obj, dict):
-        return type(obj)((k, _to_device(v, device)) for k, v in obj.items())
+        return type(obj)((k, _to_device(v, device, only_from)) for k, v in obj.items())
     if isinstance(obj, (list, tuple)):
-        moved = [_to_device(v, device) for v in obj]
+        moved = [_to_device(v, device, only_from) for v in obj]
         return type(obj)(*moved) if hasattr(obj, "_fields") else type(obj)(moved)
     return obj
 
@@ -30,7 +39,7 @@ class EagerRun:
 
     has_wafer = False
 
-    def __init__(self, backend: "CPUBackend", executor):
+    def __init__(self, backend: "EagerBackend", executor):
         self.backend = backend
         self.executor = executor
         dataloader = executor.dataloader
@@ -78,7 +87,12 @@ class EagerRun:
         return batch_size_of(self._batch)
 
     def materialize(self, obj, step: int):
-        return obj  # the step ran here: its outputs are values already
+        # the step ran here: its outputs are values already. Off the CPU, a closure gets them on
+        # the CPU, as on the CPU backend (one copy per tensor: a sync point with the device)
+        device = self.backend.device.torch_device
+        if device.type == "cpu":
+            return obj
+        return _to_device(obj, "cpu", only_from=device)
 
     def checkpoint_reads(self, step: int):
         return contextlib.nullcontext()
@@ -97,23 +111,82 @@ class EagerRun:
         return {}
 
 
-class CPUBackend(Backend):
-    """``cstream.backend("CPU")``: eager PyTorch in one process, no Ray."""
+class EagerBackend(Backend):
+    """Eager PyTorch in this process, on ``torch_device``: the model is moved there at
+    :meth:`compile`, tensors created under ``with backend.device:`` and the state tensors of
+    cstream's objects are created there, batches are moved there, and the random stream of the
+    step is that device's generator."""
 
-    name = "CPU"
+    def __init__(self, options, torch_device: str = "cpu"):
+        self.name = options.backend_name
+        super().__init__(options, torch_device=torch_device)
 
-    def __init__(self, options: CPUOptions):
-        super().__init__(options)
-        _ = WorkerInfo  # the client is worker 0 of 1
+    def compile(self, model):
+        if self.device.torch_device.type != "cpu":
+            model.to(self.device.torch_device)
+            self._optimizer_state_to_device()
+        return super().compile(model)
+
+    def _optimizer_state_to_device(self) -> None:
+        """State an optimizer created before the model moved (built, or loaded from a
+        checkpoint, before ``cstream.compile``) follows it to the device."""
+        device = self.device.torch_device
+        for optimizer in list(self._stateful):
+            for state in getattr(optimizer, "state", {}).values():
+                for name, value in state.items():
+                    if isinstance(value, torch.Tensor) and value.device != device:
+                        state[name] = value.to(device)
+
+    def device_context(self):
+        if self.device.torch_device.type == "cpu":
+            return contextlib.nullcontext()
+        return self.device.torch_device
+
+    def state_tensor(self, tensor, readable=False):
+        return tensor.to(self.device.torch_device)
 
     def start_run(self, executor) -> EagerRun:
         return EagerRun(self, executor)
 
+    # -- randomness: the generator the step's random ops draw from -----------------------------
+    def _cuda(self) -> bool:
+        return self.device.torch_device.type == "cuda"
 
-class GPUBackend(CPUBackend):
+    def get_rng_state(self) -> torch.Tensor:
+        if self._cuda():
+            return torch.cuda.get_rng_state(self.device.torch_device)
+        return torch.get_rng_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        expected = self.get_rng_state().numel()
+        if state.numel() != expected:
+            where = f"the {self.device.torch_device} generator" if self._cuda() else \
+                "the CPU generator"
+            raise ValueError(
+                f"cstream.set_rng_state: the state has {state.numel()} bytes, but {where} of the "
+                f"{self.name} backend keeps {expected}: it was saved from another device's "
+                "generator (a CUDA generator's state differs from a CPU one's). Restore it on "
+                "a backend of the device it was saved on, or seed this one with "
+                "cstream.manual_seed.")
+        if self._cuda():
+            torch.cuda.set_rng_state(state, self.device.torch_device)
+        else:
+            torch.set_rng_state(state)
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)  # seeds the CPU generator and every CUDA device's
+
+
+class CPUBackend(EagerBackend):
+    """``cstream.backend("CPU")``: eager PyTorch in one process, no Ray; the client is
+    worker 0 of 1."""
+
+    def __init__(self, options: CPUOptions):
+        super().__init__(options)
+
+
+class GPUBackend(EagerBackend):
     """``cstream.backend("GPU")``: eager PyTorch on a CUDA device."""
-
-    name = "GPU"
 
     def __init__(self, options: GPUOptions):
         if not torch.cuda.is_available():
@@ -122,11 +195,9 @@ class GPUBackend(CPUBackend):
                 f"False here (torch {torch.__version__}). Use cstream.backend(\"CPU\") or "
                 'cstream.backend("CSX") on this machine.'
             )
-        Backend.__init__(self, options, torch_device=f"cuda:{options.device_index}")
-
-    def compile(self, model):
-        model.to(self.device.torch_device)
-        return super().compile(model)
-
-    def device_context(self):
-        return self.device.torch_device
+        if options.device_index >= torch.cuda.device_count():
+            raise ValueError(
+                f'cstream.backend("GPU", device_index={options.device_index}): this machine has '
+                f"{torch.cuda.device_count()} CUDA device(s), numbered from 0. Set device_index "
+                "to one of them.")
+        super().__init__(options, torch_device=f"cuda:{options.device_index}")

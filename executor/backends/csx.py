@@ -108,6 +108,9 @@ class CSXBackend(Backend):
         self._params: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()
         self._models: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
         self._run: Optional[CSXRun] = None
+        # a CUDA wafer's generator state for the next run, with this process's generator state
+        # when it was kept (see next_run_rng_state)
+        self._wafer_rng: Optional[tuple[torch.Tensor, torch.Tensor]] = None
         self.last_compile: dict = {}
         _install_freeze_hook()
         from executor.engine import warmup
@@ -218,19 +221,52 @@ class CSXBackend(Backend):
 
     # -- randomness ------------------------------------------------------------------------------
     def get_rng_state(self) -> torch.Tensor:
-        """Inside a checkpoint closure: the wafer's generator state after that step. Outside a
-        run: this process's generator, which the next run's wafer stream starts from."""
+        """Inside a checkpoint closure: the wafer's generator state after that step (a CUDA
+        generator's on a CUDA wafer). Outside a run: the state the next run's wafer stream
+        starts from (:meth:`next_run_rng_state`)."""
         if self._run is not None and self._run.started:
             return self._run.rng_state()
-        return torch.get_rng_state()
+        return self.next_run_rng_state().clone()
 
     def set_rng_state(self, state: torch.Tensor) -> None:
+        """A CPU generator's state goes to this process's generator, which the next run's wafer
+        stream starts from. On a CUDA wafer, a state of its generator (from
+        :func:`cstream.get_rng_state` in a checkpoint closure of a run on that device) is kept
+        and the next run's stream starts from it exactly."""
         if self._run is not None and self._run.started:
             raise RuntimeError(
                 "cstream.set_rng_state was called during a run, while the wafer's random stream "
                 "is running ahead of the client. Set it before iterating the executor (e.g. "
                 "when loading a checkpoint); the run's wafer stream starts from it.")
-        torch.set_rng_state(state)
+        cpu_size = torch.get_rng_state().numel()
+        if state.numel() == cpu_size:
+            torch.set_rng_state(state)
+            self._wafer_rng = None
+        elif self.exec_device != "cpu":
+            self._wafer_rng = (state.clone(), torch.get_rng_state())
+        else:
+            raise ValueError(
+                f"cstream.set_rng_state: the state has {state.numel()} bytes, but the CPU "
+                f"generator of the CSX backend's wafer (device='cpu') keeps {cpu_size}: it was "
+                "saved from another device's generator (a CUDA generator's state differs from a "
+                "CPU one's). Restore it on the device it was saved on "
+                "(cstream.backend(\"CSX\", device=\"cuda\") or the GPU backend), or seed this "
+                "one with cstream.manual_seed.")
+
+    def next_run_rng_state(self) -> torch.Tensor:
+        """The state the next run's wafer stream starts from: this process's generator, or on a
+        CUDA wafer the device state kept from the last run (or set_rng_state) while this
+        process's generator has not changed since (torch.manual_seed re-seeds the stream)."""
+        if self._wafer_rng is not None and torch.equal(self._wafer_rng[1], torch.get_rng_state()):
+            return self._wafer_rng[0]
+        return torch.get_rng_state()
+
+    def wafer_rng_ended(self, state: torch.Tensor) -> None:
+        """A run ended with the wafer's stream at ``state``; the next run continues it."""
+        if self.exec_device == "cpu":
+            torch.set_rng_state(state)  # the client's generator continues, as after an eager run
+        else:
+            self._wafer_rng = (state.clone(), torch.get_rng_state())
 
     # -- steps and runs ------------------------------------------------------------------------
     def run_step(self, traced, args, kwargs):

@@ -225,8 +225,9 @@ class CSXRun:
         if b.compile_only:
             log.info("compile_only: compiled; nothing run")
             return
-        # the wafer's random stream continues the client's (torch.manual_seed before the run)
-        self.driver.set_rng_state(torch.get_rng_state())
+        # the wafer's random stream continues the client's (torch.manual_seed before the run),
+        # or on a CUDA wafer its own from the last run
+        self.driver.set_rng_state(b.next_run_rng_state())
         ex = self.executor
         self.driver.start(ex.num_steps, ex.checkpoint_iterations())
 
@@ -427,10 +428,8 @@ class CSXRun:
                 summary = self.driver.finish(wait=ok)
                 t_finished = time.perf_counter()
                 rng_state = summary.pop("rng_state", None)
-                if ok and rng_state is not None and self.backend.exec_device == "cpu":
-                    # the client's generator continues where the wafer's stream ended, as
-                    # after an eager run
-                    torch.set_rng_state(rng_state)
+                if ok and rng_state is not None:
+                    self.backend.wafer_rng_ended(rng_state)
                 self._add_stats(summary.pop("stats", []))
                 summary["startup"] = self._startup(summary, t_finished)
             else:
