@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import pickle
 import urllib.parse
 import zlib
@@ -61,6 +62,7 @@ _NUMPY = [torch.float64, torch.float32, torch.float16, torch.int64, torch.int32,
           torch.int8, torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.bool,
           torch.complex64, torch.complex128]
 DTYPES = {str(d): d for d in [*_NUMPY, *_BITS]}
+_MAX_COMPRESSION = 256
 # what h5py raises on a damaged file (HDF5's own checksums and structure checks fail)
 _H5_ERRORS = (OSError, RuntimeError, KeyError, TypeError, ValueError, _lz4.LZ4Error)
 
@@ -214,8 +216,9 @@ def _unflattened(schema: dict, values: list):
     return children
 
 
-def write(obj, path, writer: str) -> None:
-    """Write ``obj`` to the new file ``path`` in the real package's layout."""
+def write(obj, path, writer: str, userblock_size: int = 0) -> None:
+    """Write ``obj`` to the new file ``path`` in the real package's layout, after an empty user
+    block of ``userblock_size`` bytes (0, or a power of 2 from 512) that HDF5 leaves to its caller."""
     flat = _Flattener()
     schema = flat.visit(obj, [], "")
     for key, where, value in flat.leaves:
@@ -226,7 +229,7 @@ def write(obj, path, writer: str) -> None:
         spec_text = json.dumps([unflattened, _dumps_spec(schema)], indent=4)
     except (TypeError, ValueError):
         spec_text = json.dumps([None, _dumps_spec(schema)], indent=4)
-    with h5py.File(path, "w", libver=("v108", "v110")) as f:
+    with h5py.File(path, "w", libver=("v108", "v110"), userblock_size=userblock_size) as f:
         f.attrs["__spec__"] = spec_text
         f.attrs["__version__"] = np.float64(VERSION)
         f.attrs["__cstorch_version__"] = writer
@@ -386,11 +389,17 @@ class H5Checkpoint:
         return meta
 
     def dataset(self, meta: dict, key: str, where: str):
-        name = meta.get("key", key)
+        return self.open_dataset(meta.get("key", key), where)
+
+    def open_dataset(self, name: str, where: str) -> h5py.Dataset:
         try:
-            return self.file[name]
+            ds = self.file[name]
         except _H5_ERRORS as e:
             raise self.error(f"the dataset {name!r} of the entry {where} cannot be opened") from e
+        if not isinstance(ds, h5py.Dataset):
+            raise self.error(f"the entry {where} is stored in {name!r}, which is not a dataset "
+                             f"but a {type(ds).__name__}")
+        return ds
 
     def tensor_info(self, meta: dict, where: str) -> tuple[torch.dtype, tuple]:
         dtypes, shapes = meta.get("dtypes"), meta.get("shapes")
@@ -404,18 +413,22 @@ class H5Checkpoint:
     def read_tensor(self, name: str, dtype: torch.dtype, shape: tuple, where: str,
                     device) -> torch.Tensor:
         """The tensor in the dataset ``name``, checked against its dtype, shape and CRC-32."""
+        want = np.dtype(_BITS[dtype]) if dtype in _BITS else torch.empty(0, dtype=dtype).numpy().dtype
+        ds = self.open_dataset(name, where)
         try:
-            ds = self.file[name]
             stored = (ds.dtype, ds.shape)
+            # checked before the values are read: a damaged file's shape could be any size
+            if stored[1] != shape or stored[0].itemsize != want.itemsize or stored[0].kind not in "iufbc":
+                raise self.error(f"the tensor {where} is stored as {stored[0]} {stored[1]}, not as "
+                                 f"its {str(dtype)[6:]} {shape}")
+            self.check_storage(ds, where)
             array = self._values(ds)
             crc = ds.attrs.get("cstream.crc32")
         except _H5_ERRORS as e:
+            if isinstance(e, CheckpointError):
+                raise
             raise CheckpointError(f"{self.path}: the tensor {where} cannot be read: "
                                   f"{' '.join(str(e).split())}") from e
-        want = np.dtype(_BITS[dtype]) if dtype in _BITS else torch.empty(0, dtype=dtype).numpy().dtype
-        if stored[1] != shape or stored[0].itemsize != want.itemsize or stored[0].kind not in "iufbc":
-            raise self.error(f"the tensor {where} is stored as {stored[0]} {stored[1]}, not as its "
-                             f"{str(dtype)[6:]} {shape}")
         if crc is not None and zlib.crc32(array.reshape(-1).view(np.uint8)) != int(crc):
             raise CheckpointError(f"{self.path}: the tensor {where} is corrupted: its data does not "
                                   "match its checksum.")
@@ -424,6 +437,17 @@ class H5Checkpoint:
         if dtype in _BITS:
             t = t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[want.itemsize]).view(dtype)
         return device(t) if device is not None else t
+
+    def check_storage(self, ds: h5py.Dataset, where: str) -> None:
+        """Refuse a dataset whose shape claims far more bytes than the file stores for it (a
+        damaged shape), before memory for its values is taken."""
+        nbytes = math.prod(ds.shape) * ds.dtype.itemsize
+        stored = ds.id.get_storage_size()
+        filtered = ds.id.get_create_plist().get_nfilters() > 0
+        # LZ4 (the real package's filter) shrinks data at most 255-fold
+        if nbytes > (_MAX_COMPRESSION * stored + (1 << 20) if filtered else stored):
+            raise self.error(f"the entry {where} has the shape {ds.shape} ({nbytes} bytes), but the "
+                             f"file stores {stored} bytes for it")
 
     @staticmethod
     def _values(ds) -> np.ndarray:

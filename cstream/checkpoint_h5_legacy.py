@@ -90,29 +90,40 @@ class LegacyH5Checkpoint(H5Checkpoint):
 
     def leaf_value(self, key: str, where: str, device, links: dict):
         name = urllib.parse.quote(key, safe="")
+        ds = self.open_dataset(name, where)
         try:
-            ds = self.file[name]
             kind = ds.attrs.get("__H5_TYPE__")
             attrs = dict(ds.attrs)
+            stored_dtype, shape = ds.dtype, ds.shape
         except _H5_ERRORS as e:
             raise self.error(f"the entry {where} (dataset {name!r}) cannot be read") from e
         tensor_kinds = ["TorchTensorH5Type"] + (["NumpyArrayH5Type"] if self.version <= 0.3 else [])
         if kind in tensor_kinds:
-            dtype = torch.bfloat16 if attrs.get("is_bfloat16") else _torch_dtype(ds.dtype)
+            dtype = torch.bfloat16 if attrs.get("is_bfloat16") else _torch_dtype(stored_dtype)
             if dtype is None:
-                raise self.error(f"the tensor {where} has the dtype {ds.dtype}, which torch lacks")
-            return Lazy(lambda: self.read_tensor(name, dtype, ds.shape, where, device), dtype,
-                        ds.shape)
-        if kind == "NumpyArrayH5Type":
-            return np.array(ds[...])
-        if kind == "ScalarH5Type":
-            return ds[()].item()
+                raise self.error(f"the tensor {where} has the dtype {stored_dtype}, which torch lacks")
+            return Lazy(lambda: self.read_tensor(name, dtype, shape, where, device), dtype, shape)
+        if kind in ("NumpyArrayH5Type", "ScalarH5Type"):
+            self.check_storage(ds, where)
+            try:
+                value = np.array(ds[...])
+            except _H5_ERRORS as e:
+                raise self.error(f"the values of the entry {where} cannot be read") from e
+            if kind == "NumpyArrayH5Type":
+                return value
+            if value.size != 1:
+                raise self.error(f"the number {where} holds {value.size} values")
+            return value.item()
         if kind == "StringH5Type" and isinstance(attrs.get("string_value"), str):
             return attrs["string_value"]
         if kind == "NoneH5Type":
             return None
         if kind == "ObjectH5Type" and isinstance(attrs.get("object_value"), str):
-            return self.unpickle(bytes.fromhex(attrs["object_value"]), where)
+            try:
+                data = bytes.fromhex(attrs["object_value"])
+            except ValueError as e:
+                raise self.error(f"the pickled entry {where} is not hex text ({e})") from e
+            return self.unpickle(data, where)
         raise self.error(f"the entry {where} is a {kind or 'dataset without __H5_TYPE__'}, which "
                          "cstream does not read (it reads TorchTensorH5Type, NumpyArrayH5Type, "
                          "ScalarH5Type, StringH5Type, NoneH5Type and ObjectH5Type)")
