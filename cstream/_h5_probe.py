@@ -1,13 +1,15 @@
 """Reads every piece of an HDF5 file's structure that a checkpoint load reads, in a child process.
 
-Run as ``python -I _h5_probe.py FILE`` by :func:`cstream.checkpoint_guard.probe` (it imports only
-h5py and the standard library, so it starts fast): it opens the file, reads every attribute of
-every object, and for every dataset its type, shape, filters and the index of its chunks; it
-prints ``ok`` and exits 0, or prints HDF5's error and exits 1. A damaged file that makes HDF5 loop
-or crash does so here, where the parent can bound it and report it, not in the caller's process.
-The same bytes read by the same HDF5 take the same path, so what passes here is safe to read there.
+:func:`cstream.checkpoint_guard.probe` runs this file as ``python -I _h5_probe.py`` (it imports only
+h5py and the standard library) and keeps it running: for each line it reads (a file's path, as a
+JSON string) it opens that file, reads every attribute of every object, and for every dataset its
+type, shape, filters and the index of its chunks, and answers one line: ``"ok"``, or HDF5's error
+(JSON strings). A damaged file that makes HDF5 loop or crash does so here, where the parent bounds
+it and reports it, not in the caller's process. The same bytes read by the same HDF5 take the same
+path, so what passes here is safe to read there.
 """
 
+import json
 import sys
 
 
@@ -34,15 +36,27 @@ def _walk(path: str) -> None:
         f.visititems(visit)
 
 
-def main(argv: list[str]) -> int:
-    try:
-        _walk(argv[1])
-    except Exception as e:  # HDF5's refusal of a damaged file: the parent words it
-        print(" ".join(f"{type(e).__name__}: {e}".split()))
-        return 1
-    print("ok")
+def _die_with_parent() -> None:
+    """On Linux, have the kernel kill this process when its parent ends, so a probe stuck in HDF5
+    does not outlive a caller that was killed before it could stop the probe."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+
+
+def main() -> int:
+    _die_with_parent()
+    for line in sys.stdin:
+        try:
+            _walk(json.loads(line))
+            answer = "ok"
+        except Exception as e:  # HDF5's refusal of a damaged file: the parent words it
+            answer = " ".join(f"{type(e).__name__}: {e}".split())
+        print(json.dumps(answer), flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main())

@@ -23,16 +23,20 @@ Python-side timeout can stop it. So every file is checked here first:
   (:mod:`cstream._h5_probe`) read every attribute, type, shape and chunk index of the file, the
   structure a load reads. A child that crashes, fails or runs past :data:`PROBE_TIMEOUT_S` makes
   the file refused; one that passes read the same bytes with the same HDF5 the caller then uses.
-  The probe costs a process start (~0.3 s).
+  The child is started once (~0.3 s: it imports h5py) and kept for later files.
 """
 
 from __future__ import annotations
 
+import atexit
+import json
 import mmap
 import os
+import select
 import struct
 import subprocess
 import sys
+import threading
 import zlib
 from pathlib import Path
 
@@ -184,19 +188,69 @@ def _global_heap_problem(data, at: int, size: int) -> str | None:
     return None
 
 
+class _Prober:
+    """The child process running :mod:`cstream._h5_probe`, started on first use and kept (importing
+    h5py costs ~0.3 s); killed and started afresh after a probe it did not answer in time."""
+
+    def __init__(self):
+        self.proc: subprocess.Popen | None = None
+        self.owner = 0
+        self.lock = threading.Lock()
+
+    def _start(self) -> subprocess.Popen:
+        if self.proc is None or self.proc.poll() is not None or self.owner != os.getpid():
+            script = Path(__file__).with_name("_h5_probe.py")
+            self.proc = subprocess.Popen([sys.executable, "-I", str(script)], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            self.owner = os.getpid()
+        return self.proc
+
+    def stop(self) -> None:
+        if self.proc is not None and self.owner == os.getpid() and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def ask(self, path: str, timeout_s: float) -> tuple[str | None, int | None]:
+        """HDF5's answer for ``path`` ("ok" or its error), or (None, exit status) if the child
+        ended, or (None, None) if it gave no answer within ``timeout_s`` (it is then killed)."""
+        with self.lock:
+            proc = self._start()
+            try:
+                proc.stdin.write(json.dumps(os.path.abspath(path)) + "\n")
+                proc.stdin.flush()
+            except BrokenPipeError:
+                pass  # it died: readline below sees its end
+            ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+            if not ready:
+                self.stop()
+                return None, None
+            line = proc.stdout.readline()
+            if not line:
+                status = proc.wait()
+                self.proc = None
+                return None, status
+            return json.loads(line), None
+
+
+_PROBER = _Prober()
+atexit.register(_PROBER.stop)
+
+
 def probe(path: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
     """Refuse the file if HDF5 cannot read its structure in a child process within ``timeout_s``."""
-    script = Path(__file__).with_name("_h5_probe.py")
-    try:
-        done = subprocess.run([sys.executable, "-I", str(script), os.path.abspath(path)],
-                              capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise damaged(path, f"HDF5 did not finish reading its structure within {timeout_s:.0f} s "
-                            "(a damaged file can keep HDF5 busy for ever)") from None
-    if done.returncode == 0 and done.stdout.strip() == "ok":
+    answer, status = _PROBER.ask(path, timeout_s)
+    if answer == "ok":
         return
-    if done.returncode < 0:
-        raise damaged(path, f"HDF5 crashed reading its structure (signal {-done.returncode}), "
-                            "which only a damaged file does")
-    said = done.stdout.strip() or " ".join(done.stderr.split())[-300:]
-    raise damaged(path, f"HDF5 cannot read its structure ({said})")
+    if answer is None and status is None:
+        raise damaged(path, f"HDF5 did not finish reading its structure within {timeout_s:.0f} s "
+                            "(a damaged file can keep HDF5 busy for ever)")
+    if answer is None and status < 0:
+        raise damaged(path, f"HDF5 crashed reading its structure (signal {-status}), which only a "
+                            "damaged file does")
+    if answer is None:
+        raise CheckpointError(
+            f"{path} could not be checked: the process that reads a checkpoint's structure before "
+            f"cstream does ({sys.executable} -I {Path(__file__).with_name('_h5_probe.py')}) exited "
+            f"with status {status}. Run that command to see why (it needs h5py).")
+    raise damaged(path, f"HDF5 cannot read its structure ({answer})")

@@ -63,8 +63,8 @@ class LegacyH5Checkpoint(H5Checkpoint):
                 "cstream refuses to load: a spec holds only torch.utils._pytree.TreeSpec, LeafSpec "
                 "and container types, and loading a file never runs code from it.") from e
         except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError,
-                AttributeError) as e:
-            raise self.error(f"its tree spec cannot be unpickled ({e})") from e
+                AttributeError, MemoryError) as e:  # MemoryError: a damaged length in the pickle
+            raise self.error(f"its tree spec cannot be unpickled ({type(e).__name__}: {e})") from e
         return self._node(spec, "/")
 
     def _node(self, spec, where: str) -> _Node:
