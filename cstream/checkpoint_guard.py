@@ -40,6 +40,8 @@ import threading
 import zlib
 from pathlib import Path
 
+import numpy as np
+
 from cstream._lazy import CheckpointError
 
 TAG = b"\x89CSTREAM-H5-CHECKSUM\r\n\x1a\n"
@@ -146,17 +148,34 @@ def _check_sealed(path: str, size: int) -> None:
                             "written")
 
 
+def _signatures(f, signature: bytes):
+    """Every offset in the file ``f`` where the 4-byte ``signature`` starts, in order (the file read
+    in chunks and compared as 32-bit words at each of the 4 byte offsets: several GB/s)."""
+    word = np.frombuffer(signature, dtype="<u4")[0]
+    buf = bytearray(_CHUNK + 3)  # a chunk, after the previous chunk's last 3 bytes
+    start, carried = 0, 0
+    f.seek(0)
+    while n := f.readinto(memoryview(buf)[carried: carried + _CHUNK]):
+        have = carried + n
+        hits = []
+        for k in range(min(4, have - 3)):
+            words = np.frombuffer(buf, dtype="<u4", count=(have - k) // 4, offset=k)
+            hits.append(np.flatnonzero(words == word) * 4 + k)
+        for at in np.sort(np.concatenate(hits)) if hits else ():
+            yield start - carried + int(at)
+        buf[:3] = buf[have - 3: have] if have >= 3 else buf[:3]
+        start, carried = start + n, min(3, have)
+
+
 def _check_global_heaps(path: str, size: int) -> None:
     if size == 0:
         return
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        at = data.find(b"GCOL")
-        while at >= 0:
+        for at in _signatures(f, b"GCOL"):
             problem = _global_heap_problem(data, at, size)
             if problem:
                 raise damaged(path, f"the global heap collection at byte {at} is damaged: "
                                     f"{problem}; HDF5 would loop for ever or read past it")
-            at = data.find(b"GCOL", at + 1)
 
 
 def _global_heap_problem(data, at: int, size: int) -> str | None:
