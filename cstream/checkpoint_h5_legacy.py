@@ -75,7 +75,7 @@ class LegacyH5Checkpoint(H5Checkpoint):
         if not isinstance(children, list) or not all(isinstance(
                 c, _safe_pickle.SpecNode) for c in children):
             raise self.error(f"its tree spec is malformed at {where}")
-        if kind is dict or kind is not None and kind.__name__ == "OrderedDict":
+        if kind is dict or getattr(kind, "__name__", None) == "OrderedDict":
             if not (isinstance(context, list) and len(context) == len(children)
                     and all(type(k) in (str, int) for k in context)):
                 raise self.error(f"the keys of the dict at {where} are malformed")
