@@ -1,7 +1,8 @@
 """Reads every piece of an HDF5 file's structure that a checkpoint load reads, in a child process.
 
-:func:`cstream.checkpoint_guard.probe` runs this file as ``python -I _h5_probe.py`` (it imports only
-h5py and the standard library) and keeps it running: for each line it reads (a file's path, as a
+:func:`cstream.checkpoint_guard.probe` runs this file as ``python -I _h5_probe.py MEMORY_BYTES`` (it
+imports only h5py and the standard library, and takes at most that much memory) and keeps it
+running: for each line it reads (a file's path, as a
 JSON string) it opens that file, reads every attribute of every object, and for every dataset its
 type, shape, filters and the index of its chunks, and answers one line: ``"ok"``, or HDF5's error
 (JSON strings). A damaged file that makes HDF5 loop or crash does so here, where the parent bounds
@@ -46,8 +47,20 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
 
 
-def main() -> int:
+def _limit_memory(nbytes: int) -> None:
+    """A damaged dataspace can claim billions of elements; h5py would take that much memory to
+    read the attribute. Here the allocation fails (MemoryError, a refused file) instead."""
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (nbytes, nbytes))
+    except (ImportError, ValueError, OSError):  # no such limit on this system
+        pass
+
+
+def main(argv: list[str]) -> int:
     _die_with_parent()
+    _limit_memory(int(argv[1]))
     for line in sys.stdin:
         try:
             _walk(json.loads(line))
@@ -59,4 +72,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv))

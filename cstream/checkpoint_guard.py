@@ -57,6 +57,7 @@ _GCOL_HEADER = 16  # "GCOL", version, 3 reserved bytes, collection size (8 bytes
 _OBJECT_HEADER = 16  # index (2), reference count (2), reserved (4), object size (8)
 _WORD = 1 << 64  # HDF5 computes sizes in size_t: wrap as it does
 PROBE_TIMEOUT_S = 120.0  # reading the structure of a file of 10,000 tensors takes a few seconds
+PROBE_MEMORY_BYTES = 1 << 30  # the probe needs ~160 MB; a damaged size must not take the host's memory
 
 
 def advice(path) -> str:
@@ -219,7 +220,8 @@ class _Prober:
     def _start(self) -> subprocess.Popen:
         if self.proc is None or self.proc.poll() is not None or self.owner != os.getpid():
             script = Path(__file__).with_name("_h5_probe.py")
-            self.proc = subprocess.Popen([sys.executable, "-I", str(script)], stdin=subprocess.PIPE,
+            self.proc = subprocess.Popen([sys.executable, "-I", str(script), str(PROBE_MEMORY_BYTES)],
+                                         stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             self.owner = os.getpid()
         return self.proc
@@ -270,6 +272,7 @@ def probe(path: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
     if answer is None:
         raise CheckpointError(
             f"{path} could not be checked: the process that reads a checkpoint's structure before "
-            f"cstream does ({sys.executable} -I {Path(__file__).with_name('_h5_probe.py')}) exited "
+            f"cstream does ({sys.executable} -I {Path(__file__).with_name('_h5_probe.py')} "
+            f"{PROBE_MEMORY_BYTES}) exited "
             f"with status {status}. Run that command to see why (it needs h5py).")
     raise damaged(path, f"HDF5 cannot read its structure ({answer})")
