@@ -647,6 +647,19 @@ def test_the_damaged_global_heap_of_an_unsealed_file_is_refused_before_hdf5_loop
         + _advice(path))
 
 
+@pytest.mark.parametrize("chunk", [4, 5, 7, 4096])
+def test_the_heap_scan_finds_a_collection_whose_signature_straddles_two_reads(monkeypatch, chunk):
+    """The scan reads the file in chunks (16 MiB); a ``GCOL`` cut by a chunk's end is found too."""
+    monkeypatch.setattr(checkpoint_guard, "_CHUNK", chunk)
+    path = REPO / "tests" / "data" / "corrupt_global_heap.h5"
+    with pytest.raises(CheckpointError, match="the global heap collection at byte 10240 is damaged"):
+        cstream.load(path)
+    with open(path, "rb") as f:
+        data = f.read()
+        assert list(checkpoint_guard._signatures(f, b"GCOL")) == [
+            i for i in range(len(data)) if data.startswith(b"GCOL", i)] == [2048, 10240]
+
+
 def test_a_damaged_object_header_of_an_unsealed_file_is_read_by_a_child_process_first(tmp_path):
     """Layout 0.4 as the real package wrote it (superblock 0, object headers without checksums): a
     byte of an attribute's variable-length type changed makes HDF5 fault in the process reading
@@ -660,6 +673,7 @@ def test_a_damaged_object_header_of_an_unsealed_file_is_read_by_a_child_process_
             read(path)
         assert str(info.value).startswith(f"{path} is not a readable checkpoint: HDF5 ")
         assert str(info.value).endswith(_advice(path))
+    assert cstream.load(FIXTURES / "ckpt_legacy_0_4.h5")["step"] == 2  # the next probe answers
 
 
 def test_a_structure_hdf5_reads_for_ever_is_cut_off_by_the_probes_time_limit(tmp_path):
