@@ -44,7 +44,10 @@ def _die_with_parent() -> None:
         import ctypes
         import signal
 
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+        try:
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # a C library without prctl: the parent's kill suffices
+            pass
 
 
 def _limit_memory(nbytes: int) -> None:

@@ -71,8 +71,8 @@ def damaged(path, what: str) -> CheckpointError:
     return CheckpointError(f"{path} is not a readable checkpoint: {what}. {advice(path)}")
 
 
-def _crc32(f, start: int, length: int) -> tuple[int, int]:
-    """CRC-32 of ``length`` bytes of ``f`` from ``start`` (and how many bytes were there)."""
+def _crc32(f, start: int, length: int) -> int:
+    """CRC-32 of (at most) ``length`` bytes of ``f`` from ``start``."""
     f.seek(start)
     buf = bytearray(min(_CHUNK, max(length, 1)))
     view = memoryview(buf)
@@ -83,7 +83,7 @@ def _crc32(f, start: int, length: int) -> tuple[int, int]:
             break
         crc = zlib.crc32(view[:n], crc)
         done += n
-    return crc, done
+    return crc
 
 
 def seal(path) -> None:
@@ -93,7 +93,7 @@ def seal(path) -> None:
         length = os.fstat(f.fileno()).st_size
         if f.read(USERBLOCK) != bytes(USERBLOCK) or f.read(8) != _HDF5_SIGNATURE:
             raise RuntimeError(f"{path} has no empty {USERBLOCK}-byte user block before its HDF5 data")
-        crc, _ = _crc32(f, USERBLOCK, length - USERBLOCK)
+        crc = _crc32(f, USERBLOCK, length - USERBLOCK)
         block = bytearray(USERBLOCK)
         _HEADER.pack_into(block, 0, TAG, HEADER_VERSION, USERBLOCK, length, crc)
         block[_HEADER.size:_HEADER.size + len(_NOTE)] = _NOTE
@@ -142,7 +142,7 @@ def _check_sealed(path: str, size: int) -> None:
         if size > length:
             raise damaged(path, f"it has {size} bytes, {size - length} more than the {length} "
                                 "bytes its header records (something was appended to it)")
-        got, _ = _crc32(f, USERBLOCK, length - USERBLOCK)
+        got = _crc32(f, USERBLOCK, length - USERBLOCK)
     if got != crc:
         raise damaged(path, f"its contents do not match the checksum in its header (CRC-32 "
                             f"{got:08x}, written {crc:08x}): the file was damaged after it was "
