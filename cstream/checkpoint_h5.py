@@ -67,6 +67,12 @@ _MAX_COMPRESSION = 256
 _H5_ERRORS = (OSError, RuntimeError, KeyError, TypeError, ValueError, _lz4.LZ4Error)
 
 
+def one(value):
+    """An attribute's value if it is a single value, else None (a damaged file's attribute can
+    turn into an array)."""
+    return value if np.ndim(value) == 0 else None
+
+
 def where_of(path: str, key) -> str:
     """``model/weight``, ``state[0]``: how errors and ``cstream ckpt inspect`` name an entry."""
     if isinstance(key, str):
@@ -317,7 +323,9 @@ class H5Checkpoint:
         if "__version__" not in attrs:
             raise self.error("it is an HDF5 file but not a checkpoint (it has no __version__ "
                              "attribute); write checkpoints with cstream.save or cerebras.pytorch.save")
-        version = attrs["__version__"]
+        version = one(attrs["__version__"])
+        if version is None:
+            raise self.error("its __version__ attribute is not a single value")
         version = float(version) if isinstance(version, (float, np.floating)) else version
         if isinstance(version, float) and version < VERSION:
             raise LegacyLayout(version)
@@ -325,7 +333,7 @@ class H5Checkpoint:
             raise self.error(f"its layout version is {version!r}; cstream reads version {VERSION} "
                              "(and the layouts of cerebras.pytorch 2.0 and earlier, 0.1 to 0.4)")
         self.version = version
-        if not attrs.get("__SUCCESS__", False):
+        if not one(attrs.get("__SUCCESS__", False)):
             raise self.error("it was not written to the end (no __SUCCESS__ attribute); the program "
                              "that saved it stopped while saving")
         return attrs
@@ -424,6 +432,8 @@ class H5Checkpoint:
             self.check_storage(ds, where)
             array = self._values(ds)
             crc = ds.attrs.get("cstream.crc32")
+            if crc is not None and not (np.ndim(crc) == 0 and isinstance(crc, (int, np.integer))):
+                raise self.error(f"the checksum attribute of the tensor {where} is damaged")
         except _H5_ERRORS as e:
             if isinstance(e, CheckpointError):
                 raise

@@ -29,7 +29,7 @@ import torch
 
 from cstream import _safe_pickle
 from cstream._lazy import CheckpointError, Lazy
-from cstream.checkpoint_h5 import _H5_ERRORS, H5Checkpoint, _Node, where_of
+from cstream.checkpoint_h5 import _H5_ERRORS, H5Checkpoint, _Node, one, where_of
 
 _KINDS = {dict: "builtins.dict", list: "builtins.list", tuple: "builtins.tuple"}
 
@@ -92,14 +92,15 @@ class LegacyH5Checkpoint(H5Checkpoint):
         name = urllib.parse.quote(key, safe="")
         ds = self.open_dataset(name, where)
         try:
-            kind = ds.attrs.get("__H5_TYPE__")
+            kind = one(ds.attrs.get("__H5_TYPE__"))
             attrs = dict(ds.attrs)
             stored_dtype, shape = ds.dtype, ds.shape
         except _H5_ERRORS as e:
             raise self.error(f"the entry {where} (dataset {name!r}) cannot be read") from e
+        kind = kind if isinstance(kind, str) else None
         tensor_kinds = ["TorchTensorH5Type"] + (["NumpyArrayH5Type"] if self.version <= 0.3 else [])
         if kind in tensor_kinds:
-            dtype = torch.bfloat16 if attrs.get("is_bfloat16") else _torch_dtype(stored_dtype)
+            dtype = torch.bfloat16 if one(attrs.get("is_bfloat16")) else _torch_dtype(stored_dtype)
             if dtype is None:
                 raise self.error(f"the tensor {where} has the dtype {stored_dtype}, which torch lacks")
             return Lazy(lambda: self.read_tensor(name, dtype, shape, where, device), dtype, shape)

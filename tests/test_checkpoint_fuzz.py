@@ -39,7 +39,7 @@ DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int
 FUZZ = settings(max_examples=200, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
 BOUND_S = 20.0  # one read of a 240 KB file takes milliseconds; the rest is room for a busy machine
-DRAWS = int(os.environ.get("CSTREAM_FUZZ_DRAWS", "1500"))
+DRAWS = int(os.environ.get("CSTREAM_FUZZ_DRAWS", "1000"))
 
 
 def bits(t: torch.Tensor) -> bytes:
