@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import pickle
 import urllib.parse
 import zlib
@@ -61,8 +62,15 @@ _NUMPY = [torch.float64, torch.float32, torch.float16, torch.int64, torch.int32,
           torch.int8, torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.bool,
           torch.complex64, torch.complex128]
 DTYPES = {str(d): d for d in [*_NUMPY, *_BITS]}
+_MAX_COMPRESSION = 256
 # what h5py raises on a damaged file (HDF5's own checksums and structure checks fail)
 _H5_ERRORS = (OSError, RuntimeError, KeyError, TypeError, ValueError, _lz4.LZ4Error)
+
+
+def one(value):
+    """An attribute's value if it is a single value, else None (a damaged file's attribute can
+    turn into an array)."""
+    return value if np.ndim(value) == 0 else None
 
 
 def where_of(path: str, key) -> str:
@@ -214,8 +222,9 @@ def _unflattened(schema: dict, values: list):
     return children
 
 
-def write(obj, path, writer: str) -> None:
-    """Write ``obj`` to the new file ``path`` in the real package's layout."""
+def write(obj, path, writer: str, userblock_size: int = 0) -> None:
+    """Write ``obj`` to the new file ``path`` in the real package's layout, after an empty user
+    block of ``userblock_size`` bytes (0, or a power of 2 from 512) that HDF5 leaves to its caller."""
     flat = _Flattener()
     schema = flat.visit(obj, [], "")
     for key, where, value in flat.leaves:
@@ -226,7 +235,7 @@ def write(obj, path, writer: str) -> None:
         spec_text = json.dumps([unflattened, _dumps_spec(schema)], indent=4)
     except (TypeError, ValueError):
         spec_text = json.dumps([None, _dumps_spec(schema)], indent=4)
-    with h5py.File(path, "w", libver=("v108", "v110")) as f:
+    with h5py.File(path, "w", libver=("v108", "v110"), userblock_size=userblock_size) as f:
         f.attrs["__spec__"] = spec_text
         f.attrs["__version__"] = np.float64(VERSION)
         f.attrs["__cstorch_version__"] = writer
@@ -314,7 +323,9 @@ class H5Checkpoint:
         if "__version__" not in attrs:
             raise self.error("it is an HDF5 file but not a checkpoint (it has no __version__ "
                              "attribute); write checkpoints with cstream.save or cerebras.pytorch.save")
-        version = attrs["__version__"]
+        version = one(attrs["__version__"])
+        if version is None:
+            raise self.error("its __version__ attribute is not a single value")
         version = float(version) if isinstance(version, (float, np.floating)) else version
         if isinstance(version, float) and version < VERSION:
             raise LegacyLayout(version)
@@ -322,7 +333,7 @@ class H5Checkpoint:
             raise self.error(f"its layout version is {version!r}; cstream reads version {VERSION} "
                              "(and the layouts of cerebras.pytorch 2.0 and earlier, 0.1 to 0.4)")
         self.version = version
-        if not attrs.get("__SUCCESS__", False):
+        if not one(attrs.get("__SUCCESS__", False)):
             raise self.error("it was not written to the end (no __SUCCESS__ attribute); the program "
                              "that saved it stopped while saving")
         return attrs
@@ -386,11 +397,17 @@ class H5Checkpoint:
         return meta
 
     def dataset(self, meta: dict, key: str, where: str):
-        name = meta.get("key", key)
+        return self.open_dataset(meta.get("key", key), where)
+
+    def open_dataset(self, name: str, where: str) -> h5py.Dataset:
         try:
-            return self.file[name]
+            ds = self.file[name]
         except _H5_ERRORS as e:
             raise self.error(f"the dataset {name!r} of the entry {where} cannot be opened") from e
+        if not isinstance(ds, h5py.Dataset):
+            raise self.error(f"the entry {where} is stored in {name!r}, which is not a dataset "
+                             f"but a {type(ds).__name__}")
+        return ds
 
     def tensor_info(self, meta: dict, where: str) -> tuple[torch.dtype, tuple]:
         dtypes, shapes = meta.get("dtypes"), meta.get("shapes")
@@ -404,18 +421,24 @@ class H5Checkpoint:
     def read_tensor(self, name: str, dtype: torch.dtype, shape: tuple, where: str,
                     device) -> torch.Tensor:
         """The tensor in the dataset ``name``, checked against its dtype, shape and CRC-32."""
+        want = np.dtype(_BITS[dtype]) if dtype in _BITS else torch.empty(0, dtype=dtype).numpy().dtype
+        ds = self.open_dataset(name, where)
         try:
-            ds = self.file[name]
             stored = (ds.dtype, ds.shape)
+            # checked before the values are read: a damaged file's shape could be any size
+            if stored[1] != shape or stored[0].itemsize != want.itemsize or stored[0].kind not in "iufbc":
+                raise self.error(f"the tensor {where} is stored as {stored[0]} {stored[1]}, not as "
+                                 f"its {str(dtype)[6:]} {shape}")
+            self.check_storage(ds, where)
             array = self._values(ds)
             crc = ds.attrs.get("cstream.crc32")
+            if crc is not None and not (np.ndim(crc) == 0 and isinstance(crc, (int, np.integer))):
+                raise self.error(f"the checksum attribute of the tensor {where} is damaged")
         except _H5_ERRORS as e:
+            if isinstance(e, CheckpointError):
+                raise
             raise CheckpointError(f"{self.path}: the tensor {where} cannot be read: "
                                   f"{' '.join(str(e).split())}") from e
-        want = np.dtype(_BITS[dtype]) if dtype in _BITS else torch.empty(0, dtype=dtype).numpy().dtype
-        if stored[1] != shape or stored[0].itemsize != want.itemsize or stored[0].kind not in "iufbc":
-            raise self.error(f"the tensor {where} is stored as {stored[0]} {stored[1]}, not as its "
-                             f"{str(dtype)[6:]} {shape}")
         if crc is not None and zlib.crc32(array.reshape(-1).view(np.uint8)) != int(crc):
             raise CheckpointError(f"{self.path}: the tensor {where} is corrupted: its data does not "
                                   "match its checksum.")
@@ -424,6 +447,17 @@ class H5Checkpoint:
         if dtype in _BITS:
             t = t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[want.itemsize]).view(dtype)
         return device(t) if device is not None else t
+
+    def check_storage(self, ds: h5py.Dataset, where: str) -> None:
+        """Refuse a dataset whose shape claims far more bytes than the file stores for it (a
+        damaged shape), before memory for its values is taken."""
+        nbytes = math.prod(ds.shape) * ds.dtype.itemsize
+        stored = ds.id.get_storage_size()
+        filtered = ds.id.get_create_plist().get_nfilters() > 0
+        # LZ4 (the real package's filter) shrinks data at most 255-fold
+        if nbytes > (_MAX_COMPRESSION * stored + (1 << 20) if filtered else stored):
+            raise self.error(f"the entry {where} has the shape {ds.shape} ({nbytes} bytes), but the "
+                             f"file stores {stored} bytes for it")
 
     @staticmethod
     def _values(ds) -> np.ndarray:
@@ -453,8 +487,9 @@ class H5Checkpoint:
                 f"cstream refuses to load: it unpickles only {_safe_pickle.ADMITTED}, so that "
                 "loading a file never runs code from it. If you trust the file, load it with "
                 "cerebras.pytorch.load and save the value as a tensor, number or string.") from e
-        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError) as e:
-            raise self.error(f"the pickled entry {where} is malformed ({e})") from e
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError,
+                MemoryError) as e:  # MemoryError: a damaged length in the pickle
+            raise self.error(f"the pickled entry {where} is malformed ({type(e).__name__}: {e})") from e
 
     def leaf_value(self, key: str, where: str, device, links: dict):
         """A leaf's value: read at once for plain values, a :class:`Lazy` for tensors.

@@ -29,7 +29,7 @@ import torch
 
 from cstream import _safe_pickle
 from cstream._lazy import CheckpointError, Lazy
-from cstream.checkpoint_h5 import _H5_ERRORS, H5Checkpoint, _Node, where_of
+from cstream.checkpoint_h5 import _H5_ERRORS, H5Checkpoint, _Node, one, where_of
 
 _KINDS = {dict: "builtins.dict", list: "builtins.list", tuple: "builtins.tuple"}
 
@@ -63,8 +63,8 @@ class LegacyH5Checkpoint(H5Checkpoint):
                 "cstream refuses to load: a spec holds only torch.utils._pytree.TreeSpec, LeafSpec "
                 "and container types, and loading a file never runs code from it.") from e
         except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError,
-                AttributeError) as e:
-            raise self.error(f"its tree spec cannot be unpickled ({e})") from e
+                AttributeError, MemoryError) as e:  # MemoryError: a damaged length in the pickle
+            raise self.error(f"its tree spec cannot be unpickled ({type(e).__name__}: {e})") from e
         return self._node(spec, "/")
 
     def _node(self, spec, where: str) -> _Node:
@@ -75,7 +75,7 @@ class LegacyH5Checkpoint(H5Checkpoint):
         if not isinstance(children, list) or not all(isinstance(
                 c, _safe_pickle.SpecNode) for c in children):
             raise self.error(f"its tree spec is malformed at {where}")
-        if kind is dict or kind is not None and kind.__name__ == "OrderedDict":
+        if kind is dict or getattr(kind, "__name__", None) == "OrderedDict":
             if not (isinstance(context, list) and len(context) == len(children)
                     and all(type(k) in (str, int) for k in context)):
                 raise self.error(f"the keys of the dict at {where} are malformed")
@@ -90,29 +90,41 @@ class LegacyH5Checkpoint(H5Checkpoint):
 
     def leaf_value(self, key: str, where: str, device, links: dict):
         name = urllib.parse.quote(key, safe="")
+        ds = self.open_dataset(name, where)
         try:
-            ds = self.file[name]
-            kind = ds.attrs.get("__H5_TYPE__")
+            kind = one(ds.attrs.get("__H5_TYPE__"))
             attrs = dict(ds.attrs)
+            stored_dtype, shape = ds.dtype, ds.shape
         except _H5_ERRORS as e:
             raise self.error(f"the entry {where} (dataset {name!r}) cannot be read") from e
+        kind = kind if isinstance(kind, str) else None
         tensor_kinds = ["TorchTensorH5Type"] + (["NumpyArrayH5Type"] if self.version <= 0.3 else [])
         if kind in tensor_kinds:
-            dtype = torch.bfloat16 if attrs.get("is_bfloat16") else _torch_dtype(ds.dtype)
+            dtype = torch.bfloat16 if one(attrs.get("is_bfloat16")) else _torch_dtype(stored_dtype)
             if dtype is None:
-                raise self.error(f"the tensor {where} has the dtype {ds.dtype}, which torch lacks")
-            return Lazy(lambda: self.read_tensor(name, dtype, ds.shape, where, device), dtype,
-                        ds.shape)
-        if kind == "NumpyArrayH5Type":
-            return np.array(ds[...])
-        if kind == "ScalarH5Type":
-            return ds[()].item()
+                raise self.error(f"the tensor {where} has the dtype {stored_dtype}, which torch lacks")
+            return Lazy(lambda: self.read_tensor(name, dtype, shape, where, device), dtype, shape)
+        if kind in ("NumpyArrayH5Type", "ScalarH5Type"):
+            self.check_storage(ds, where)
+            try:
+                value = np.array(ds[...])
+            except _H5_ERRORS as e:
+                raise self.error(f"the values of the entry {where} cannot be read") from e
+            if kind == "NumpyArrayH5Type":
+                return value
+            if value.size != 1:
+                raise self.error(f"the number {where} holds {value.size} values")
+            return value.item()
         if kind == "StringH5Type" and isinstance(attrs.get("string_value"), str):
             return attrs["string_value"]
         if kind == "NoneH5Type":
             return None
         if kind == "ObjectH5Type" and isinstance(attrs.get("object_value"), str):
-            return self.unpickle(bytes.fromhex(attrs["object_value"]), where)
+            try:
+                data = bytes.fromhex(attrs["object_value"])
+            except ValueError as e:
+                raise self.error(f"the pickled entry {where} is not hex text ({e})") from e
+            return self.unpickle(data, where)
         raise self.error(f"the entry {where} is a {kind or 'dataset without __H5_TYPE__'}, which "
                          "cstream does not read (it reads TorchTensorH5Type, NumpyArrayH5Type, "
                          "ScalarH5Type, StringH5Type, NoneH5Type and ObjectH5Type)")

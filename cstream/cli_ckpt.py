@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from pathlib import Path
 
 from cstream.cli import CLIError
@@ -16,12 +17,14 @@ def add_parser(subparsers) -> None:
                                           "earlier releases.")
     sub = p.add_subparsers(dest="ckpt_command", metavar="ACTION", parser_class=type(p))
     sub.required = True
-    ins = sub.add_parser("inspect", help="list a checkpoint's entries",
+    ins = sub.add_parser("inspect", help="list a checkpoint's entries, or a folder's checkpoints",
                          description="Print every entry of a checkpoint: key path, dtype, shape "
                                      "and size of tensors, the other values, and the total size of "
                                      "the tensors, and the file's layout. Reads no tensor "
-                                     "values.")
-    ins.add_argument("file", help="a checkpoint written by cstream.save or cerebras.pytorch.save")
+                                     "values. Given a folder, list its checkpoints (*.h5), oldest "
+                                     "first, and whether each is intact or why it is not.")
+    ins.add_argument("file", help="a checkpoint written by cstream.save or cerebras.pytorch.save, "
+                                  "or a folder of them")
     ins.set_defaults(func=inspect)
     conv = sub.add_parser("convert", help="convert to PyTorch's torch.save format",
                           description="Load a checkpoint on the CPU and write it with "
@@ -34,9 +37,11 @@ def add_parser(subparsers) -> None:
 
 
 def inspect(args: argparse.Namespace) -> int:
-    from cstream.saving import describe, layout
+    from cstream.saving import describe_and_layout
 
-    entries = describe(args.file)
+    if os.path.isdir(args.file):
+        return _inspect_folder(Path(args.file))
+    entries, layout = describe_and_layout(args.file)
     rows, total, tensors = [], 0, 0
     for e in entries:
         if e["type"] == "tensor":
@@ -51,7 +56,37 @@ def inspect(args: argparse.Namespace) -> int:
     for r in [header, *rows]:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
     print(f"{tensors} tensors, {_size(total)} ({total} bytes) in {Path(args.file)}")
-    print(f"layout: {layout(args.file)}")
+    print(f"layout: {layout}")
+    return 0
+
+
+def _inspect_folder(folder: Path) -> int:
+    """One line per checkpoint in ``folder``, oldest first: intact (and its layout) or damaged."""
+    from cstream import checkpoint_guard
+    from cstream.saving import CheckpointError, layout
+
+    files = sorted((p for p in folder.glob("*.h5") if p.is_file()),
+                   key=lambda p: (p.stat().st_mtime, p.name))
+    if not files:
+        raise CLIError(f"{folder} holds no checkpoints (*.h5 files)")
+    rows = []
+    for path in files:
+        try:
+            written = layout(path)
+            with open(path, "rb") as f:
+                sealed = checkpoint_guard.is_sealed(f.read(len(checkpoint_guard.TAG)))
+            state = (f"intact (its checksum matches): {written}" if sealed else
+                     f"readable (it has no checksum; its tensors are not checked): {written}")
+        except CheckpointError as e:
+            reason = str(e).removeprefix(f"{path} is not a readable checkpoint: ")
+            state = "DAMAGED: " + reason.split(" Load an earlier checkpoint instead")[0]
+        modified = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(path.stat().st_mtime))
+        rows.append((path.name, _size(path.stat().st_size), modified, state))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for r in rows:
+        print("  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[3]]))
+    damaged = sum(r[3].startswith("DAMAGED") for r in rows)
+    print(f"{len(rows) - damaged} of {len(rows)} checkpoints in {folder} can be loaded")
     return 0
 
 

@@ -1,5 +1,6 @@
-"""Errors users meet, re-exported at the top level."""
+"""Errors users meet, most re-exported at the top level."""
 
+from cstream._lazy import CheckpointError
 from executor.engine.errors import CompileError, TracingError
 from workers.errors import (
     InputWorkerError,
@@ -10,6 +11,6 @@ from workers.errors import (
 from workers.resume import ExhaustedIteratorError, ResumeError
 from workers.stall import InputStallError
 
-__all__ = ["CompileError", "ExhaustedIteratorError", "InputStallError", "InputWorkerError",
+__all__ = ["CheckpointError", "CompileError", "ExhaustedIteratorError", "InputStallError", "InputWorkerError",
            "ResumeError",
            "TracingError", "UnshardedInputError", "UnshardedInputWarning", "WorkerCrashLoopError"]

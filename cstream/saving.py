@@ -16,10 +16,11 @@ from typing import Any
 
 import torch
 
-from cstream import checkpoint_h5, checkpoint_v2
+from cstream import checkpoint_guard, checkpoint_h5, checkpoint_v2
 from cstream._lazy import CheckpointError, LazyDict
 
-__all__ = ["CheckpointError", "LazyDict", "describe", "layout", "load", "save", "to_eager"]
+__all__ = ["CheckpointError", "LazyDict", "describe", "describe_and_layout", "layout", "load", "save",
+           "to_eager"]
 
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
@@ -73,7 +74,9 @@ def save(obj: Any, path) -> None:
     tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # the umask applies
     try:
-        checkpoint_h5.write(obj, tmp, writer=f"cstream {_version()}")
+        checkpoint_h5.write(obj, tmp, writer=f"cstream {_version()}",
+                            userblock_size=checkpoint_guard.USERBLOCK)
+        checkpoint_guard.seal(tmp)
         _fsync(tmp)
         os.replace(tmp, path)
     except BaseException:
@@ -106,14 +109,21 @@ def _open(path, fn: str):
     if os.path.isdir(path):
         raise CheckpointError(f"{path} is a directory, not a checkpoint file.")
     with open(path, "rb") as fh:
-        head = fh.read(len(checkpoint_v2.MAGIC))
+        head = fh.read(len(checkpoint_guard.TAG))
+        fh.seek(checkpoint_guard.USERBLOCK)
+        after_userblock = fh.read(len(_HDF5_SIGNATURE))
     if head.startswith(checkpoint_v2.MAGIC):
         return checkpoint_v2
-    if not head.startswith(_HDF5_SIGNATURE):
+    if head and len(head) < len(checkpoint_guard.TAG) and checkpoint_guard.TAG.startswith(head):
+        raise checkpoint_guard.damaged(path, f"it is truncated: it has {len(head)} bytes, fewer "
+                                             "than its header")
+    if not (checkpoint_guard.is_sealed(head) or head.startswith(_HDF5_SIGNATURE)
+            or after_userblock == _HDF5_SIGNATURE):
         raise CheckpointError(
             f"{path} is not a readable checkpoint: it is not an HDF5 file (it does not start with "
             "the HDF5 signature); cstream.load reads files written by cstream.save or "
             "cerebras.pytorch.save.")
+    checkpoint_guard.check(path, head)  # before HDF5 reads any of it
     return checkpoint_h5
 
 
@@ -207,6 +217,25 @@ def describe(path) -> list[dict]:
     return checkpoint_h5.open_checkpoint(path).describe()
 
 
+def describe_and_layout(path) -> tuple[list[dict], str]:
+    """:func:`describe` and :func:`layout` of one checkpoint, from one opening of the file."""
+    path = _check_path_argument(path, "describe")
+    if _open(path, "describe") is checkpoint_v2:
+        return checkpoint_v2.describe(path), _V2_LAYOUT
+    checkpoint = checkpoint_h5.open_checkpoint(path)
+    return checkpoint.describe(), _h5_layout(checkpoint)
+
+
+_V2_LAYOUT = f"cstream's earlier layout (version {checkpoint_v2.VERSION}), written by cstream 0.1"
+
+
+def _h5_layout(checkpoint) -> str:
+    writer = checkpoint.writer
+    if not writer.startswith("cstream"):
+        writer = f"cerebras.pytorch {writer}"
+    return f"cerebras.pytorch layout {checkpoint.version}, written by {writer}"
+
+
 def layout(path) -> str:
     """Which layout the checkpoint at ``path`` is in, and who wrote it, in words.
 
@@ -218,9 +247,5 @@ def layout(path) -> str:
     """
     path = _check_path_argument(path, "layout")
     if _open(path, "layout") is checkpoint_v2:
-        return f"cstream's earlier layout (version {checkpoint_v2.VERSION}), written by cstream 0.1"
-    checkpoint = checkpoint_h5.open_checkpoint(path)
-    writer = checkpoint.writer
-    if not writer.startswith("cstream"):
-        writer = f"cerebras.pytorch {writer}"
-    return f"cerebras.pytorch layout {checkpoint.version}, written by {writer}"
+        return _V2_LAYOUT
+    return _h5_layout(checkpoint_h5.open_checkpoint(path))

@@ -3,6 +3,7 @@ checked, and no code run from a file."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import json
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import zlib
 from pathlib import Path
 
 import h5py
@@ -24,9 +26,11 @@ import pytest
 import torch
 
 import cstream
+from cstream import checkpoint_guard, checkpoint_h5
 from cstream.saving import CheckpointError, describe
 
 REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "reference" / "fixtures"
 
 
 def bits(t: torch.Tensor) -> bytes:
@@ -261,9 +265,20 @@ def test_the_file_is_the_real_packages_layout_with_one_dataset_per_tensor(tmp_pa
         assert json.loads(f.attrs["7.__metadata__"])["7.__metadata__"]["string_value"] == "seven"
 
 
+@contextlib.contextmanager
+def _edited(path):
+    """Edit a saved file with h5py, then seal it again as cstream.save would have: the contents of a
+    crafted file, which a checksum does not keep out (whoever crafts a file can compute one)."""
+    with h5py.File(path, "r+") as f:
+        yield f
+    with open(path, "r+b") as fh:
+        fh.write(bytes(checkpoint_guard.USERBLOCK))
+    checkpoint_guard.seal(path)
+
+
 def _with_pickle(path, key, payload: bytes):
     """Replace the pickled bytes of the entry ``key`` (an ObjectSerializer dataset) by ``payload``."""
-    with h5py.File(path, "r+") as f:
+    with _edited(path) as f:
         f[key].attrs["__BYTES__"] = np.frombuffer(payload, dtype="V1")
 
 
@@ -326,7 +341,7 @@ def _legacy_file(path):
 
 
 @pytest.mark.parametrize("make, what", [
-    ("truncated half", "is not a readable checkpoint: HDF5 cannot open it ("),
+    ("truncated half", "is not a readable checkpoint: it is truncated: it has "),
     ("empty", "is not a readable checkpoint: it is not an HDF5 file (it does not start with the "
               "HDF5 signature); cstream.load reads files written by cstream.save or "
               "cerebras.pytorch.save."),
@@ -358,7 +373,7 @@ def test_broken_or_foreign_files_raise_a_checkpoint_error_naming_the_path(tmp_pa
         path.unlink()
         _legacy_file(path)
     elif make in ("newer", "unfinished", "bad spec"):
-        with h5py.File(path, "r+") as f:
+        with _edited(path) as f:
             if make == "newer":
                 f.attrs["__version__"] = 0.7
             elif make == "unfinished":
@@ -380,10 +395,12 @@ def test_a_missing_file_raises_file_not_found_naming_it(tmp_path):
         cstream.load(tmp_path / "nope.h5")
 
 
-def test_tensors_are_read_lazily_so_an_untouched_damaged_tensor_does_not_matter(tmp_path):
+def test_tensors_of_an_unsealed_file_are_read_lazily_so_an_untouched_damaged_one_does_not_matter(
+        tmp_path):
+    """A file cstream wrote before it sealed its files: each tensor's CRC-32 is checked when read."""
     path = tmp_path / "c.h5"
-    cstream.save({"good": torch.arange(5), "bad": torch.zeros(10), "more": {"x": torch.ones(3)}},
-                 path)
+    checkpoint_h5.write({"good": torch.arange(5), "bad": torch.zeros(10),
+                         "more": {"x": torch.ones(3)}}, path, writer="cstream 0.1.0")
     offset = _tensor_offset(path, "bad")
     data = bytearray(path.read_bytes())
     data[offset + 3] ^= 0x40  # one bit of the tensor's values
@@ -450,9 +467,13 @@ def test_describe_lists_entries_without_reading_tensor_values(tmp_path):
     path = tmp_path / "c.h5"
     cstream.save({"model": {"w": torch.ones(2, 3, dtype=torch.bfloat16)}, "groups": [{"lr": 0.5}],
                   "e": {}, "n": None}, path)
-    data = bytearray(path.read_bytes())
-    data[_tensor_offset(path, "model.w")] ^= 0xFF  # damaged values are never read
-    path.write_bytes(data)
+    offset = _tensor_offset(path, "model.w")
+    with open(path, "r+b") as fh:  # damaged values (behind a matching seal) are never read
+        fh.seek(offset)
+        fh.write(b"\xff")
+        fh.seek(0)
+        fh.write(bytes(checkpoint_guard.USERBLOCK))
+    checkpoint_guard.seal(path)
     assert describe(path) == [
         {"key": "model/w", "type": "tensor", "dtype": "bfloat16", "shape": (2, 3), "nbytes": 12},
         {"key": "groups[0]/lr", "type": "float", "value": 0.5},
@@ -524,3 +545,143 @@ def test_a_file_in_the_earlier_layout_saves_again_in_the_real_layout(tmp_path):
     new = cstream.load(tmp_path / "new.h5")
     assert bits(new["model"]["bias"]) == bits(old["model"]["bias"])
     assert new["optimizer"]["param_groups"] == old["optimizer"]["param_groups"]
+
+
+# -- damaged files: refused before HDF5 reads them -------------------------------------------------
+def _advice(path) -> str:
+    return (f" Load an earlier checkpoint instead: `cstream ckpt inspect {path.parent}` lists the "
+            "checkpoints there and which of them are intact.")
+
+
+def test_save_seals_the_file_with_its_length_and_checksum_in_a_user_block_hdf5_skips(tmp_path):
+    path = tmp_path / "c.h5"
+    cstream.save({"w": torch.arange(100.0), "n": 3}, path)
+    data = path.read_bytes()
+    tag, version, userblock, length, crc = struct.unpack_from("<24sIIQI", data)
+    assert (tag, version, userblock, length) == (b"\x89CSTREAM-H5-CHECKSUM\r\n\x1a\n", 1, 512, len(data))
+    assert crc == zlib.crc32(data[512:])
+    assert struct.unpack_from("<I", data, 508)[0] == zlib.crc32(data[:508])
+    assert data[512:520] == b"\x89HDF\r\n\x1a\n"
+    with h5py.File(path, "r") as f:  # any HDF5 reader skips the block
+        assert f.userblock_size == 512 and f.attrs["__version__"] == 0.5
+
+
+def _damage(path, region: str) -> None:
+    data = bytearray(path.read_bytes())
+    with h5py.File(path, "r") as f:
+        values = f["w"].id.get_offset()
+    at = {"superblock": 512 + 20, "global heap": data.find(b"GCOL") + 40, "data": values + 5,
+          "header length": 40, "header tag": 1}[region]
+    data[at] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("region, what", [
+    ("superblock", "its contents do not match the checksum in its header (CRC-32 {got}, written "
+                   "{crc}): the file was damaged after it was written."),
+    ("global heap", "its contents do not match the checksum in its header (CRC-32 {got}, written "
+                    "{crc}): the file was damaged after it was written."),
+    ("data", "its contents do not match the checksum in its header (CRC-32 {got}, written {crc}): "
+             "the file was damaged after it was written."),
+    ("header length", "its header (the first 512 bytes, which hold the file's length and checksum) "
+                      "is damaged: it does not match its own CRC-32."),
+    ("header tag", "its first 512 bytes, the header cstream.save writes, are damaged (they do not "
+                   "start with cstream's tag b'\\x89CSTREAM-H5-CHECKSUM\\r\\n\\x1a\\n')."),
+])
+def test_a_flipped_byte_anywhere_in_a_sealed_file_is_refused_before_hdf5_reads_it(
+        tmp_path, region, what):
+    path = tmp_path / "c.h5"
+    cstream.save({"w": torch.arange(100.0), "n": 3, "s": "text"}, path)
+    crc = zlib.crc32(path.read_bytes()[512:])
+    _damage(path, region)
+    got = zlib.crc32(path.read_bytes()[512:])
+    message = (f"{path} is not a readable checkpoint: "
+               + what.format(got=f"{got:08x}", crc=f"{crc:08x}") + _advice(path))
+    for read in (cstream.load, describe, cstream.saving.layout):
+        with pytest.raises(CheckpointError) as info:
+            read(path)
+        assert str(info.value) == message
+
+
+@pytest.mark.parametrize("change, what", [
+    ("cut 100", "it is truncated: it has {short} bytes, its header records the {n} bytes written."),
+    ("cut to 600", "it is truncated: it has 600 bytes, its header records the {n} bytes written."),
+    ("cut to 300", "it is truncated: it has 300 bytes, fewer than its 512-byte header."),
+    ("append", "it has {long} bytes, 3 more than the {n} bytes its header records (something was "
+               "appended to it)."),
+])
+def test_a_truncated_or_extended_sealed_file_is_refused_naming_both_lengths(tmp_path, change, what):
+    path = tmp_path / "c.h5"
+    cstream.save({"w": torch.arange(100.0)}, path)
+    data = path.read_bytes()
+    n = len(data)
+    new = {"cut 100": data[:-100], "cut to 600": data[:600], "cut to 300": data[:300],
+           "append": data + b"abc"}[change]
+    path.write_bytes(new)
+    with pytest.raises(CheckpointError) as info:
+        cstream.load(path)
+    assert str(info.value) == (f"{path} is not a readable checkpoint: "
+                               + what.format(short=n - 100, long=n + 3, n=n) + _advice(path))
+
+
+def test_the_damaged_global_heap_of_an_unsealed_file_is_refused_before_hdf5_loops_on_it(tmp_path):
+    """The real package's files carry no checksum: the free-space object of a global heap
+    collection set to 40 bytes (as in tests/data/corrupt_global_heap.h5) leaves an object of size
+    0 after it, where HDF5's reader would loop for ever; cstream's walk of the heap refuses it."""
+    path = tmp_path / "real.h5"
+    data = bytearray((REPO / "tests/reference/fixtures/ckpt_real_state.h5").read_bytes())
+    gcol = data.find(b"GCOL")
+    size = struct.unpack_from("<Q", data, gcol + 8)[0]
+    p = gcol + 16
+    while struct.unpack_from("<H", data, p)[0] != 0:  # to the free space (index 0)
+        p += 16 + (struct.unpack_from("<Q", data, p + 8)[0] + 7 & ~7)
+    assert p < gcol + size
+    struct.pack_into("<Q", data, p + 8, 40)
+    struct.pack_into("<HHIQ", data, p + 40, 0, 0, 0, 0)
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError) as info:
+        cstream.load(path)
+    assert str(info.value) == (
+        f"{path} is not a readable checkpoint: the global heap collection at byte {gcol} is "
+        f"damaged: its object at byte {p + 40} has size 0; HDF5 would loop for ever or read past it."
+        + _advice(path))
+
+
+@pytest.mark.parametrize("chunk", [4, 5, 7, 4096])
+def test_the_heap_scan_finds_a_collection_whose_signature_straddles_two_reads(monkeypatch, chunk):
+    """The scan reads the file in chunks (16 MiB); a ``GCOL`` cut by a chunk's end is found too."""
+    monkeypatch.setattr(checkpoint_guard, "_CHUNK", chunk)
+    path = REPO / "tests" / "data" / "corrupt_global_heap.h5"
+    with pytest.raises(CheckpointError, match="the global heap collection at byte 10240 is damaged"):
+        cstream.load(path)
+    with open(path, "rb") as f:
+        data = f.read()
+        assert list(checkpoint_guard._signatures(f, b"GCOL")) == [
+            i for i in range(len(data)) if data.startswith(b"GCOL", i)] == [2048, 10240]
+
+
+def test_a_damaged_object_header_of_an_unsealed_file_is_read_by_a_child_process_first(tmp_path):
+    """Layout 0.4 as the real package wrote it (superblock 0, object headers without checksums): a
+    byte of an attribute's variable-length type changed makes HDF5 fault in the process reading
+    it; that process is the probe, so the caller gets an error."""
+    path = tmp_path / "legacy.h5"
+    data = bytearray((FIXTURES / "ckpt_legacy_0_4.h5").read_bytes())
+    data[11993] = 56
+    path.write_bytes(bytes(data))
+    for read in (cstream.load, describe):
+        with pytest.raises(CheckpointError) as info:
+            read(path)
+        assert str(info.value).startswith(f"{path} is not a readable checkpoint: HDF5 ")
+        assert str(info.value).endswith(_advice(path))
+    assert cstream.load(FIXTURES / "ckpt_legacy_0_4.h5")["step"] == 2  # the next probe answers
+
+
+def test_a_structure_hdf5_reads_for_ever_is_cut_off_by_the_probes_time_limit(tmp_path):
+    """The probe itself bounded: on the damaged global heap (which the heap walk refuses before
+    any probe) HDF5 loops for ever, and the probe is killed after its limit."""
+    path = REPO / "tests" / "data" / "corrupt_global_heap.h5"
+    with pytest.raises(CheckpointError) as info:
+        checkpoint_guard.probe(str(path), timeout_s=3)
+    assert str(info.value) == (
+        f"{path} is not a readable checkpoint: HDF5 did not finish reading its structure within "
+        "3 s (a damaged file can keep HDF5 busy for ever)." + _advice(path))

@@ -9,6 +9,7 @@ and weights.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -22,6 +23,7 @@ import pytest
 import torch
 
 import cstream as cstorch
+from cstream import checkpoint_guard
 from cstream.saving import CheckpointError, describe
 from reference.tolerance import assert_number_close, assert_tensor_close
 
@@ -87,6 +89,10 @@ def test_a_file_cstream_wrote_loads_in_the_real_package_with_the_same_keys_dtype
     make = _module(REFERENCE / "cstream_written" / "make.py")
     read_by_real = _fixture("ckpt_cstream_read_by_real.json")
     assert read_by_real["file"] == "cstream_written/cstream_state.h5"
+    # the real package read this very file, sealed as cstream.save seals every file (a user block
+    # with its length and checksum before the HDF5 data)
+    assert read_by_real["sha256"] == hashlib.sha256(make.FILE.read_bytes()).hexdigest()
+    assert checkpoint_guard.is_sealed(make.FILE.read_bytes()[:512])
     want = record(make.state())
     assert read_by_real["record"] == want, _first_difference(read_by_real["record"], want)
     assert read_by_real["types"] == {"model": "OrderedDict", "optimizer": "dict"}

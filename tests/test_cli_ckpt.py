@@ -131,7 +131,7 @@ def test_help_lists_the_ckpt_actions(capsys):
         main(["ckpt", "--help"])
     assert info.value.code == 0
     out = capsys.readouterr().out
-    assert "    inspect   list a checkpoint's entries\n" in out
+    assert "    inspect   list a checkpoint's entries, or a folder's checkpoints\n" in out
     assert "    convert   convert to PyTorch's torch.save format\n" in out
 
 
@@ -151,5 +151,40 @@ def test_the_console_script_converts_and_python_dash_m_reports_errors(checkpoint
                           timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.startswith(f"cstream ckpt: error: {tmp_path / 'bad.h5'} is not a readable "
-                                  "checkpoint: HDF5 cannot open it (")
+                                  "checkpoint: HDF5 cannot read its structure (")
     assert done.stderr.count("\n") == 1
+
+
+def test_inspect_of_a_folder_lists_its_checkpoints_oldest_first_and_which_can_be_loaded(tmp_path, capsys):
+    for step in (50, 100, 150):
+        cstream.save({"w": torch.ones(1000), "step": step}, tmp_path / f"ckpt_{step}.h5")
+        os.utime(tmp_path / f"ckpt_{step}.h5", (step, 1_000_000 + step))
+    data = bytearray((tmp_path / "ckpt_150.h5").read_bytes())
+    data[3000] ^= 1  # the newest damaged
+    (tmp_path / "ckpt_150.h5").write_bytes(bytes(data))
+    os.utime(tmp_path / "ckpt_150.h5", (150, 1_000_150))
+    real = tmp_path / "real.h5"
+    real.write_bytes((REPO / "tests/reference/fixtures/ckpt_real_train.h5").read_bytes())
+    os.utime(real, (0, 1_000_000))
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    assert main(["ckpt", "inspect", str(tmp_path)]) == 0
+    rows = [line.split("  ") for line in capsys.readouterr().out.splitlines()]
+    rows = [[c.strip() for c in r if c.strip()] for r in rows]
+    assert [r[0] for r in rows[:-1]] == ["real.h5", "ckpt_50.h5", "ckpt_100.h5", "ckpt_150.h5"]
+    assert rows[0][3] == ("readable (it has no checksum; its tensors are not checked): cerebras.pytorch "
+                          "layout 0.5, written by cerebras.pytorch 2.10.0")
+    assert rows[1][3] == rows[2][3] == ("intact (its checksum matches): cerebras.pytorch layout 0.5, "
+                                        f"written by cstream {_cstream_version()}")
+    assert rows[3][3].startswith("DAMAGED: its contents do not match the checksum in its header (CRC-32 ")
+    assert rows[3][3].endswith("): the file was damaged after it was written.")
+    assert rows[-1] == [f"3 of 4 checkpoints in {tmp_path} can be loaded"]
+    assert _status(["ckpt", "inspect", str(tmp_path / "ckpt_150.h5")]) == 2
+    assert capsys.readouterr().err.endswith(f"Load an earlier checkpoint instead: `cstream ckpt "
+                                            f"inspect {tmp_path}` lists the checkpoints there and "
+                                            "which of them are intact.\n")
+
+
+def test_inspect_of_a_folder_without_checkpoints_says_so(tmp_path, capsys):
+    assert _status(["ckpt", "inspect", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"cstream ckpt: error: {tmp_path} holds no checkpoints "
+                                       "(*.h5 files)\n")
