@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from cstream.cli_run import best_counts, sweep_points
+from cstream.cli_sweep import best_counts, sweep_points
 from cstream.experiment import experiment_from_dict, run_experiment
 from executor.report import format_summary, step_rows, summarize, warmup_steps
 
