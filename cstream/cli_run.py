@@ -229,7 +229,7 @@ def _run_failed(command: str, e: BaseException, args) -> int:
 
 # -- run -------------------------------------------------------------------------------------------
 def _print_result(result, exp, as_json: bool) -> None:
-    from executor.report import format_summary
+    from executor.report_text import format_summary
 
     if as_json:
         print(json.dumps({"name": exp.name, "run_dir": str(result.run_dir), **result.report},
@@ -303,7 +303,9 @@ def cmd_sweep(args) -> int:
 # -- report ----------------------------------------------------------------------------------------
 def cmd_report(args) -> int:
     from cstream.cli_plots import plot_run, plot_workers
-    from executor.report import format_summary, load_run, summarize_profile
+    from executor.report import summarize_profile
+    from executor.report_text import format_summary
+    from executor.report_writers import load_run
 
     run_dir = Path(args.run_dir)
     try:

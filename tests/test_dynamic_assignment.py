@@ -391,7 +391,7 @@ def run_ids(cfg, steps):
 
 
 def test_the_wafer_sees_the_single_process_sequence_and_the_report_says_dynamic(ray_session):
-    from executor.report import format_summary
+    from executor.report_text import format_summary
 
     seen, report = run_ids(CSConfig(num_csx=2, num_workers_per_csx=2), 14)
     assert seen == client_sequence(14)
