@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 def _loop(input_fn, num_steps, lookahead=3, program=None):
     stream = LocalInputStream(DataLoader(input_fn), CSConfig(), 0)
     policy = FlowPolicy(lookahead_steps=lookahead, input_buffer_batches=2)
-    feed = InputFeed([stream], policy)
+    feed = InputFeed([stream], policy, CSConfig())
     plan = RunPlan(num_steps=num_steps, checkpoint_steps=frozenset())
     feed.start(num_steps, plan.checkpoint_steps)
     loop = WaferLoop(StateStore(torch.device("cpu")), feed, program, [], plan, policy,

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import ray
 import torch
-from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
+from workers.torch_compat import tree_flatten, tree_map_only, tree_unflatten
 
 from workers import environ
 from workers.context import (BatchAssignment, DataLoaderCheckpoint, WorkerInfo, batch_assignment,
