@@ -284,7 +284,12 @@ class DataExecutor:
         ok = False
         try:
             self._run_initial_closures(backend)
-            self._run = backend.start_run(self)
+            from executor.backends.base import RunContext
+
+            self._run = backend.start_run(RunContext(
+                dataloader=self.dataloader, cs_config=self.cs_config, num_steps=self.num_steps,
+                checkpoint_steps=frozenset(self.checkpoint_iterations()),
+                closures=self.closures, iteration=lambda: self.iteration))
             for step in range(self.num_steps):
                 self.iteration = step
                 self._step_start_unix = time.time()
@@ -318,11 +323,21 @@ class DataExecutor:
             try:
                 if run is not None:
                     self.summary = run.close(ok) or {}
+                    self._add_wafer_figures(run.wafer_stats())
             finally:
                 runtime.set_executor(None)
                 self.dataloader.bind_state_provider(None)
                 self.summary.setdefault("wall_s", time.perf_counter() - t0)
                 self._write_profile(completed=ok)
+
+    def _add_wafer_figures(self, wafer_stats: Optional[dict]) -> None:
+        """Each step record gets the wafer's figures of its step (a run on a wafer)."""
+        if not wafer_stats:
+            return
+        for record in self.step_records:
+            stats = wafer_stats.get(record["step"])
+            if stats is not None:
+                record.update({k: v for k, v in stats.items() if k != "step"})
 
     def _run_initial_closures(self, backend) -> None:
         """Checkpoint closures called before this run: they run now, before the first step,

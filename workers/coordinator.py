@@ -11,7 +11,7 @@ batch holds the wafer while the other workers sit with full buffers. Here:
   global batch ``s % n`` of epoch ``s // n``) in increasing order to whichever worker has room,
   each worker holding at most ``assigned_batches_per_worker`` numbers it has not delivered;
 - a worker's :class:`~workers.sharding.ShardedSampler` (or
-  :class:`~workers.sharding.ParquetDataset`) turns each number into its samples (this CS-X's
+  :class:`~workers.parquet.ParquetDataset`) turns each number into its samples (this CS-X's
   slice of that global batch), so which worker produces a batch changes, the batch does not;
 - replies from any worker land in a bounded *reorder window* keyed by number, and
   the stream's ``next`` releases them in order: the wafer sees exactly the single-process

@@ -557,7 +557,7 @@ _END = object()
 
 def _skipped_epoch(loader) -> bool:
     """A part of ``loader`` yielded nothing this epoch on purpose: under dynamic assignment
-    (:class:`workers.sharding.ShardedSampler`, :class:`workers.sharding.ParquetDataset`) a
+    (:class:`workers.sharding.ShardedSampler`, :class:`workers.parquet.ParquetDataset`) a
     worker may be given no batch of an epoch, and a ``ParquetDataset`` with fewer global
     batches an epoch than workers gives some workers none under round-robin too."""
     return any(getattr(o, "skipped_epoch", False) is True for o in _candidates(loader))

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+from typing import Optional
 
 import torch
 
-from executor.backends.base import Backend
+from executor.backends.base import Backend, RunContext
 from executor.backends.options import CPUOptions, GPUOptions
 from executor.data_executor import batch_size_of
 from workers.context import DataLoaderCheckpoint, WorkerInfo
@@ -30,10 +31,10 @@ class EagerRun:
 
     has_wafer = False
 
-    def __init__(self, backend: "CPUBackend", executor):
+    def __init__(self, backend: "CPUBackend", context: RunContext):
         self.backend = backend
-        self.executor = executor
-        dataloader = executor.dataloader
+        self.context = context
+        dataloader = context.dataloader
         self._states: dict[int, list] = {}
         position, self._consumed = start_position(), 0
         resume_states = dataloader.resume_states
@@ -59,7 +60,7 @@ class EagerRun:
             batch = _to_device(batch, self.backend.device.torch_device)
         self._batch = batch
         self._consumed += 1
-        if self.executor.is_checkpoint_step(step):
+        if self.context.is_checkpoint_step(step):
             self._states[step] = [DataLoaderCheckpoint(
                 worker_step=self._consumed, appliance_step=step + 1,
                 user_state_dict=self._source.position())]
@@ -102,12 +103,12 @@ class CPUBackend(Backend):
 
     name = "CPU"
 
-    def __init__(self, options: CPUOptions):
-        super().__init__(options)
+    def __init__(self, options: CPUOptions, mixed_precision: Optional[bool] = None):
+        super().__init__(options, mixed_precision=mixed_precision)
         _ = WorkerInfo  # the client is worker 0 of 1
 
-    def start_run(self, executor) -> EagerRun:
-        return EagerRun(self, executor)
+    def start_run(self, context: RunContext) -> EagerRun:
+        return EagerRun(self, context)
 
 
 class GPUBackend(CPUBackend):
@@ -115,14 +116,15 @@ class GPUBackend(CPUBackend):
 
     name = "GPU"
 
-    def __init__(self, options: GPUOptions):
+    def __init__(self, options: GPUOptions, mixed_precision: Optional[bool] = None):
         if not torch.cuda.is_available():
             raise RuntimeError(
                 'cstream.backend("GPU") needs a CUDA device, and torch.cuda.is_available() is '
                 f"False here (torch {torch.__version__}). Use cstream.backend(\"CPU\") or "
                 'cstream.backend("CSX") on this machine.'
             )
-        Backend.__init__(self, options, torch_device=f"cuda:{options.device_index}")
+        Backend.__init__(self, options, torch_device=f"cuda:{options.device_index}",
+                         mixed_precision=mixed_precision)
 
     def compile(self, model):
         model.to(self.device.torch_device)

@@ -26,6 +26,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
 from executor import phases
+from executor.backends.base import RunContext
 from executor.driver import DriverError, matmul_flops
 from executor.engine import warmup
 from executor.engine.capture import Captured, OutputLeaf, capture, first_difference
@@ -47,23 +48,25 @@ class CSXRun:
 
     How far each side is, as steps counted from 0 (-1: none yet): :attr:`wafer_done`,
     :attr:`outputs_through`, :attr:`reported_done`; the client's own position is the
-    executor's (``executor.iteration``: it has finished every step before that one).
+    context's (``context.iteration()``: it has finished every step before that one).
+    What it compiled is :attr:`compile_report`; :meth:`close` returns the run's summary, and
+    :meth:`wafer_stats` the wafer's per-step figures, which the executor adds to its records.
     """
 
     has_wafer = True
 
-    def __init__(self, backend, executor):
+    def __init__(self, backend, context: RunContext):
         self._t_created = time.perf_counter()
         self.backend = backend
-        self.executor = executor
+        self.context = context
         self.store = backend.store
         self.driver = backend.driver()
-        self.policy = FlowPolicy.from_config(executor.cs_config, lookahead_steps=backend.lookahead)
-        resume = executor.dataloader.resume_states
-        cs = executor.cs_config
+        cs = context.cs_config
+        self.policy = FlowPolicy.from_config(cs, lookahead_steps=backend.options.lookahead)
         n = cs.num_csx * cs.num_workers_per_csx
         with phases.phase(f"starting {n} input worker{'s' if n > 1 else ''}"):
-            spec = self.driver.open_input(executor.dataloader, cs, resume, self.policy)
+            spec = self.driver.open_input(context.dataloader, cs, context.dataloader.resume_states,
+                                          self.policy)
         self.input_checks = self.driver.input_checks()
         duplicates = self.input_checks.get("duplicates")
         if duplicates is not None:
@@ -92,7 +95,7 @@ class CSXRun:
         self._values: dict[int, tuple] = {}
         self._checkpoint_step: Optional[int] = None  # the step whose checkpoint closures run
         self.collect_calls = 0
-        self.report: dict = {}
+        self.compile_report: dict = {}
         self._stats: dict[int, dict] = {}
         self._last_consts: Optional[list] = None  # plain-tensor step arguments last sent
         self._consts_sent = None  # the last asynchronous feed of them
@@ -117,7 +120,7 @@ class CSXRun:
 
     # -- the step ------------------------------------------------------------------------------
     def step(self, traced, args, kwargs):
-        ex = self.executor
+        ctx = self.context
         if self.traced is not None and traced is not self.traced:
             raise CompileError(
                 f"{traced!r} is the second traced step called in this run (the first was "
@@ -126,18 +129,18 @@ class CSXRun:
             )
         self.traced = traced
         cap = self.captured
-        if cap is None or self.backend.retrace_every_iteration:
-            mark = ex.closures.mark()
+        if cap is None or self.backend.options.retrace_every_iteration:
+            mark = ctx.closures.mark()
             warmup.wait()
             self.backend.preinitialize_all()  # optimizer state exists before tracing
             with phases.phase("tracing"):
                 new = capture(self.store, traced.run, args, kwargs,
-                              lambda: ex.closures.take_since(mark),
+                              lambda: ctx.closures.take_since(mark),
                               self.backend.param_handles(),
                               devices=(self.backend.device.torch_device,))
             if cap is not None and new.ops != cap.ops:
                 raise CompileError(
-                    f"the graph of {traced!r} changed at step {ex.user_iteration}: "
+                    f"the graph of {traced!r} changed at step {ctx.iteration() + 1}: "
                     f"{first_difference(cap.ops, new.ops)}. With retrace_every_iteration the "
                     "step is traced every iteration, but the wafer runs one static graph: Python "
                     "branches and loops must take the same path every step (use torch.where)."
@@ -148,13 +151,13 @@ class CSXRun:
         if not self.started:
             leaves, _ = tree_flatten((args, kwargs))
             self._launch(cap, [leaves[i].detach().to("cpu") for i in cap.const_positions])
-        step = ex.iteration
+        step = ctx.iteration()
         if cap.const_positions:
             self._feed_consts(cap, step, args, kwargs)
         handles = self._outputs(cap, step)
         for fn, spec, leaves in cap.closures:
             cargs, ckwargs = tree_unflatten([handles.get(id(x), x) for x in leaves], spec)
-            ex.queue_closure(fn, cargs, ckwargs)
+            ctx.closures.add(fn, cargs, ckwargs, False)
         return tree_unflatten([handles.get(id(x), x) for x in cap.out_leaves], cap.out_spec)
 
     def _feed_consts(self, cap: Captured, step: int, args, kwargs) -> None:
@@ -185,17 +188,16 @@ class CSXRun:
     def _launch(self, cap: Captured, consts: list) -> None:
         b = self.backend
         self.started = True
-        if b.validate_only:
-            self.report = {"validated": True, "trace_s": cap.trace_s, "ops": cap.num_ops}
-            b.last_compile = dict(self.report)
+        if b.options.validate_only:
+            self.compile_report = {"validated": True, "trace_s": cap.trace_s, "ops": cap.num_ops}
             log.info("validate_only: traced %d ops; nothing compiled or run", cap.num_ops)
             return
         b.sync_state_to_driver()
         with phases.phase("compiling"):
-            self.report = self.driver.load_program(
+            self.compile_report = self.driver.load_program(
                 cap.graph, [s.key for s in cap.state_slots], consts, cap.batch_metas,
                 [(tuple(s.value.shape), s.value.dtype) for s in cap.state_slots],
-                b.compile_only, self.executor.num_steps,
+                b.options.compile_only, self.context.num_steps,
                 matmul_flops_per_step=matmul_flops(cap.graph), graph_code=cap.graph.code)
         # what step closures read streams back every step: the closures' arguments, and the
         # step's small return values (a loss), which closures called in the loop are given
@@ -206,32 +208,29 @@ class CSXRun:
         if cap.closures:
             streamed.update(cap.readable.values())  # closures may read metrics
         self._streamed = sorted(streamed)
-        self.report["trace_s"] = cap.trace_s
-        self.report["ops"] = cap.num_ops
-        b.last_compile = dict(self.report)
-        if b.compile_only:
+        self.compile_report["trace_s"] = cap.trace_s
+        self.compile_report["ops"] = cap.num_ops
+        if b.options.compile_only:
             log.info("compile_only: compiled; nothing run")
             return
         # the wafer's random stream continues the client's (torch.manual_seed before the run)
         self.driver.set_rng_state(torch.get_rng_state())
-        ex = self.executor
-        self.driver.start(ex.num_steps, ex.checkpoint_iterations())
+        self.driver.start(self.context.num_steps, sorted(self.context.checkpoint_steps))
 
     # -- end of step ---------------------------------------------------------------------------
     def end_step(self, step: int) -> dict:
         if not self.started:
             self._launch_without_model()
         if not self.executes:
-            self.executor.closures.drop_step_closures()
+            self.context.closures.drop_step_closures()
         return {"samples": self.samples}
 
     def _launch_without_model(self):
         self.started = True
         if not self.executes:
             return
-        self.report = self.driver.load_program(None, [], [], [])
-        ex = self.executor
-        self.driver.start(ex.num_steps, ex.checkpoint_iterations())
+        self.compile_report = self.driver.load_program(None, [], [], [])
+        self.driver.start(self.context.num_steps, sorted(self.context.checkpoint_steps))
 
     def step_done(self, step: int) -> None:
         """The client finished ``step``'s closures. The wafer hears of it with the next
@@ -245,7 +244,7 @@ class CSXRun:
             self.wafer_done = max(self.wafer_done, self._ack.result())  # raises a wafer failure
             self._ack = None
         if step - self.reported_done >= self.policy.ack_every_steps \
-                or step == self.executor.num_steps - 1:
+                or step == self.context.num_steps - 1:
             self._ack = self.driver.ack_async(step)
             self.reported_done = step
 
@@ -276,7 +275,7 @@ class CSXRun:
         """One round trip: the streamed outputs of every step the wafer finished since the
         last collect, once it has finished ``until`` (and, briefly, ``more`` steps after it);
         acknowledges the client's progress."""
-        client_done = self.executor.iteration - 1  # the steps whose closures ran
+        client_done = self.context.iteration() - 1  # the steps whose closures ran
         got = self.driver.collect(self.outputs_through + 1, until, self._streamed, client_done,
                                   more)
         self.collect_calls += 1
@@ -414,7 +413,7 @@ class CSXRun:
                 summary = self.driver.finish(wait=ok)
                 t_finished = time.perf_counter()
                 rng_state = summary.pop("rng_state", None)
-                if ok and rng_state is not None and self.backend.exec_device == "cpu":
+                if ok and rng_state is not None and self.backend.options.device == "cpu":
                     # the client's generator continues where the wafer's stream ended, as
                     # after an eager run
                     torch.set_rng_state(rng_state)
@@ -430,11 +429,7 @@ class CSXRun:
             log.warning("the wafer driver could not end the run: %s", e)
         finally:
             self.backend.run_finished(self)
-        records = {r["step"]: r for r in self.executor.step_records}
-        for step, s in self._stats.items():
-            if step in records:
-                records[step].update({k: v for k, v in s.items() if k != "step"})
-        summary["compile"] = {**self.report, **summary.pop("program", {})}
+        summary["compile"] = {**self.compile_report, **summary.pop("program", {})}
         summary["collect_calls"] = self.collect_calls
         summary["input_checks"] = self.input_checks
         return summary
@@ -442,8 +437,9 @@ class CSXRun:
     def _startup(self, summary: dict, t_finished: float) -> dict:
         """Tracing, compile, input start-up and the time from the start of the run to the end
         of the first step on the wafer (the wafer's clock mapped onto this process's)."""
-        startup = {**self.driver.startup, "trace_s": self.report.get("trace_s"),
-                   "compile_s": self.report.get("compile_s"), "open_input_s": self._open_input_s}
+        startup = {**self.driver.startup, "trace_s": self.compile_report.get("trace_s"),
+                   "compile_s": self.compile_report.get("compile_s"),
+                   "open_input_s": self._open_input_s}
         first = self._stats.get(1)
         if first is not None and summary.get("wafer_wall_s") is not None:
             wafer_start = t_finished - summary["wafer_wall_s"]
