@@ -145,6 +145,14 @@ class ClosureQueue:
         self._entries = [c for c in self._entries if c.checkpoint]
 
 
+def add_wafer_figures(records: list[dict], wafer_stats: Optional[dict]) -> None:
+    """Each step record gets the wafer's figures of its step (a run on a wafer)."""
+    for record in records if wafer_stats else []:
+        stats = wafer_stats.get(record["step"])
+        if stats is not None:
+            record.update({k: v for k, v in stats.items() if k != "step"})
+
+
 class DataExecutor:
     """Run ``num_steps`` steps over a cstream :class:`DataLoader`.
 
@@ -323,21 +331,12 @@ class DataExecutor:
             try:
                 if run is not None:
                     self.summary = run.close(ok) or {}
-                    self._add_wafer_figures(run.wafer_stats())
+                    add_wafer_figures(self.step_records, run.wafer_stats())
             finally:
                 runtime.set_executor(None)
                 self.dataloader.bind_state_provider(None)
                 self.summary.setdefault("wall_s", time.perf_counter() - t0)
                 self._write_profile(completed=ok)
-
-    def _add_wafer_figures(self, wafer_stats: Optional[dict]) -> None:
-        """Each step record gets the wafer's figures of its step (a run on a wafer)."""
-        if not wafer_stats:
-            return
-        for record in self.step_records:
-            stats = wafer_stats.get(record["step"])
-            if stats is not None:
-                record.update({k: v for k, v in stats.items() if k != "step"})
 
     def _run_initial_closures(self, backend) -> None:
         """Checkpoint closures called before this run: they run now, before the first step,

@@ -27,6 +27,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
 from executor import phases
 from executor.backends.base import RunContext
+from executor.backends.csx_outputs import WaferOutputs
 from executor.driver import DriverError, matmul_flops
 from executor.engine import warmup
 from executor.engine.capture import Captured, OutputLeaf, capture, first_difference
@@ -46,8 +47,8 @@ class CSXRun:
     """A run on the CSX backend (the :class:`~executor.backends.base.Run` interface): the
     input workers stream to the wafer, which runs the traced step ahead of the client.
 
-    How far each side is, as steps counted from 0 (-1: none yet): :attr:`wafer_done`,
-    :attr:`outputs_through`, :attr:`reported_done`; the client's own position is the
+    How far the wafer is, and what came back of its steps, is :attr:`outputs`
+    (:class:`~executor.backends.csx_outputs.WaferOutputs`); the client's own position is the
     context's (``context.iteration()``: it has finished every step before that one).
     What it compiled is :attr:`compile_report`; :meth:`close` returns the run's summary, and
     :meth:`wafer_stats` the wafer's per-step figures, which the executor adds to its records.
@@ -80,23 +81,10 @@ class CSXRun:
         self.captured: Optional[Captured] = None
         self.started = False
         self.executes = not backend.forces_single_step
-        self.wafer_done = -1
-        """The last step the wafer is known to have finished (by a collect, a fetch or an
-        ack's reply)."""
-        self.outputs_through = -1
-        """The last step whose streamed outputs have been collected (the next collect starts
-        after it); can trail :attr:`wafer_done`, which acks and fetches also move."""
-        self.reported_done = -1
-        """The last step the wafer has been told the client finished (by an ack or a
-        collect)."""
-        self._ack = None  # the last asynchronous ack, read when it is done
-        self._streamed: list[int] = []  # output indices that stream back for every step
-        # step -> (the collected stacked outputs holding it, its row in them)
-        self._values: dict[int, tuple] = {}
+        self.outputs = WaferOutputs(self.driver, self.policy, context)
+        """The steps' outputs and figures as they come back from the wafer."""
         self._checkpoint_step: Optional[int] = None  # the step whose checkpoint closures run
-        self.collect_calls = 0
         self.compile_report: dict = {}
-        self._stats: dict[int, dict] = {}
         self._last_consts: Optional[list] = None  # plain-tensor step arguments last sent
         self._consts_sent = None  # the last asynchronous feed of them
         self._checkpoint_reader = None  # inside a checkpoint closure: slot -> value at its step
@@ -105,10 +93,10 @@ class CSXRun:
     # -- batches -------------------------------------------------------------------------------
     def next_batch(self, step: int):
         la = self.policy.lookahead_steps
-        if self.started and self.executes and step - self.wafer_done > la:
+        if self.started and self.executes and step - self.outputs.wafer_done > la:
             # wait until the wafer is half the look-ahead behind, not just inside it: the next
             # la/2 steps then go without a call
-            self._collect(step - self.policy.ack_every_steps)
+            self.outputs.collect(step - self.policy.ack_every_steps)
         leaves = [
             self.store.batch(t, name=f"batch[{i}]") if isinstance(t, torch.Tensor) else t
             for i, t in enumerate(self.spec_leaves)
@@ -207,7 +195,7 @@ class CSXRun:
                         and leaf.meta.numel() <= STREAMED_MAX_NUMEL)
         if cap.closures:
             streamed.update(cap.readable.values())  # closures may read metrics
-        self._streamed = sorted(streamed)
+        self.outputs.streamed = sorted(streamed)
         self.compile_report["trace_s"] = cap.trace_s
         self.compile_report["ops"] = cap.num_ops
         if b.options.compile_only:
@@ -237,16 +225,8 @@ class CSXRun:
         ``collect``, or by an asynchronous ack every ``lookahead // 2`` steps when the client
         has nothing to collect: the wafer stays between half and all of the look-ahead in
         front of the client, for a fraction of the calls."""
-        if not self.executes:
-            return
-        self._values.pop(step, None)
-        if self._ack is not None and self._ack.ready():
-            self.wafer_done = max(self.wafer_done, self._ack.result())  # raises a wafer failure
-            self._ack = None
-        if step - self.reported_done >= self.policy.ack_every_steps \
-                or step == self.context.num_steps - 1:
-            self._ack = self.driver.ack_async(step)
-            self.reported_done = step
+        if self.executes:
+            self.outputs.step_done(step)
 
     def read_output(self, slot) -> torch.Tensor:
         """The value of a step output's handle (an ``OUTPUT`` slot)."""
@@ -255,7 +235,7 @@ class CSXRun:
                 "the backend was created with compile_only/validate_only: nothing runs, so "
                 "step outputs have no values."
             )
-        return self._outputs_of(slot.output.step, [slot.output.index])[0]
+        return self.outputs.outputs_of(slot.output.step, [slot.output.index])[0]
 
     def read_state(self, slot) -> torch.Tensor:
         """The value of state on the wafer, read during this run: inside a checkpoint closure,
@@ -271,47 +251,9 @@ class CSXRun:
             )
         return value
 
-    def _collect(self, until: int, more: int = 0) -> None:
-        """One round trip: the streamed outputs of every step the wafer finished since the
-        last collect, once it has finished ``until`` (and, briefly, ``more`` steps after it);
-        acknowledges the client's progress."""
-        client_done = self.context.iteration() - 1  # the steps whose closures ran
-        got = self.driver.collect(self.outputs_through + 1, until, self._streamed, client_done,
-                                  more)
-        self.collect_calls += 1
-        self.reported_done = max(self.reported_done, client_done)
-        if got.values:
-            for s in range(max(got.first, client_done + 1), got.done + 1):
-                self._values[s] = (got.values, s - got.first)
-        self.outputs_through = max(self.outputs_through, got.done)
-        self.wafer_done = max(self.wafer_done, got.done)
-        self._add_stats(got.stats)
-
-    def _outputs_of(self, step: int, indices: list) -> list:
-        """Outputs ``indices`` of ``step``: from the collected ones, else fetched."""
-        if all(i in self._streamed for i in indices):
-            if step > self.outputs_through:
-                self._collect(step, more=self.policy.collect_more_steps)
-            have = self._values.get(step)
-            if have is not None:
-                stacked, row = have
-                return [stacked[self._streamed.index(i)][row] for i in indices]
-        return self._fetch(step, indices)
-
-    def _fetch(self, step: int, indices: list) -> list:
-        """Outputs ``indices`` of ``step``, in a call of their own (waits for the wafer)."""
-        values, stats = self.driver.fetch(step, indices)
-        self._add_stats(stats)
-        self.wafer_done = max(self.wafer_done, step)
-        return values
-
     def wafer_stats(self) -> dict:
         """The wafer's per-step figures received so far, by step (counted from 1)."""
-        return self._stats
-
-    def _add_stats(self, stats):
-        for s in stats:
-            self._stats[s["step"]] = s
+        return self.outputs.stats
 
     def materialize(self, obj, step: int):
         wanted = {}
@@ -325,7 +267,7 @@ class CSXRun:
         fetched = {}
         for s, idx in wanted.items():
             idx = sorted(set(idx))
-            fetched.update({StepOutput(s, i): v for i, v in zip(idx, self._outputs_of(s, idx))})
+            fetched.update({StepOutput(s, i): v for i, v in zip(idx, self.outputs.outputs_of(s, idx))})
 
         def replace(h):
             if h.slot.kind is SlotKind.OUTPUT:
@@ -350,7 +292,7 @@ class CSXRun:
                 return None
             if not cache:  # metric state is small: one call brings all of it
                 indices = sorted(cap.readable.values())
-                cache.update(zip(indices, self._outputs_of(step, indices)))
+                cache.update(zip(indices, self.outputs.outputs_of(step, indices)))
             return cache[index]
 
         self._closure_reader = reader
@@ -402,9 +344,7 @@ class CSXRun:
         run by the client, to finish on the wafer); None before the wafer started."""
         if not (self.started and self.executes):
             return None
-        if step > self.outputs_through:
-            self._collect(step)
-        return self._stats[max(self._stats)] if self._stats else None
+        return self.outputs.newest(step)
 
     def close(self, ok: bool) -> dict:
         summary = {}
@@ -417,7 +357,7 @@ class CSXRun:
                     # the client's generator continues where the wafer's stream ended, as
                     # after an eager run
                     torch.set_rng_state(rng_state)
-                self._add_stats(summary.pop("stats", []))
+                self.outputs.add_stats(summary.pop("stats", []))
                 summary["startup"] = self._startup(summary, t_finished)
             else:
                 self.driver.finish(wait=False)
@@ -430,7 +370,7 @@ class CSXRun:
         finally:
             self.backend.run_finished(self)
         summary["compile"] = {**self.compile_report, **summary.pop("program", {})}
-        summary["collect_calls"] = self.collect_calls
+        summary["collect_calls"] = self.outputs.collect_calls
         summary["input_checks"] = self.input_checks
         return summary
 
@@ -440,7 +380,7 @@ class CSXRun:
         startup = {**self.driver.startup, "trace_s": self.compile_report.get("trace_s"),
                    "compile_s": self.compile_report.get("compile_s"),
                    "open_input_s": self._open_input_s}
-        first = self._stats.get(1)
+        first = self.outputs.stats.get(1)
         if first is not None and summary.get("wafer_wall_s") is not None:
             wafer_start = t_finished - summary["wafer_wall_s"]
             startup["time_to_first_step_s"] = wafer_start + first["wafer_t"] - self._t_created
