@@ -17,7 +17,7 @@ import copy
 import random
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Protocol
+from typing import Optional, Protocol
 
 import ray
 
@@ -26,7 +26,7 @@ from workers.context import DataLoaderCheckpoint
 from workers.link import LinkSetup, WorkerFailed, WorkerLink
 from workers.replies import WorkerReply
 from workers.resume import ResumeStates, round_robin_step, start_position
-from workers.supervision import Supervisor
+from workers.supervision import StreamState, Supervisor
 
 __all__ = ["Assignment", "AssignmentRecorder", "ConfiguredPlan", "RoundRobin", "RoundRobinPlan",
            "StreamParts", "cost_summary"]
@@ -38,17 +38,30 @@ _RECENT_COSTS = 64  # the assignment size follows the median of this many recent
 @dataclass
 class StreamParts:
     """What an assignment works with: the stream's links, their supervisor and setup, and
-    where the stream is (``position()``: the global batch it delivers next)."""
+    where the stream is (:attr:`state`)."""
 
-    wse_id: int
     cs_config: CSConfig
     links: list[WorkerLink]
     supervisor: Supervisor
     setup: LinkSetup
-    position: Callable[[], int]
-    first_step: int  # the global batch of this stream's first step
+    state: StreamState
     max_batches_ahead: int
-    is_closed: Callable[[], bool]
+
+    @property
+    def wse_id(self) -> int:
+        return self.state.wse_id
+
+    def position(self) -> int:
+        """The global batch the stream delivers next."""
+        return self.state.step
+
+    @property
+    def first_step(self) -> int:
+        """The global batch of this stream's first step."""
+        return self.state.first_step
+
+    def is_closed(self) -> bool:
+        return self.state.closed
 
 
 class Assignment(Protocol):

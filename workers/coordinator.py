@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from typing import Optional
 
 import ray
@@ -100,21 +99,31 @@ class NumberBook:
     worker holding at most :meth:`numbers_per_worker` plus its loader's look-ahead, and sent to
     the workers through their links."""
 
-    def __init__(self, parts: StreamParts, recorder: AssignmentRecorder, draws_ahead: list):
+    def __init__(self, parts: StreamParts, recorder: AssignmentRecorder):
         W = self.num_workers = len(parts.links)
         self.parts, self.recorder = parts, recorder
         self.assigned_per_worker = parts.setup.policy.assigned_batches_per_worker
-        self.outstanding = [deque() for _ in range(W)]  # numbers assigned, not yet received
+        # each worker's numbers assigned, not yet received (its link's deque)
+        self.outstanding = [link.numbers for link in parts.links]
         self.sends = [0] * W  # assign() calls made to each worker's current actor
         self.next_number = self.first_issued = parts.position()
         self.failed = [False] * W  # a worker's error reply is in the window
-        self.draws_ahead = list(draws_ahead)  # index batches each worker's loader draws ahead
         # each worker's current process: the first and the highest number assigned to it
         self.first_number: list[Optional[int]] = [None] * W
         self.last_number: list[Optional[int]] = [None] * W
         self.starting = [False] * W  # a restarted process that has not answered yet
         self.batches_per_epoch: Optional[int] = None  # global batches of an epoch
-        self.window_batches = 0  # the reorder window's bound, set by the assignment
+        self.base_window = 0  # the reorder window's bound before the look-aheads, set once
+
+    @property
+    def window_batches(self) -> int:
+        """The reorder window: its base size plus every worker's look-ahead, so that the
+        workers can hold their share and the numbers their loaders draw ahead together."""
+        return self.base_window + sum(link.draws_ahead for link in self.parts.links)
+
+    def note_costs(self, link: WorkerLink) -> None:
+        """Whether ``link``'s worker now gets many numbers per reply (its batches are cheap)."""
+        link.many_per_reply = self.numbers_per_worker(link.w) > self.assigned_per_worker
 
     def numbers_per_worker(self, w: int) -> int:
         """Numbers worker ``w`` may hold now: ``assigned_per_worker``, or, where its batches
@@ -157,7 +166,7 @@ class NumberBook:
         if not heads:
             return
         w = min(heads)[1]
-        while len(self.outstanding[w]) < self.draws_ahead[w] + 1:
+        while len(self.outstanding[w]) < self.parts.links[w].draws_ahead + 1:
             self.give(w, new)
 
     def send(self, new: dict) -> None:
@@ -189,7 +198,8 @@ class NumberBook:
         received = link.received_waiting()
         out = list(self.outstanding[w])
         kept = self._hand_over(w, out[received:])
-        self.outstanding[w] = deque(out[:received] + kept)
+        link.numbers.clear()
+        link.numbers.extend(out[:received] + kept)
         if kept:
             link.actor.assign.remote(0, kept)
             self.sends[w] = 1
@@ -239,14 +249,14 @@ class DynamicAssignment:
 
     def __init__(self, parts: StreamParts, recorder: AssignmentRecorder, draws_ahead: list,
                  start: Optional[dict]):
+        """``draws_ahead``: what each worker's loader draws ahead, as the workers said."""
         self.parts, self.recorder = parts, recorder
         self.reason = recorder.reason
         W = len(parts.links)
-        book = self.book = NumberBook(parts, recorder, draws_ahead)
+        book = self.book = NumberBook(parts, recorder)
         # never less than every worker's share, so the window never starves a worker outright
         window = parts.setup.policy.reorder_window_batches(W) or W * parts.max_batches_ahead
-        self._base_window = max(window, W * book.assigned_per_worker)
-        self._size_window()
+        book.base_window = max(window, W * book.assigned_per_worker)
         self._window: dict[int, tuple[int, WorkerReply]] = {}  # number -> (worker, item)
         self._window_bytes = 0
         self._refilling = False  # the window was filled to its bound: refilled in chunks
@@ -258,9 +268,8 @@ class DynamicAssignment:
         self._issue_cpu_s = 0.0  # its CPU time choosing workers for numbers and sending them
         self._cond = threading.Condition()  # guards everything the pump thread touches
         self._pump_error: Optional[BaseException] = None
-        for link in parts.links:
-            link.min_batches = self._reply_min_batches
-            link.needs_numbers = self._needs_numbers
+        for link, ahead in zip(parts.links, draws_ahead):
+            link.draws_ahead = ahead
             if start is not None:  # a restart before any batch starts here too
                 link.received_after = link.consumed_after = start
         parts.supervisor.on_restart = book.restarted
@@ -284,31 +293,6 @@ class DynamicAssignment:
     def window_batches(self) -> int:
         return self.book.window_batches
 
-    def _size_window(self) -> None:
-        """The reorder window: its base size plus every worker's look-ahead, so that the
-        workers can hold their share and the numbers their loaders draw ahead together."""
-        self.book.window_batches = self._base_window + sum(self.book.draws_ahead)
-
-    def _needs_numbers(self, link: WorkerLink, drawn_ahead: int) -> None:
-        """``link``'s loader waits for a number with ``drawn_ahead`` batches drawn and not yet
-        produced: it draws at least that many ahead (a sampler wrapper's read-ahead)."""
-        if drawn_ahead > self.book.draws_ahead[link.w]:
-            self.book.draws_ahead[link.w] = drawn_ahead
-            self._size_window()
-
-    def _reply_min_batches(self, link: WorkerLink) -> int:
-        """Cheap batches (more numbers held than ``assigned_per_worker``): a fetch waits for
-        every number the worker holds (at most a reply's worth, and at most
-        ``input_worker._REPLY_WAIT_S``), so one reply carries them all. Costly batches: 1,
-        never delayed."""
-        book, w = self.book, link.w
-        if book.numbers_per_worker(w) <= book.assigned_per_worker:
-            return 1
-        held = len(book.outstanding[w]) - link.received_waiting()
-        # the last numbers held are drawn ahead: their batches wait for numbers not yet given
-        held -= book.draws_ahead[w]
-        return max(1, min(held, self.parts.setup.batches_per_fetch))
-
     # -- handing out numbers --------------------------------------------------------------
     def _window_full(self) -> bool:
         book = self.book
@@ -331,7 +315,9 @@ class DynamicAssignment:
         window), not a number at a time: with input faster than the wafer it is full nearly
         always, and one number a step would cost one ``assign`` call and one reply a step."""
         book, W = self.book, self.book.num_workers
-        k = [book.numbers_per_worker(w) + book.draws_ahead[w] for w in range(W)]
+        for link in self.parts.links:  # the window may have grown with a look-ahead learnt
+            book.note_costs(link)
+        k = [book.numbers_per_worker(w) + self.parts.links[w].draws_ahead for w in range(W)]
         refill = max(1, book.window_batches // _REFILL_FRACTION,
                      min(sum(k), book.window_batches // 2))
         self._refill_free = refill
@@ -371,6 +357,7 @@ class DynamicAssignment:
             self._window[item.number] = (w, item)
             self._window_bytes += item.nbytes
             self.recorder.cost(w, item.produce_s)
+            book.note_costs(link)
             self.recorder.idle_s[w] += item.idle_s
 
     def _check_started(self) -> None:
@@ -539,7 +526,7 @@ class DynamicAssignment:
             out = self.recorder.stats(transport, self.mode, {
                 "assigned_batches_per_worker": [book.numbers_per_worker(w) for w in range(W)],
                 "reorder_window_batches": book.window_batches,
-                "draws_ahead": list(book.draws_ahead)})
+                "draws_ahead": [link.draws_ahead for link in self.parts.links]})
             out["coordinator"] = {
                 "numbers_assigned": book.next_number - book.first_issued,
                 "thread_cpu_s": self._pump_cpu_s, "issuing_cpu_s": self._issue_cpu_s}
@@ -551,5 +538,5 @@ class DynamicAssignment:
             for entry in out["workers"]:
                 w = entry["local_worker_id"]
                 entry["waiting_for_numbers_s"] = self.recorder.idle_s[w]
-                entry["draws_ahead"] = book.draws_ahead[w]
+                entry["draws_ahead"] = self.parts.links[w].draws_ahead
             return out

@@ -174,11 +174,15 @@ class WorkerLink:
     keys: list = field(default_factory=list)  # the sample keys received, in order
     node: dict | None = None  # where the actor was placed, then where it says it runs
     where_ref: Any = None  # the actor's answer to where(), until it is read
-    min_batches: Callable[[WorkerLink], int] = lambda link: 1
-    """The batches a multi-batch fetch waits for (the assignment's rule)."""
-    needs_numbers: Optional[Callable[[WorkerLink, int], None]] = None
-    """Dynamic assignment: told when the worker's loader waits for more numbers with so many
-    batches drawn ahead."""
+    numbers: deque = field(default_factory=deque)
+    """Dynamic assignment: the global batch numbers the worker was given and has not sent back
+    yet, in order."""
+    draws_ahead: int = 0
+    """Dynamic assignment: the index batches the worker's loader draws ahead of the one it
+    yields (known from the loader, or learnt from a ``need_numbers`` reply)."""
+    many_per_reply: bool = False
+    """Dynamic assignment of cheap batches: a fetch waits for every number the worker holds
+    (see :meth:`min_batches`); the assignment sets it as the worker's batch costs change."""
 
     @property
     def w(self) -> int:
@@ -286,7 +290,7 @@ class WorkerLink:
                 if max_bytes == 0 and self.ready:
                     return False  # asked again once the stream has taken batches
                 self.pending.append((self.next_request, self.actor.fetch.remote(
-                    self.next_request, m, max_bytes, self.min_batches(self), **extra)))
+                    self.next_request, m, max_bytes, self.min_batches(), **extra)))
                 return bool(extra)
             return False
         if budget is not None and self.ready and self.ready_bytes >= budget:
@@ -298,6 +302,17 @@ class WorkerLink:
             self.next_request += 1
             carried = bool(extra)
         return carried
+
+    def min_batches(self) -> int:
+        """The batches a multi-batch fetch waits for: 1, never delaying a batch that is ready;
+        where :attr:`many_per_reply`, every number the worker holds (at most a reply's worth,
+        and at most ``input_worker._REPLY_WAIT_S``), so one reply carries them all."""
+        if not self.many_per_reply:
+            return 1
+        held = len(self.numbers) - self.received_waiting()
+        # the last numbers held are drawn ahead: their batches wait for numbers not yet given
+        held -= self.draws_ahead
+        return max(1, min(held, self.setup.batches_per_fetch))
 
     def send_numbers(self, send: int, numbers: list) -> None:
         """Dynamic assignment: global batch numbers for the worker, carried by a new request
@@ -325,7 +340,7 @@ class WorkerLink:
         if items[0].kind is ReplyKind.NEED_NUMBERS:
             # dynamic assignment: the worker's loader draws more batches ahead than it was
             # granted numbers for; ask for batch ``index`` again once it has more
-            self.needs_numbers(self, items[0].drawn_ahead)
+            self.draws_ahead = max(self.draws_ahead, items[0].drawn_ahead)
             if self.setup.batches_per_fetch == 1:
                 self.pending.appendleft((index, self.actor.fetch.remote(index)))
             else:

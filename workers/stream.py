@@ -36,7 +36,7 @@ from workers.link import (DEFAULT_NAME_PREFIX, LinkSetup, WorkerFailed, WorkerLi
 from workers.local_stream import BatchInfo, sample_key_batches
 from workers.replies import WorkerReply
 from workers.resume import ExhaustedIteratorError, ResumeError, ResumeStates
-from workers.supervision import Supervisor
+from workers.supervision import StreamState, Supervisor
 from workers.torch_compat import tree_map_only
 
 __all__ = ["BatchInfo", "CsxInputStream", "kill_named_workers", "kill_workers",
@@ -195,9 +195,8 @@ class CsxInputStream:
             in_flight_per_worker=policy.requests_in_flight_per_worker,
             batches_per_fetch=policy.batches_per_fetch, zero_copy=bool(zero_copy),
             spawn_options=plan.spawn_options)
-        self.closed = False
+        self.state = StreamState(wse_id)
         self.peeked = None
-        self.step = 0
         self._wait_s = 0.0
         self.workers = [WorkerLink(info=WorkerInfo(w, W, cs_config.num_csx, wse_id),
                                    name=worker_name(name_prefix, wse_id, w), setup=self.setup)
@@ -210,13 +209,12 @@ class CsxInputStream:
             after, self.step = ResumeStates(resume_states).checked(wse_id, W)
             for link in self.workers:
                 link.start_at(after[link.w], int(after[link.w]["worker_step"]))
-        self.first_step = self.step  # global batch number of this run's first step
+        self.state.first_step = self.step  # global batch number of this run's first step
         self._slowest_s: float | None = None  # the slowest batch delivered (its produce_s)
         key_batches = sample_key_batches(cs_config)
         for link in self.workers:
             link.keys_until = link.received + key_batches
-        self.supervisor = Supervisor(cs_config, wse_id, self.workers, lambda: self.step,
-                                     self.check_open)
+        self.supervisor = Supervisor(cs_config, self.state, self.workers)
         self.setup.dataloader_ref = ray.put(dataloader)
         self._t_start = time.perf_counter()
         self._t_first: float | None = None
@@ -225,10 +223,9 @@ class CsxInputStream:
             with self._failures():
                 self._start_workers([] if workers_ahead is None else workers_ahead)
                 self.assignment = plan.choose(StreamParts(
-                    wse_id=wse_id, cs_config=cs_config, links=self.workers,
-                    supervisor=self.supervisor, setup=self.setup, position=lambda: self.step,
-                    first_step=self.first_step, max_batches_ahead=self.max_batches_ahead,
-                    is_closed=lambda: self.closed))
+                    cs_config=cs_config, links=self.workers, supervisor=self.supervisor,
+                    setup=self.setup, state=self.state,
+                    max_batches_ahead=self.max_batches_ahead))
         except BaseException:
             self.close()
             raise
@@ -248,12 +245,26 @@ class CsxInputStream:
         for link in self.workers:
             link.request()
 
+    @property
+    def step(self) -> int:
+        """The global batch :meth:`next` delivers next."""
+        return self.state.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.state.step = value
+
+    @property
+    def first_step(self) -> int:
+        """The global batch of this run's first step."""
+        return self.state.first_step
+
+    @property
+    def closed(self) -> bool:
+        return self.state.closed
+
     def check_open(self) -> None:
-        if self.closed:
-            raise RuntimeError(
-                f"the input stream of CS-X {self.wse_id} is closed; create a new CsxInputStream "
-                "(with resume_states=old.worker_states() to continue where it stopped)."
-            )
+        self.state.check_open()
 
     @contextlib.contextmanager
     def _failures(self):
@@ -409,7 +420,7 @@ class CsxInputStream:
             self.assignment.close()
 
     def _kill_workers(self) -> None:
-        self.closed = True
+        self.state.closed = True
         self.peeked = None
         live = [link for link in self.workers if link.actor is not None]
         # let producers leave input_fn first: a process killed while a thread is inside native

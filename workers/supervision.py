@@ -9,6 +9,7 @@ import collections
 import logging
 import time
 import warnings
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import ray
@@ -20,7 +21,7 @@ from workers.link import NUM_CPUS, WorkerFailed, WorkerLink, first_lines
 from workers.placement import NodePlacer
 from workers.replies import WorkerReply
 
-__all__ = ["Supervisor"]
+__all__ = ["StreamState", "Supervisor"]
 
 logger = logging.getLogger("workers.stream")
 
@@ -35,19 +36,36 @@ def node_label(node: dict | None) -> str:
     return f"{node['node_id'][:12]} ({node.get('node_ip') or '?'})"
 
 
-class Supervisor:
-    """Watches the :class:`~workers.link.WorkerLink` s of CS-X ``wse_id``.
+@dataclass
+class StreamState:
+    """Where one CS-X's stream is: the global batch it delivers next (:attr:`step`), the one
+    its run started at, and whether it is closed. The stream updates it; the supervisor and
+    the assignment read it."""
 
-    ``position()`` gives the stream's step (the global batch it delivers next) for messages and
-    records; ``check_open()`` raises once the stream is closed. The assignment sets
-    :attr:`on_restart` (what a restart's record says beyond this one's, and the numbers the dead
-    process owed) and :attr:`waits_after_restart`.
+    wse_id: int
+    step: int = 0
+    first_step: int = 0
+    closed: bool = False
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError(
+                f"the input stream of CS-X {self.wse_id} is closed; create a new CsxInputStream "
+                "(with resume_states=old.worker_states() to continue where it stopped)."
+            )
+
+
+class Supervisor:
+    """Watches the :class:`~workers.link.WorkerLink` s of CS-X ``state.wse_id``.
+
+    The assignment sets :attr:`on_restart` (what a restart's record says beyond this one's, and
+    the numbers the dead process owed) and :attr:`waits_after_restart`.
     """
 
-    def __init__(self, cs_config: CSConfig, wse_id: int, links: list[WorkerLink],
-                 position: Callable[[], int], check_open: Callable[[], None]):
-        self.cs_config, self.wse_id, self.links = cs_config, wse_id, links
-        self.position, self.check_open = position, check_open
+    def __init__(self, cs_config: CSConfig, state: StreamState, links: list[WorkerLink]):
+        self.cs_config, self.state, self.links = cs_config, state, links
+        self.wse_id = state.wse_id
+        self.check_open = state.check_open
         self.placer = NodePlacer(NUM_CPUS)
         self.poll_s = min(0.25, cs_config.straggler_timeout_s / 4)
         self.stragglers: list[dict] = []
@@ -111,7 +129,7 @@ class Supervisor:
         node = self.placer.replacement(load)
         event = {
             "t_unix": time.time(), "wse_id": self.wse_id, "local_worker_id": w,
-            "restart": link.restarts, "step": self.position(), "from_batch": link.received,
+            "restart": link.restarts, "step": self.state.step, "from_batch": link.received,
             "cause": cause_text.splitlines()[0], "died_on": node_label(died_on),
             "restarted_on": node_label(node)}
         self.restart_events.append(event)
@@ -133,7 +151,7 @@ class Supervisor:
         except ray.exceptions.RayError as e:
             stack = f"(no stack: {type(e).__name__}: {first_lines(str(e), 2)})"
         link.straggler_reports += 1
-        w, step = link.w, self.position()
+        w, step = link.w, self.state.step
         msg = (
             f"CS-X {self.wse_id}, input worker {w} is a straggler: it has delivered nothing for "
             f"{waited:.1f} s (straggler_timeout_s={self.cs_config.straggler_timeout_s}) while step "
