@@ -97,9 +97,6 @@ class ResumeStates:
     def __init__(self, states, where: str = "CsxInputStream"):
         self.states = [_checkpoint(st, where) for st in states]
 
-    def for_csx(self, wse_id: int) -> list[DataLoaderCheckpoint]:
-        return [st for st in self.states if st.wse_id == wse_id]
-
     def checked(self, wse_id: int, num_workers: int) -> tuple[list[dict], int]:
         """Per local worker the ``after`` position its batches resume from (as replies carry
         it), and the CS-X's step count; raises where the states are not one round-robin
