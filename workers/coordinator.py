@@ -270,8 +270,8 @@ class DynamicAssignment:
         self._pump_error: Optional[BaseException] = None
         for link, ahead in zip(parts.links, draws_ahead):
             link.draws_ahead = ahead
-            if start is not None:  # a restart before any batch starts here too
-                link.received_after = link.consumed_after = start
+            if start is not None:
+                link.resume_at(start)
         parts.supervisor.on_restart = book.restarted
         # the pump goes back to every worker's replies (the numbers the dead one owed may now
         # be with the others)

@@ -193,6 +193,11 @@ class WorkerLink:
         self.received_after = self.consumed_after = after
         self.received = self.consumed = self.next_request = count
 
+    def resume_at(self, after: dict) -> None:
+        """Dynamic assignment from a saved global position: a restart before any batch, and
+        the resume states before any delivery, start at ``after``."""
+        self.received_after = self.consumed_after = after
+
     # -- the actor ------------------------------------------------------------------------
     def spawn(self, ahead=None) -> None:
         """Start the actor on the node :attr:`node`, or set up ``ahead`` (a worker of
