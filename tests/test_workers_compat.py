@@ -40,12 +40,13 @@ def test_the_single_process_iterator_has_every_field_the_lean_iterator_reads():
 
 def test_the_lean_iterator_yields_what_the_loader_yields_and_keeps_the_indices():
     data = [torch.tensor([float(i)]) for i in range(10)]
-    loader = torch.utils.data.DataLoader(data, batch_size=3, shuffle=True,
-                                         generator=torch.Generator().manual_seed(1))
-    torch.manual_seed(0)
-    expected = [b.tolist() for b in loader]
-    torch.manual_seed(0)
-    it = torch_compat.LeanLoaderIter(iter(loader))
+
+    def loader():
+        return torch.utils.data.DataLoader(data, batch_size=3, shuffle=True,
+                                           generator=torch.Generator().manual_seed(1))
+
+    expected = [b.tolist() for b in loader()]
+    it = torch_compat.LeanLoaderIter(iter(loader()))
     got, indices = [], []
     for b in it:
         got.append(b.tolist())
