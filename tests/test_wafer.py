@@ -226,7 +226,7 @@ def test_outputs_stream_back_in_batches_so_closures_on_finished_steps_make_no_ca
         run = cstorch.current_executor().run
         if i == 0:
             run.driver.wait_done(7)  # the wafer is now 8 steps ahead
-        calls.append(run.collect_calls)
+        calls.append(run.outputs.collect_calls)
 
     cpu, _ = _train("CPU", steps=16)
     cstorch.current_backend().shutdown()
