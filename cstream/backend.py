@@ -98,8 +98,7 @@ def backend(backend_type: str = "CSX", **options):
     mixed_precision = options.pop("mixed_precision", None)
     if mixed_precision is not None and not isinstance(mixed_precision, bool):
         raise TypeError(f"mixed_precision: expected True or False, got {mixed_precision!r}.")
-    created = cls(backend_options(key, **options))
-    created.mixed_precision = mixed_precision  # steps autocast (cstream.amp.precision)
+    created = cls(backend_options(key, **options), mixed_precision=mixed_precision)
     created.accepted_without_effect.update(
         {f"backend.{k}": v for k, v in without_effect.items() if v is not None})
     return created

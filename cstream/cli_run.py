@@ -13,15 +13,14 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
+from cstream.cli import CLIError
+from cstream.cli_progress import ProgressDisplay
+from cstream.cli_sweep import (SweepRecord, earlier_rows, layout, plot_sweep, run_points, sweep_interrupted,
+                               sweep_points, sweep_table)
 from workers.checks import positive_int, positive_number
 
 UTILISATION_TARGET = 0.95
-
-
-class CliError(Exception):
-    """A user mistake reported as one line, exit status 2."""
 
 
 def _fail(command: str, message: str, status: int) -> int:
@@ -228,107 +227,15 @@ def _run_failed(command: str, e: BaseException, args) -> int:
     return 1
 
 
-# -- progress --------------------------------------------------------------------------------------
-def _rich_phase_column():
-    from rich.progress import ProgressColumn
-    from rich.text import Text
-
-    class PhaseColumn(ProgressColumn):
-        """The start-up phase under way with its elapsed time; then the run's figures."""
-
-        def render(self, task):
-            current = task.fields.get("phase")
-            if current is not None:
-                name, t0 = current
-                return Text(f"{name} ... {time.perf_counter() - t0:.1f} s", style="cyan")
-            return Text(task.fields.get("info", ""))
-
-    return PhaseColumn()
-
-
-class _ProgressDisplay:
-    """Progress on stderr, so that stdout holds only the result (the table, or JSON).
-
-    Start-up phases (:mod:`executor.phases`: starting Ray, the wafer driver, the input workers,
-    tracing, compiling, the first step) are shown as they run and with their times when they
-    end. On a terminal: a rich progress bar; elsewhere a line per finished phase and a line
-    every tenth of the run, each with the figures of the step it names.
-    """
-
-    def __init__(self, total: int, name: str, enabled: bool):
-        from executor import phases
-
-        self.total = total
-        self.enabled = enabled
-        self.tty = enabled and sys.stderr.isatty()
-        self._bar = None
-        self._next_line = 1
-        self._stop_listening = phases.listen(self._phase) if enabled else None
-        if self.tty:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-            from rich.progress import TimeElapsedColumn
-
-            self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                                 MofNCompleteColumn(), _rich_phase_column(),
-                                 TimeElapsedColumn(), console=Console(stderr=True),
-                                 transient=False)
-            self._task = self._bar.add_task(name, total=total, info="", phase=None)
-            self._bar.start()
-
-    def _phase(self, event: str, name: str, elapsed_s: float) -> None:
-        if event == "start":
-            if self._bar is not None:
-                self._bar.update(self._task, phase=(name, time.perf_counter()))
-            return
-        line = f"{name}: {elapsed_s:.2f} s"
-        if self._bar is not None:
-            self._bar.update(self._task, phase=None)
-            self._bar.console.print(line)
-        else:
-            print(line, file=sys.stderr, flush=True)
-
-    def wants(self, step: int) -> bool:
-        """Whether step ``step`` (from 1) will be shown: its figures are then fetched for it."""
-        return self.enabled and self._bar is None and (step >= self._next_line
-                                                       or step == self.total)
-
-    @staticmethod
-    def _info(p) -> str:
-        loss = "-" if p.loss is None else f"{p.loss:.4f}"
-        if p.loss is not None and p.loss_step is not None and p.loss_step != p.step:
-            loss += f" (step {p.loss_step})"
-        rate = "-" if p.rate is None else f"{p.rate:,.1f}"
-        fill = "-" if p.buffer_fill is None else f"{p.buffer_fill:.1f}"
-        return f"loss {loss}  rate {rate} samples/s  buffer {fill} batches ready"
-
-    def __call__(self, p) -> None:
-        if not self.enabled:
-            return
-        if self._bar is not None:
-            self._bar.update(self._task, completed=p.step, info=self._info(p))
-        elif p.step >= self._next_line or p.step == p.num_steps:
-            print(f"step {p.step}/{p.num_steps}  {self._info(p)}", file=sys.stderr, flush=True)
-            self._next_line = p.step + max(1, p.num_steps // 10)
-
-    def close(self) -> None:
-        if self._stop_listening is not None:
-            self._stop_listening()
-            self._stop_listening = None
-        if self._bar is not None:
-            self._bar.stop()
-            self._bar = None
-
-
 # -- run -------------------------------------------------------------------------------------------
 def _print_result(result, exp, as_json: bool) -> None:
-    from executor.report import format_summary
+    from executor.report_text import format_summary
 
     if as_json:
         print(json.dumps({"name": exp.name, "run_dir": str(result.run_dir), **result.report},
                          default=float))
     else:
-        print(format_summary(result.report, title=f"{exp.name}: {_layout(exp.cs_config)}"))
+        print(format_summary(result.report, title=f"{exp.name}: {layout(exp.cs_config)}"))
         print(f"run directory: {result.run_dir}")
 
 
@@ -339,7 +246,7 @@ def cmd_run(args) -> int:
         exp = _experiment(args, "run")
     except _config_errors() as e:
         return _fail("run", str(e), 2)
-    display = _ProgressDisplay(exp.steps, exp.name, enabled=not args.no_progress)
+    display = ProgressDisplay(exp.steps, exp.name, enabled=not args.no_progress)
     try:
         result = run_experiment(exp, progress=display)
     except BaseException as e:
@@ -353,276 +260,37 @@ def cmd_run(args) -> int:
     return 0
 
 
-def _layout(cs) -> str:
-    wafer = ("as fast as the step runs" if cs.wafer_samples_per_sec is None
-             and cs.wafer_seconds_per_step is None else
-             f"{cs.wafer_samples_per_sec:g} samples/s per CS-X" if cs.wafer_samples_per_sec
-             is not None
-             else f"{1000 * cs.wafer_seconds_per_step:g} ms/step")
-    return (f"{cs.num_csx} CS-X x {cs.num_workers_per_csx} workers, wafer {wafer}")
-
-
-# -- sweep -----------------------------------------------------------------------------------------
-def sweep_points(exp, workers: list[int], csx: list[int]) -> list:
-    """The experiments of a sweep grid, CS-X count outer, worker count inner."""
-    from cstream.experiment import with_layout
-
-    return [with_layout(exp, num_csx=c, num_workers_per_csx=w) for c in csx for w in workers]
-
-
-def best_counts(rows: list[dict], target: float) -> dict[int, Optional[int]]:
-    """Per CS-X count: the smallest worker count whose utilisation reaches ``target``."""
-    out: dict[int, Optional[int]] = {}
-    for c in sorted({r["num_csx"] for r in rows}):
-        ok = [r["num_workers_per_csx"] for r in rows if r["num_csx"] == c
-              and r.get("utilisation") is not None and r["utilisation"] >= target]
-        out[c] = min(ok) if ok else None
-    return out
-
-
-MACHINE_BOUND_SHARE = 0.75
-"""Input workers whose CPU demand reaches this share of the machine's cores are machine-bound:
-more of them share the same cores."""
-
-
-def advice(rows: list[dict], target: float) -> str:
-    """Why no worker count of one CS-X count reached ``target``, and what to try.
-
-    * client-bound -- the wafer waited for the client more than for input;
-    * machine-bound -- the input buffer was full when steps began (the workers kept up) and the
-      wafer still lost time taking batches: the wafer driver shares the machine's cores with the
-      workers; or the workers' CPU demand (CPU seconds per second, measured in each worker)
-      reached :data:`MACHINE_BOUND_SHARE` of the machine's cores. More workers share the same
-      cores;
-    * input-bound -- the wafer starved with an empty buffer while cores were free: more
-      workers help.
-
-    >>> row = {"num_csx": 1, "num_workers_per_csx": 4, "utilisation": 0.5,
-    ...        "starved_fraction": 0.5, "client_bound_fraction": 0.0, "machine_cpus": 2,
-    ...        "mean_buffer_occupancy": 0.1, "buffer_batches": 4}
-    >>> advice([dict(row, input_cpu_cores=1.9)], 0.95).split(":")[0]
-    'machine-bound'
-    >>> advice([dict(row, input_cpu_cores=0.2)], 0.95).split(":")[0]
-    'input-bound'
-    >>> advice([dict(row, input_cpu_cores=0.2, mean_buffer_occupancy=3.9)], 0.95).split(":")[0]
-    'machine-bound'
-    """
-    rows = sorted(rows, key=lambda r: r["num_workers_per_csx"])
-    last = rows[-1]
-    w, c = last["num_workers_per_csx"], last["num_csx"]
-    starved = last.get("starved_fraction") or 0.0
-    client = last.get("client_bound_fraction") or 0.0
-    demand, cpus = last.get("input_cpu_cores"), last.get("machine_cpus")
-    occupancy, depth = last.get("mean_buffer_occupancy"), last.get("buffer_batches")
-    changed = ""
-    if len(rows) > 1 and rows[-2].get("samples_per_s") and last.get("samples_per_s"):
-        before = rows[-2]
-        change = last["samples_per_s"] / before["samples_per_s"] - 1
-        changed = (f" From {before['num_workers_per_csx']} to {w} workers per CS-X samples/s "
-                   f"changed by {change:+.0%}.")
-    if client > starved and client > 0.02:
-        return (f"client-bound: at {w} workers per CS-X the wafer waited {client:.0%} of its "
-                f"time for the client (step closures, checkpoints, the script's own work) and "
-                f"{starved:.0%} for input; more workers cannot help.{changed}")
-    on_cores = f" on this machine's {cpus} cores" if cpus else ""
-    if occupancy is not None and depth and occupancy >= 0.5 * depth:
-        return (f"machine-bound: at {w} workers per CS-X the input buffer held {occupancy:.1f} "
-                f"of its {depth} batches when a step began, so the workers kept ahead, yet the "
-                f"wafer lost {starved:.0%} of its time taking batches: the wafer "
-                f"driver shares the cores with {c * w} input workers{on_cores}"
-                + (f" (the workers used {demand:.1f} of them)" if demand is not None else "")
-                + ". More workers "
-                f"cannot help; measure with more cores (a Ray cluster: backend address).{changed}")
-    if demand is not None and cpus and demand >= MACHINE_BOUND_SHARE * cpus:
-        return (f"machine-bound: {c * w} input workers ({w} per CS-X) kept {demand:.1f} of this "
-                f"machine's {cpus} cores busy, so more workers share the same cores; measure on "
-                f"more cores (a Ray cluster: backend address) or make input_fn cheaper.{changed}")
-    return (f"input-bound: at {w} workers per CS-X the wafer starved {starved:.0%} of its time"
-            + (f" while the workers used {demand:.1f} of {cpus} cores" if demand is not None
-               and cpus else "")
-            + f"; add workers (try {2 * w} per CS-X).{changed}")
-
-
-def sweep_table(rows: list[dict], target: float) -> str:
-    best = best_counts(rows, target)
-    header = ("num_csx", "workers/CS-X", "samples/s", "utilisation", "input-starved",
-              "buffer occ.", "worker spread", "")
-    lines = []
-    for r in rows:
-        mark = "*" if best.get(r["num_csx"]) == r["num_workers_per_csx"] else ""
-        lines.append((str(r["num_csx"]), str(r["num_workers_per_csx"]),
-                      _num(r.get("samples_per_s")), _pct(r.get("utilisation")),
-                      _pct(r.get("starved_fraction")), _num(r.get("mean_buffer_occupancy"), 2),
-                      _pct(r.get("worker_rate_spread")), mark))
-    widths = [max(len(h), *(len(x[i]) for x in lines)) for i, h in enumerate(header)]
-    fmt = "  ".join(f"{{:>{w}}}" for w in widths)
-    out = [fmt.format(*header).rstrip(), fmt.format(*("-" * w for w in widths)).rstrip()]
-    out += [fmt.format(*x).rstrip() for x in lines]
-    for c, w in best.items():
-        if w is None:
-            out.append(f"num_csx={c}: no worker count in the grid keeps utilisation >= "
-                       f"{target:.0%}; " + advice([r for r in rows if r["num_csx"] == c], target))
-        else:
-            out.append(f"num_csx={c}: * smallest worker count with utilisation >= {target:.0%}: "
-                       f"{w} per CS-X")
-    return "\n".join(out)
-
-
-def _num(v, digits: int = 1) -> str:
-    return "-" if v is None else f"{v:,.{digits}f}"
-
-
-def _pct(v) -> str:
-    from executor.report import pct
-
-    return "-" if v is None else pct(v)
-
-
-def plot_sweep(rows: list[dict], target: float, path: Path, title: str) -> Path:
-    from cstream.cli_plots import plot_sweep as draw
-
-    return draw(rows, target, path, title, best_counts(rows, target))
-
-
-SWEEP_ROW_KEYS = ("samples_per_s", "global_rate", "utilisation", "starved_fraction",
-                  "client_bound_fraction", "mean_buffer_occupancy", "worker_rate_spread",
-                  "input_cpu_cores", "machine_cpus", "time_to_first_step_s", "wafer_wall_s",
-                  "steps", "samples")
-
-
-def _sweep_row(exp, result) -> dict:
-    return {"num_csx": exp.cs_config.num_csx,
-            "num_workers_per_csx": exp.cs_config.num_workers_per_csx,
-            "buffer_batches": exp.cs_config.input_buffer_batches,
-            "run_dir": str(result.run_dir), **{k: result.report.get(k) for k in SWEEP_ROW_KEYS}}
-
-
-def _write_sweep(path: Path, doc: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=float))
-    os.replace(tmp, path)
-
-
-class _SweepRecord:
-    """The sweep's ``sweep.json``: the grid, the experiment and the rows measured so far."""
-
-    def __init__(self, args, exp, points: list, path: Path, rows: list[dict]):
-        self.args, self.exp, self.path = args, exp, path
-        self.title = f"{exp.name}: {_layout(points[0].cs_config).split(', ', 1)[1]}"
-        self.grid = [(p.cs_config.num_csx, p.cs_config.num_workers_per_csx) for p in points]
-        self.rows = [r for r in rows if (r["num_csx"], r["num_workers_per_csx"]) in self.grid]
-        self.done = {(r["num_csx"], r["num_workers_per_csx"]) for r in self.rows}
-
-    def write(self, complete: bool) -> dict:
-        """Write ``sweep.json`` (atomically) and return what it holds."""
-        grid, target = self.grid, self.args.target
-        ordered = sorted(self.rows,
-                         key=lambda r: grid.index((r["num_csx"], r["num_workers_per_csx"])))
-        doc = {"name": self.exp.name, "config": str(self.args.config), "target": target,
-               "title": self.title, "experiment": self.exp.to_dict(), "complete": complete,
-               "grid": [list(g) for g in grid], "rows": ordered,
-               "best": {str(k): v for k, v in best_counts(ordered, target).items()}}
-        _write_sweep(self.path, doc)
-        return doc
-
-
 def _sweep_plan(args):
-    """The experiment and the grid's points of ``cstream sweep``; CliError or a config error
+    """The experiment and the grid's points of ``cstream sweep``; CLIError or a config error
     for bad arguments."""
     if not 0 < args.target <= 1:
-        raise CliError(f"--target: expected a utilisation in (0, 1], got {args.target}")
+        raise CLIError(f"--target: expected a utilisation in (0, 1], got {args.target}")
     if args.resume and not args.out:
-        raise CliError("--resume continues the sweep in --out DIR; give --out (the folder "
+        raise CLIError("--resume continues the sweep in --out DIR; give --out (the folder "
                        "that holds its sweep.json)")
     exp = _experiment(args, "sweep")
     csx = args.num_csx or [exp.cs_config.num_csx]
     return exp, sweep_points(exp, args.num_workers_per_csx, csx)
 
 
-def _earlier_rows(args, out: Path, sweep_file: Path) -> list[dict]:
-    """The rows a resumed sweep measured before; CliError where --resume and --out disagree
-    with what the folder holds."""
-    if not sweep_file.is_file():
-        if args.resume:
-            raise CliError(f"--resume: {out} holds no sweep.json to continue; run the sweep "
-                           "without --resume first.")
-        return []
-    if not args.resume:
-        raise CliError(f"{out} already holds a sweep ({sweep_file}); pass --resume to "
-                       "continue it, or choose another --out.")
-    try:
-        return list(json.loads(sweep_file.read_text())["rows"])
-    except (ValueError, KeyError) as e:
-        raise CliError(f"{sweep_file} is not a sweep record ({e}); remove it or "
-                       "choose another --out.") from None
-
-
-def _run_points(points: list, record: _SweepRecord, out: Path) -> None:
-    """Run every point of the grid not measured yet, writing ``sweep.json`` after each; Ray is
-    started once for them all (and stopped after, if this started it)."""
-    from cstream.experiment import run_experiment
-
-    exp = points[0]
-    csx = exp.backend.options if exp.backend.type == "CSX" else None
-    if csx is not None and csx.in_process:
-        print("note: in_process runs every input worker in this process, one after another, so "
-              "more workers cannot deliver faster; sweep on Ray to measure the input side.")
-    ray_started = False
-    try:
-        if csx is not None and not csx.in_process:
-            from cstream.backend import resolve_csx_options
-            from executor.ray_session import ensure_ray
-
-            ray_started = ensure_ray(address=resolve_csx_options(csx).address)
-        for i, point in enumerate(points, 1):
-            cs = point.cs_config
-            where = f"[{i}/{len(points)}] num_csx={cs.num_csx} num_workers_per_csx=" \
-                    f"{cs.num_workers_per_csx}"
-            if (cs.num_csx, cs.num_workers_per_csx) in record.done:
-                print(f"{where}: measured earlier (sweep.json)", flush=True)
-                continue
-            print(f"{where} ...", flush=True)
-            result = run_experiment(point, artifact_dir=out / f"csx{cs.num_csx}-w"
-                                    f"{cs.num_workers_per_csx}")
-            record.rows.append(_sweep_row(point, result))
-            record.write(complete=False)
-    finally:
-        if ray_started:
-            import ray
-
-            ray.shutdown()
-
-
-def _sweep_interrupted(args, record: _SweepRecord, num_points: int, out: Path) -> None:
-    """Keep the points measured, show them, and say how to continue."""
-    doc = record.write(complete=False)
-    if doc["rows"]:
-        print(sweep_table(doc["rows"], args.target))
-    print(f"sweep interrupted after {len(doc['rows'])} of {num_points} points; "
-          f"{record.path} keeps them. Continue with: cstream sweep {args.config} "
-          f"--num-workers-per-csx {','.join(map(str, args.num_workers_per_csx))}"
-          + (f" --num-csx {','.join(map(str, args.num_csx))}" if args.num_csx else "")
-          + f" --out {out} --resume", flush=True)
-
-
 def cmd_sweep(args) -> int:
     try:
         exp, points = _sweep_plan(args)
-    except (CliError, *_config_errors()) as e:
+    except (CLIError, *_config_errors()) as e:
         return _fail("sweep", str(e), 2)
     out = Path(args.out) if args.out else (
         Path(exp.artifact_dir) / "sweeps" / f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     sweep_file = out / "sweep.json"
     try:
-        rows = _earlier_rows(args, out, sweep_file)
-    except CliError as e:
+        rows = earlier_rows(args, out, sweep_file)
+    except CLIError as e:
         return _fail("sweep", str(e), 2)
     out.mkdir(parents=True, exist_ok=True)
-    record = _SweepRecord(args, exp, points, sweep_file, rows)
+    record = SweepRecord(args, exp, points, sweep_file, rows)
     try:
-        _run_points(points, record, out)
+        run_points(points, record, out)
     except BaseException as e:
-        _sweep_interrupted(args, record, len(points), out)
+        sweep_interrupted(args, record, len(points), out)
         return _run_failed("sweep", e, args)
     doc = record.write(complete=True)
     png = plot_sweep(doc["rows"], args.target, out / "sweep.png", record.title)
@@ -635,7 +303,9 @@ def cmd_sweep(args) -> int:
 # -- report ----------------------------------------------------------------------------------------
 def cmd_report(args) -> int:
     from cstream.cli_plots import plot_run, plot_workers
-    from executor.report import format_summary, load_run, summarize_profile
+    from executor.report import summarize_profile
+    from executor.report_text import format_summary
+    from executor.report_writers import load_run
 
     run_dir = Path(args.run_dir)
     try:
@@ -644,9 +314,9 @@ def cmd_report(args) -> int:
                 doc = json.loads((run_dir / "sweep.json").read_text())
                 rows, target = doc["rows"], float(doc["target"])
             except (ValueError, KeyError) as e:
-                raise CliError(f"{run_dir / 'sweep.json'} is not a sweep record ({e})") from None
+                raise CLIError(f"{run_dir / 'sweep.json'} is not a sweep record ({e})") from None
             if not rows:
-                raise CliError(f"{run_dir / 'sweep.json'} holds no finished point yet; continue "
+                raise CLIError(f"{run_dir / 'sweep.json'} holds no finished point yet; continue "
                                "the sweep with cstream sweep ... --resume")
             png = plot_sweep(rows, target, run_dir / "sweep.png", doc.get("title", doc["name"]))
             if args.json:
@@ -660,14 +330,14 @@ def cmd_report(args) -> int:
             return 0
         profile = load_run(run_dir)
         report = summarize_profile(profile)
-    except (CliError, FileNotFoundError, ValueError) as e:
+    except (CLIError, FileNotFoundError, ValueError) as e:
         return _fail("report", str(e), 2)
     cs = profile.get("cs_config") or {}
     title = f"{profile.get('name') or 'run'} (run {run_dir.resolve().name})"
     if cs and report.get("utilisation") is not None:  # a wafer run
         from workers.config import CSConfig
 
-        title += f": {_layout(CSConfig(**cs))}"
+        title += f": {layout(CSConfig(**cs))}"
     png = plot_run(profile, report, run_dir / "report.png", title)
     workers_png = plot_workers(report, run_dir / "workers.png", title)
     if args.json:

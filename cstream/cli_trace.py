@@ -28,7 +28,7 @@ def add_parser(subparsers) -> None:
 
 
 def cmd_trace(args) -> int:
-    from executor.report import load_run
+    from executor.report_writers import load_run
     from executor.timeline import write_trace
 
     run_dir = Path(args.run_dir)

@@ -17,7 +17,6 @@ the wrong value in the file, e.g. ``cs_config.num_workers_per_csx: expected a po
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib
 import math
 import time
@@ -28,7 +27,7 @@ from typing import Callable, Literal, Optional, Union, get_args, get_origin, get
 import torch
 
 from executor.backends.options import OPTIONS, BackendOptions
-from workers.checks import positive_int
+from workers.checks import known_names, positive_int
 from workers.config import CSConfig
 
 
@@ -181,11 +180,8 @@ def _backend_options(kind: type, options: dict) -> BackendOptions:
     """``kind`` (a backend's options dataclass) filled from a mapping; errors name the option."""
     _mapping("options", options)
     valid = kind.names()
-    for key in options:
-        if key not in valid:
-            raise ExperimentError(f"options: unknown {kind.backend_name} option {key!r}"
-                                  f"{_did_you_mean(key, valid)}. Valid options: "
-                                  f"{', '.join(valid)}.")
+    known_names(options, valid, what="option", where=f"options: unknown {kind.backend_name}",
+                error=ExperimentError)
     try:
         return kind(**options)
     except (ValueError, TypeError) as e:
@@ -259,11 +255,6 @@ class Experiment:
 
 
 # -- filling the dataclasses from mappings ---------------------------------------------------------
-def _did_you_mean(name: str, valid) -> str:
-    close = difflib.get_close_matches(name, list(valid), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 _SHORTHANDS = {InputConfig: "fn", ModelConfig: "name", BackendConfig: "type"}
 
 
@@ -279,11 +270,7 @@ def _fill(cls, data, path: str):
         raise ExperimentError(f"{where}: expected a mapping, got {_show(data)}.")
     hints = get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    for key in data:
-        if key not in fields:
-            raise ExperimentError(
-                f"{where}: unknown key {key!r}{_did_you_mean(str(key), fields)}. Valid keys: "
-                f"{', '.join(fields)}.")
+    known_names(data, list(fields), what="key", where=f"{where}: unknown", error=ExperimentError)
     missing = [n for n, f in fields.items() if n not in data and f.default is dataclasses.MISSING
                and f.default_factory is dataclasses.MISSING]
     if missing:

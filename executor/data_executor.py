@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional
 
 from executor import phases, runtime
 from executor.profiler import Profiler
-from executor.report import StepScalars
+from executor.report_writers import StepScalars
 from executor.schedule import Schedule, normalize_checkpoint_steps
 from workers.checks import did_you_mean, positive_int
 from workers.config import CSConfig
@@ -145,6 +145,14 @@ class ClosureQueue:
         self._entries = [c for c in self._entries if c.checkpoint]
 
 
+def add_wafer_figures(records: list[dict], wafer_stats: Optional[dict]) -> None:
+    """Each step record gets the wafer's figures of its step (a run on a wafer)."""
+    for record in records if wafer_stats else []:
+        stats = wafer_stats.get(record["step"])
+        if stats is not None:
+            record.update({k: v for k, v in stats.items() if k != "step"})
+
+
 class DataExecutor:
     """Run ``num_steps`` steps over a cstream :class:`DataLoader`.
 
@@ -160,7 +168,7 @@ class DataExecutor:
         cs_config: a :class:`cstream.utils.CSConfig`.
         writer: a ``torch.utils.tensorboard.SummaryWriter``; receives every step, once the
             wafer has reported it, ``rate``, ``global_rate``, the wafer's and every input
-            worker's figures (:class:`executor.report.StepScalars`) and what the step writes
+            worker's figures (:class:`executor.report_writers.StepScalars`) and what the step writes
             with ``cstream.summarize_scalar``; the run summary at the end.
         profiler_activities: subset of ``["rate", "global_rate"]`` (both by default).
         activation_steps: the Cerebras API's interval for fetching activations (outputs of
@@ -284,7 +292,12 @@ class DataExecutor:
         ok = False
         try:
             self._run_initial_closures(backend)
-            self._run = backend.start_run(self)
+            from executor.backends.base import RunContext
+
+            self._run = backend.start_run(RunContext(
+                dataloader=self.dataloader, cs_config=self.cs_config, num_steps=self.num_steps,
+                checkpoint_steps=frozenset(self.checkpoint_iterations()),
+                closures=self.closures, iteration=lambda: self.iteration))
             for step in range(self.num_steps):
                 self.iteration = step
                 self._step_start_unix = time.time()
@@ -318,6 +331,7 @@ class DataExecutor:
             try:
                 if run is not None:
                     self.summary = run.close(ok) or {}
+                    add_wafer_figures(self.step_records, run.wafer_stats())
             finally:
                 runtime.set_executor(None)
                 self.dataloader.bind_state_provider(None)
@@ -451,19 +465,19 @@ class DataExecutor:
                 "reason": self.stop_reason or "the run ended before its last step"}
         if self.name is not None:
             profile["name"] = self.name
-        from executor import report, timeline
+        from executor import report, report_writers, timeline
 
         self.report = report.summarize_profile(profile)
         profile["report"] = self.report
         tmp = self.run_dir / "profile.json.tmp"
         tmp.write_text(json.dumps(profile, indent=1, default=float))
         os.replace(tmp, self.run_dir / "profile.json")
-        report.write_steps_parquet(self.run_dir / "steps.parquet", steps)
+        report_writers.write_steps_parquet(self.run_dir / "steps.parquet", steps)
         timeline.write_trace(self.run_dir / "trace.json", profile)
         if self.writer is not None:
             self._scalars.write_ready(self.writer, self.step_records, None, final=True)
-            with report.ctrl_c_after_block():
-                report.write_summary_scalars(self.writer, self.report,
+            with report_writers.ctrl_c_after_block():
+                report_writers.write_summary_scalars(self.writer, self.report,
                                              self.step_records[-1]["step"] if steps else 0)
 
     def mark_stopped(self, reason: str) -> None:

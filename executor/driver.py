@@ -32,63 +32,12 @@ from executor.wafer.state import StateStore
 from workers.duplicates import check_streams
 from workers.flow import FlowPolicy
 from workers.torch_compat import import_for_unpickling_graphs
+from workers.resume import ResumeStates
 
-__all__ = ["BatchSpecError", "Collected", "DriverError", "WaferDriver", "remap_worker_states",
-           "rss_bytes"]
+__all__ = ["BatchSpecError", "Collected", "DriverError", "WaferDriver", "rss_bytes"]
 
 
 warnings.filterwarnings("ignore", message=r".*LeafSpec.*deprecated", category=FutureWarning)
-
-
-def remap_worker_states(states: list, cs_config) -> list:
-    """Resume states for ``cs_config``'s topology.
-
-    States saved with the same topology are used as they are. Otherwise they can be mapped only
-    when the workers' loaders keep a position in global-batch units (``ShardedSampler``,
-    ``ParquetDataset``): every new worker then starts at the saved global batch and the
-    round-robin continues from there.
-    """
-    from workers.context import DataLoaderCheckpoint
-
-    states = [s if isinstance(s, DataLoaderCheckpoint) else DataLoaderCheckpoint(**s)
-              for s in states]
-    C, W = cs_config.num_csx, cs_config.num_workers_per_csx
-    saved = {(s.num_csx, s.num_workers_per_csx) for s in states}
-    if saved == {(C, W)}:
-        return states
-    old = sorted(saved)[0]
-    positions = []
-    for s in states:
-        usd = s.user_state_dict or {}
-        ls = usd.get("loader_state")
-        if not (isinstance(ls, dict) and "next_global_batch" in ls):
-            raise ValueError(
-                f"the dataloader state was saved with num_csx={old[0]}, "
-                f"num_workers_per_csx={old[1]}, and this run has num_csx={C}, "
-                f"num_workers_per_csx={W}; the saved positions are per worker (the input_fn does "
-                "not use cstream.utils.data.ShardedSampler or a ParquetDataset read in the "
-                "input worker's own process), so they cannot be mapped onto another topology. "
-                "Resume with the saved CSConfig, or shard with ShardedSampler.")
-        positions.append((int(usd.get("epoch", 0)), int(ls["next_global_batch"]), s))
-    epoch, nxt, ref = max(positions, key=lambda p: (p[0], p[1]))
-    total = sum(s.worker_step for s in states if s.wse_id == 0)
-    ref_usd = ref.user_state_dict or {}
-    part = ref_usd.get("loader_state_of")
-    out = []
-    for c in range(C):
-        for w in range(W):
-            usd = {"epoch": epoch, "batch_in_epoch": 1 if nxt else 0,
-                   "loader_state": dict(ref_usd["loader_state"], next_global_batch=nxt,
-                                        epoch=epoch)}
-            if part:
-                usd["loader_state_of"] = part
-            if "rng" in ref_usd:  # every worker draws the same global shuffle
-                usd["rng"] = ref_usd["rng"]
-            out.append(DataLoaderCheckpoint(
-                local_worker_id=w, num_workers_per_csx=W, num_csx=C, wse_id=c,
-                appliance_step=ref.appliance_step, worker_step=(total - w + W - 1) // W,
-                user_state_dict=usd))
-    return out
 
 
 HEAVY_STEP_FLOPS = 50e6
@@ -259,7 +208,7 @@ class WaferDriver:
         return self.rng.get_state()
 
     # -- a run ---------------------------------------------------------------------------------
-    def open_input(self, dataloader, cs_config, resume_states=None, policy=None,
+    def open_input(self, dataloader, cs_config, resume_states, policy: FlowPolicy,
                    workers_ahead=None):
         """Create one input stream per CS-X (the workers start streaming) and return the
         first batch's spec. ``workers_ahead``: on Ray, the input workers the client started
@@ -282,9 +231,10 @@ class WaferDriver:
             workers_ahead = None  # in-process streams start no workers
             from workers.local_stream import LocalInputStream as Stream
         self.cs_config = cs_config
-        self.policy = policy or FlowPolicy.from_config(cs_config)
+        self.policy = policy
         if resume_states:
-            resume_states = remap_worker_states(resume_states, cs_config)
+            resume_states = ResumeStates(resume_states, "open_input").remap(
+                cs_config.num_csx, cs_config.num_workers_per_csx)
         streams = []
         try:
             for c in range(cs_config.num_csx):
@@ -295,7 +245,7 @@ class WaferDriver:
                                       zero_copy=True, policy=self.policy,
                                       workers_ahead=None if workers_ahead is None
                                       else workers_ahead[c]))
-            self._feed = InputFeed(streams, self.policy)
+            self._feed = InputFeed(streams, self.policy, cs_config)
             self._feed.wait_for_sample_keys()
             report = check_streams(streams, dataloader.input_fn_name,
                                    cs_config.duplicate_samples)

@@ -31,10 +31,9 @@ delivered the batch). From those this module derives:
   at the end of the run, and every restart of a worker: when, at which step, the node it died
   on, the cause, and the node it was started again on.
 
-The same figures go to a TensorBoard writer (:class:`StepScalars` every step,
-:func:`write_summary_scalars` at the end) and to
-``artifact_dir/executors/NNNNNN/`` (:func:`write_run_files`: ``profile.json`` with the summary,
-``steps.parquet`` with one row per step).
+This module computes figures only. :mod:`executor.report_writers` writes them to a TensorBoard
+writer and to ``artifact_dir/executors/NNNNNN/`` (``steps.parquet``, one row per step; the
+executor writes ``profile.json``), and :mod:`executor.report_text` lays them out as a table.
 
 >>> records = [
 ...     {"step": 1, "samples": 8, "compute_s": 0.01, "input_wait_s": 0.0, "wafer_t": 0.01,
@@ -51,16 +50,7 @@ The same figures go to a TensorBoard writer (:class:`StepScalars` every step,
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import json
 import math
-import os
-import signal
-import threading
-import time
-from collections import deque
-from pathlib import Path
 from typing import Any, Optional
 
 #: summary keys written as TensorBoard scalars (under ``summary/``) and shown in tables
@@ -255,30 +245,6 @@ def worker_nodes(stream_stats: list) -> list[dict]:
             for c, s in enumerate(stream_stats) for w in s.get("workers", [])]
 
 
-def _node(node_id: Optional[str], node_ip: Optional[str] = None) -> str:
-    return f"{node_id[:12]} ({node_ip or '?'})" if node_id else "unknown"
-
-
-def input_side_lines(report: dict) -> list[tuple[str, str]]:
-    """The summary's rows on where the input workers ran and every restart: when, at which
-    step, on which node it died and where it was started again."""
-    rows = []
-    nodes = [n for n in report.get("worker_nodes") or [] if n.get("node_id")]
-    if nodes:
-        count = collections.Counter((n["node_id"], n["node_ip"]) for n in nodes)
-        rows.append(("input workers per node", ", ".join(
-            f"{_node(i, ip)}: {k}" for (i, ip), k in sorted(count.items()))))
-    for e in report.get("restart_events") or []:
-        when = time.strftime("%H:%M:%S", time.gmtime(e["t_unix"])) + \
-            f".{int(1000 * (e['t_unix'] % 1)):03d} UTC"
-        rows.append((f"CS-X {e['wse_id']} worker {e['local_worker_id']} restart "
-                     f"{e['restart']}",
-                     f"at {when}, step {e['step'] + 1}: died on node {e['died_on']} "
-                     f"({e['cause']}); started again on node {e['restarted_on']} from its "
-                     f"batch {e['from_batch']}"))
-    return rows
-
-
 STRAGGLER_COST_FRACTION = 0.02
 """Stragglers cost utilisation when the wafer waited for input at least this share of its
 steady wall time and at least half of that wait is matched by straggler wait."""
@@ -400,266 +366,7 @@ def wafer_rate(stats: dict, window: int = 10) -> Optional[float]:
     return samples / span if span > 0 else None
 
 
-# -- TensorBoard -----------------------------------------------------------------------------------
-class StepScalars:
-    """Writes every step's scalars to a ``SummaryWriter`` as soon as the step's figures are
-    known, in step order:
-
-    * ``rate`` -- samples/s over the last ``window`` steps; ``global_rate`` -- samples/s from the
-      start of the first step. Both on the wafer's clock (the step ends the wafer recorded) on
-      CSX, on the client's elsewhere; every window holds whole steps, so no figure comes from a
-      window of nearly zero length;
-    * ``wafer/<name>`` -- the wafer's figures of the step (:data:`STEP_SCALARS`);
-    * ``workers/csx<c>_w<w>/batches_per_s`` for every input worker (batches it delivered in the
-      window), and ``workers/csx<c>_w<w>/produce_ms`` for the worker that produced the step's
-      batch (its own production time).
-    """
-
-    def __init__(self, cs_config=None, window: int = 10):
-        self.window = window
-        self.workers = ([(c, w) for c in range(cs_config.num_csx)
-                         for w in range(cs_config.num_workers_per_csx)] if cs_config else [])
-        self.written = 0
-        self._clock = None
-        self._t0 = None
-        self._total = 0
-        self._prev_end = None
-        self._ends: deque = deque(maxlen=window + 1)
-        self._samples: deque = deque(maxlen=window)
-        self._delivered: deque = deque(maxlen=window)
-
-    def write_ready(self, writer, records: list[dict], wafer_stats: Optional[dict],
-                    final: bool = False) -> None:
-        """Write the steps of ``records`` not written yet. ``wafer_stats`` (step -> the wafer's
-        figures, CSX) holds back a step until its figures arrived, unless ``final``."""
-        while self.written < len(records):
-            r = records[self.written]
-            if wafer_stats is not None and not final:
-                stats = wafer_stats.get(r["step"])
-                if stats is None:
-                    break
-                r.update({k: v for k, v in stats.items() if k != "step"})
-            with ctrl_c_after_block():
-                self._write(writer, r)
-            self.written += 1
-        if final:
-            with ctrl_c_after_block():
-                writer.flush()
-
-    def _span(self, r: dict):
-        if has_wafer_figures(r):
-            end = r["wafer_t"]
-            return "wafer", end - r["compute_s"] - r.get("input_wait_s", 0.0), end
-        if "client_start_unix" in r and "client_end_unix" in r:
-            return "client", r["client_start_unix"], r["client_end_unix"]
-        return None, None, None
-
-    def _write(self, writer, r: dict) -> None:
-        step = r["step"]
-        clock, start, end = self._span(r)
-        if clock is None or (self._clock is not None and clock != self._clock):
-            return  # no times on the run's clock (a step the wafer never reported)
-        if self._clock is None:
-            self._clock, self._t0 = clock, start
-            self._ends.append(start)
-            self._prev_end = start
-        samples = int(r.get("samples", 0))
-        self._total += samples
-        self._ends.append(end)
-        self._samples.append(samples)
-        delivered = [(c, int(w)) for c, w in enumerate(r.get("workers") or [])]
-        self._delivered.append(delivered)
-        span = end - self._ends[0]
-        if span > 0:
-            writer.add_scalar("rate", sum(self._samples) / span, step)
-        if end > self._t0:
-            writer.add_scalar("global_rate", self._total / (end - self._t0), step)
-        if clock == "wafer":
-            wall = end - self._prev_end
-            figures = {"compute_s": r["compute_s"], "input_wait_s": r.get("input_wait_s", 0.0),
-                       "buffer_occupancy": r.get("buffer_occupancy"), "step_wall_s": wall,
-                       "utilisation": r["compute_s"] / wall if wall > 0 else 1.0}
-            for key, v in figures.items():
-                if v is not None:
-                    writer.add_scalar(f"wafer/{key}", float(v), step)
-        self._prev_end = end
-        if delivered and span > 0:
-            counts: dict = {}
-            for d in self._delivered:
-                for cw in d:
-                    counts[cw] = counts.get(cw, 0) + 1
-            for c, w in sorted(set(self.workers) | set(counts)):
-                writer.add_scalar(f"workers/csx{c}_w{w}/batches_per_s",
-                                  counts.get((c, w), 0) / span, step)
-        starts, ends = r.get("produce_start_unix"), r.get("produce_end_unix")
-        if starts and ends:
-            for c, w in delivered:
-                writer.add_scalar(f"workers/csx{c}_w{w}/produce_ms",
-                                  1000.0 * (ends[c] - starts[c]), step)
-
-
-@contextlib.contextmanager
-def ctrl_c_after_block():
-    """Run the block whole: a Ctrl-C (SIGINT) that arrives inside it is raised as
-    ``KeyboardInterrupt`` when the block ends. TensorBoard's writer takes a lock for each
-    scalar; an interrupt raised inside it leaves the lock held, and the run's clean-up, which
-    writes the summary, would then wait for that lock for ever. Only in the main thread, and
-    only while Python's own SIGINT handler is installed (a program's own handler is left
-    alone)."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield
-        return
-    caught = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if caught:
-        raise KeyboardInterrupt
-
-
-def write_summary_scalars(writer, report: dict, step: int) -> int:
-    """Write the run summary (``summary/<name>``) and each worker's totals
-    (``workers/csx<c>_w<w>/produce_batches_per_s``, ``.../input_wait_s``) at ``step`` (the last
-    step). Returns the number of scalars written."""
-    n = 0
-    for key in SUMMARY_SCALARS:
-        v = report.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            writer.add_scalar(f"summary/{key}", float(v), step)
-            n += 1
-    for w in report.get("workers", []):
-        tag = f"workers/csx{w['csx']}_w{w['worker']}"
-        writer.add_scalar(f"{tag}/input_wait_s", w["input_wait_s"], step)
-        n += 1
-        if w.get("produce_batches_per_s") is not None:
-            writer.add_scalar(f"{tag}/produce_batches_per_s", w["produce_batches_per_s"], step)
-            n += 1
-    writer.flush()
-    return n
-
-
-# -- files -----------------------------------------------------------------------------------------
-def write_steps_parquet(path: Path, records: list[dict]) -> None:
-    """One row per step (lists, such as the per-CS-X worker ids, stay list columns)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    rows = step_rows(records)
-    keys: list[str] = []
-    for r in rows:
-        keys.extend(k for k in r if k not in keys)
-    table = pa.table({k: [r.get(k) for r in rows] for k in keys}) if rows else pa.table({})
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
-
-
-def load_run(run_dir) -> dict:
-    """The ``profile.json`` of a run directory (``artifact_dir/executors/NNNNNN`` or its
-    ``latest`` link), with a clear error when it is not one."""
-    run_dir = Path(run_dir)
-    path = run_dir / "profile.json"
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"{run_dir}: no such run directory. Give a run directory such "
-                                "as cstream_logs/executors/000001 (or .../executors/latest).")
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{run_dir} holds no profile.json, so it is not a run directory (a run writes "
-            "artifact_dir/executors/NNNNNN/profile.json when its DataExecutor finishes).")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e}); the run may have been cut off "
-                         "while writing it.") from None
-
-
-# -- text ------------------------------------------------------------------------------------------
 def pct(value: float) -> str:
     """A fraction as a percentage with one decimal, rounded down (so 94.98% never reads as a
     95% target reached)."""
     return f"{math.floor(1000 * value + 1e-9) / 10:.1f}%"
-
-
-def _fmt(value, unit: str = "") -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        if unit == "%":
-            return pct(value)
-        if unit == "s":
-            return f"{value:.3f} s"
-        return f"{value:,.1f}"
-    return f"{value}{unit}"
-
-
-SUMMARY_ROWS = (
-    ("steps", "steps", ""),
-    ("samples", "samples", ""),
-    ("samples/s (wafer)", "samples_per_s", ""),
-    ("global_rate (samples/s)", "global_rate", ""),
-    ("wafer utilisation", "utilisation", "%"),
-    ("input-starved", "starved_fraction", "%"),
-    ("client-bound", "client_bound_fraction", "%"),
-    ("mean input-buffer occupancy", "mean_buffer_occupancy", ""),
-    ("worker production-rate spread", "worker_rate_spread", "%"),
-    ("time to first step", "time_to_first_step_s", "s"),
-    ("  tracing", "trace_s", "s"),
-    ("  compile", "compile_s", "s"),
-    ("utilisation incl. warm-up", "utilisation_incl_warmup", "%"),
-    ("warm-up steps (worker start-up)", "warmup_steps", ""),
-    ("warm-up time", "warmup_s", "s"),
-    ("wafer wall time", "wafer_wall_s", "s"),
-    ("run wall time", "wall_s", "s"),
-)
-
-
-def summary_lines(report: dict) -> list[tuple[str, str]]:
-    """(label, formatted value) pairs of a summary, in display order."""
-    rows = []
-    stopped = report.get("interrupted")
-    if stopped:
-        rows.append(("INTERRUPTED", f"after {stopped['steps_run']} of {stopped['num_steps']} "
-                                    f"steps: {stopped['reason']}"))
-    rows += [(label, _fmt(report.get(key), unit)) for label, key, unit in SUMMARY_ROWS]
-    if report.get("input_cpu_cores") is not None:
-        cpus = report.get("machine_cpus")
-        rows.append(("input workers' CPU demand", f"{report['input_cpu_cores']:.2f} cores"
-                     + (f" of {cpus}" if cpus else "")))
-    rows += input_side_lines(report)
-    assignment = report.get("input_assignment")
-    if assignment:
-        rows.append(("input assignment", f"{assignment['mode']} ({assignment['reason']})"))
-        window = assignment.get("reorder_window")
-        if window:
-            rows.append(("reorder window (batches)", f"mean {window['mean_batches']:.1f}, max "
-                         f"{window['max_batches']} of {window['capacity_batches']}"))
-        rows.append(("straggler wait", f"{assignment['straggler_wait_s']:.3f} s"))
-        rows.append(("stragglers", assignment["verdict"]))
-        for w in assignment["workers"]:
-            if w["batch_cost_p50_s"] is None:
-                continue
-            idle, ahead = w.get("waiting_for_numbers_s"), w.get("draws_ahead")
-            rows.append((f"CS-X {w['csx']} worker {w['worker']} batch cost",
-                         f"p50 {1000 * w['batch_cost_p50_s']:.2f} ms, p99 "
-                         f"{1000 * w['batch_cost_p99_s']:.2f} ms ({w['batch_costs']} batches); "
-                         f"straggler wait {w['straggler_wait_s']:.3f} s"
-                         + ("" if idle is None else f"; waited for numbers {idle:.3f} s")
-                         + (f"; loader draws {ahead} ahead" if ahead else "")))
-    for w in report.get("workers", []):
-        value = f"{w['batches_per_s']:,.1f} (wafer waited {w['input_wait_s']:.3f} s)"
-        if w.get("produce_batches_per_s") is not None:
-            value += f"; produces {w['produce_batches_per_s']:,.1f}/s"
-        rows.append((f"CS-X {w['csx']} worker {w['worker']} batches/s", value))
-    return rows
-
-
-def format_summary(report: dict, title: str = "run summary") -> str:
-    """A plain-text table of :func:`summarize`'s figures."""
-    rows = summary_lines(report)
-    width = max(len(label) for label, _ in rows)
-    lines = [title, "-" * (width + 24)]
-    lines += [f"{label:<{width}}  {value}" for label, value in rows]
-    return "\n".join(lines)

@@ -128,7 +128,7 @@ def input_node_run(cluster) -> dict:
 
 
 def cstorch_summary(executor) -> str:
-    from executor.report import format_summary
+    from executor.report_text import format_summary
 
     return format_summary(executor.report)
 

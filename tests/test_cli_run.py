@@ -224,8 +224,8 @@ def test_a_wrong_key_in_the_experiment_file_is_one_line_naming_the_key_and_the_v
     assert out.returncode == 2
     valid = ", ".join(f.name for f in dataclasses.fields(CSConfig) if f.init)
     assert out.stderr == (
-        "cstream run: error: bad.yaml: cs_config: unknown key 'num_worker_per_csx' (did you mean "
-        f"'num_workers_per_csx'?). Valid keys: {valid}.\n")
+        "cstream run: error: bad.yaml: cs_config: unknown key 'num_worker_per_csx'. Did you mean "
+        f"'num_workers_per_csx'? Valid keys: {valid}.\n")
 
 
 USER_DATA = """\

@@ -106,11 +106,11 @@ def test_bad_values_are_named_by_their_path(data, message):
 
 def test_a_wrong_key_names_itself_a_close_match_and_the_valid_keys():
     assert error_of({**MINIMAL, "stepz": 3}) == (
-        "the experiment: unknown key 'stepz' (did you mean 'steps'?). Valid keys: name, "
+        "the experiment: unknown key 'stepz'. Did you mean 'steps'? Valid keys: name, "
         "cs_config, input, model, optimizer, learning_rate, steps, checkpoint_steps, backend, "
         "artifact_dir, seed.")
     assert error_of({**MINIMAL, "model": {"nme": "mlp"}, "optimizer": {"optimizer_type": "SGD"}}
-                    ) == ("model: unknown key 'nme' (did you mean 'name'?). Valid keys: name, "
+                    ) == ("model: unknown key 'nme'. Did you mean 'name'? Valid keys: name, "
                           "kwargs, loss.")
 
 
@@ -119,7 +119,7 @@ def test_a_missing_key_and_an_unknown_backend_option_are_named():
         "the experiment: missing required key 'steps'. Valid keys: name, cs_config, input, "
         "model, optimizer, learning_rate, steps, checkpoint_steps, backend, artifact_dir, seed.")
     assert error_of({**MINIMAL, "backend": {"type": "CSX", "options": {"lookahed": 2}}}) == (
-        "backend.options: unknown CSX option 'lookahed' (did you mean 'lookahead'?). Valid "
+        "backend.options: unknown CSX option 'lookahed'. Did you mean 'lookahead'? Valid "
         "options: artifact_dir, compile_dir, compile_only, validate_only, drop_data, "
         "max_checkpoints, retrace_every_iteration, in_process, address, device, compiler, "
         "lookahead, num_threads.")

@@ -18,12 +18,13 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, RandomSampler
 
-from executor.driver import remap_worker_states
 from workers import CSConfig, sharding
 from workers.context import BatchAssignment, WorkerInfo, batch_assignment, worker_context
-from workers.coordinator import CoordinatedInputStream, cost_summary
+from workers.assignment import cost_summary
+from workers.coordinator import CoordinatedInputStream
 from workers.dataloader import DataLoader
 from workers.flow import FlowPolicy
+from workers.resume import ResumeStates
 from workers.resume import Source
 from workers.sharding import ShardedSampler, dynamic_assignment_support
 
@@ -325,7 +326,7 @@ def test_a_resume_with_another_worker_count_continues_the_sequence_exactly(ray_s
     finally:
         close_all(streams)
     cfg2 = CSConfig(num_csx=new[0], num_workers_per_csx=new[1], input_assignment=modes[1])
-    states = remap_worker_states(states, cfg2)
+    states = ResumeStates(states).remap(cfg2.num_csx, cfg2.num_workers_per_csx)
     loader = DataLoader(shuffled_ids_fn)
     streams = [CoordinatedInputStream(loader, cfg2, c, name_prefix="resume-b",
                                       policy=stream_policy(cfg2),
@@ -391,7 +392,7 @@ def run_ids(cfg, steps):
 
 
 def test_the_wafer_sees_the_single_process_sequence_and_the_report_says_dynamic(ray_session):
-    from executor.report import format_summary
+    from executor.report_text import format_summary
 
     seen, report = run_ids(CSConfig(num_csx=2, num_workers_per_csx=2), 14)
     assert seen == client_sequence(14)

@@ -392,7 +392,7 @@ def test_workers_import_nothing_from_executor_or_cstream():
 def test_the_ray_address_is_read_once_in_cstream_backend(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6390")
     backend = cstorch.backend("CSX", in_process=True)
-    assert backend.address == "127.0.0.1:6390"
+    assert backend.options.address == "127.0.0.1:6390"
     backend.shutdown()
     for folder in ("executor", "workers"):
         for path in (REPO / folder).rglob("*.py"):

@@ -302,7 +302,7 @@ def test_the_wafer_runs_a_dataloader_with_worker_processes_and_resumes_from_a_ch
     a = report["input_assignment"]
     assert (a["requested"], a["mode"]) == ("dynamic", "dynamic")
     assert [w["draws_ahead"] for w in a["workers"]] == [4, 4]
-    from executor.report import format_summary
+    from executor.report_text import format_summary
 
     assert format_summary(report).count("loader draws 4 ahead") == 2
     rest, _, _ = run_executor(cfg, 9, resume=saved[4])

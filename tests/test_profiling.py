@@ -8,9 +8,10 @@ import json
 import pandas as pd
 import pytest
 
-from cstream.cli_run import best_counts, sweep_points
+from cstream.cli_sweep import best_counts, sweep_points
 from cstream.experiment import experiment_from_dict, run_experiment
-from executor.report import format_summary, step_rows, summarize, warmup_steps
+from executor.report import step_rows, summarize, warmup_steps
+from executor.report_text import format_summary
 
 
 def rec(step, compute, wait, end, occupancy, workers, samples=8):
@@ -307,7 +308,7 @@ def test_a_ctrl_c_inside_a_tensorboard_write_is_raised_after_the_write():
     import os
     import signal
 
-    from executor.report import ctrl_c_after_block
+    from executor.report_writers import ctrl_c_after_block
 
     # Python's own handler, as in a script run from a terminal (a runner started in the
     # background of a non-interactive shell has SIGINT ignored and no handler)

@@ -18,7 +18,8 @@ from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
 import cstream as cstorch
 from workers.context import WorkerInfo, worker_context
-from workers.sharding import DistributedSampler, ParquetDataset, ShardedSampler, shard_iterable
+from workers.parquet import ParquetDataset
+from workers.sharding import DistributedSampler, ShardedSampler, shard_iterable
 
 # (num_csx, num_workers_per_csx): 1, 2, 3, 4 and 8 workers in all
 TOPOLOGIES = [(1, 1), (1, 2), (2, 1), (3, 1), (1, 4), (2, 2), (1, 8), (2, 4)]

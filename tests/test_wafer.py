@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 def _loop(input_fn, num_steps, lookahead=3, program=None):
     stream = LocalInputStream(DataLoader(input_fn), CSConfig(), 0)
     policy = FlowPolicy(lookahead_steps=lookahead, input_buffer_batches=2)
-    feed = InputFeed([stream], policy)
+    feed = InputFeed([stream], policy, CSConfig())
     plan = RunPlan(num_steps=num_steps, checkpoint_steps=frozenset())
     feed.start(num_steps, plan.checkpoint_steps)
     loop = WaferLoop(StateStore(torch.device("cpu")), feed, program, [], plan, policy,
@@ -226,7 +226,7 @@ def test_outputs_stream_back_in_batches_so_closures_on_finished_steps_make_no_ca
         run = cstorch.current_executor().run
         if i == 0:
             run.driver.wait_done(7)  # the wafer is now 8 steps ahead
-        calls.append(run.collect_calls)
+        calls.append(run.outputs.collect_calls)
 
     cpu, _ = _train("CPU", steps=16)
     cstorch.current_backend().shutdown()

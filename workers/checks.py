@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import difflib
 import numbers
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
 
 def _message(name: str, rule: str, value, fix: Optional[str], default_fix: str) -> str:
@@ -66,3 +66,19 @@ def did_you_mean(name: str, valid: Iterable[str]) -> str:
     """
     close = difflib.get_close_matches(name, list(valid), n=1)
     return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def known_names(given: Iterable, valid: Sequence[str], *, what: str, where: str,
+                error: type = ValueError) -> None:
+    """Raise ``error`` naming the first of ``given`` that is not in ``valid``, the closest valid
+    name and all of them; ``where`` opens the message, ``what`` names one entry.
+
+    >>> known_names(["lr", "momentun"], ["lr", "momentum"], what="argument", where="SGD: unknown")
+    Traceback (most recent call last):
+    ...
+    ValueError: SGD: unknown argument 'momentun'. Did you mean 'momentum'? Valid arguments: lr, momentum.
+    """
+    unknown = next((name for name in given if name not in valid), None)
+    if unknown is not None:
+        raise error(f"{where} {what} {unknown!r}.{did_you_mean(str(unknown), valid)} Valid "
+                    f"{what}s: {', '.join(valid)}.")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch.utils._pytree import tree_flatten
+from workers.torch_compat import tree_flatten
 
 from workers.errors import UnshardedInputError
 

@@ -48,7 +48,7 @@ class FlowPolicy:
     produces and the ones queued behind it). Few, so that a worker stuck on a slow batch holds
     few others back; three, so that two are queued while a finished batch travels to the
     coordinator and the number that replaces it travels back. Cheap batches are held more at a
-    time (``Coordinator.numbers_per_worker``)."""
+    time (``workers.coordinator.NumberBook.numbers_per_worker``)."""
     reorder_window_batches_per_worker: Optional[int] = None
     """Dynamic assignment: numbers are issued at most ``num_workers_per_csx`` x this beyond the
     last step the CS-X's stream delivered (the reorder window's bound, in batches; the byte

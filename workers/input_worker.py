@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import ray
 import torch
-from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
+from workers.torch_compat import tree_flatten, tree_map_only, tree_unflatten
 
 from workers import environ
 from workers.context import (BatchAssignment, DataLoaderCheckpoint, WorkerInfo, batch_assignment,
@@ -424,12 +424,10 @@ class InputWorkerImpl:
 
     def _decide_mode(self, loader) -> None:
         """Dynamic assignment where asked for and the loader can take part, else static."""
-        if not self.dynamic_requested:
-            self._mode = ("static", "static assignment was asked for")
-        else:
-            ok, why = dynamic_assignment_support(loader)
-            self._mode = ("dynamic", why) if ok else ("static", why)
-        if self._mode[0] == "dynamic":
+        ok, why = dynamic_assignment_support(loader) if self.dynamic_requested else \
+            (False, "static assignment was asked for")
+        self._mode = ("dynamic" if ok else "static", why)
+        if ok:
             self._draws_ahead = draws_ahead(loader)
             self._batches_per_epoch = global_batches_per_epoch(loader)
             if self._dynamic_start is not None:

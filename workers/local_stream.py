@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from torch.utils._pytree import tree_map_only
+from workers.torch_compat import tree_map_only
 
 from workers.config import CSConfig
 from workers.context import DataLoaderCheckpoint, WorkerInfo, worker_context

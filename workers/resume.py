@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from workers import torch_compat
+from workers.context import DataLoaderCheckpoint
 from workers.dataloader import DataLoader, EmptyDataLoaderError
 
 POSITION_KEYS = ("epoch", "batch_in_epoch", "loader_state", "loader_state_of", "rng")
@@ -56,6 +58,154 @@ def check_position(pos: Any, where: str = "the dataloader state") -> dict:
             "by this version of cstream."
         )
     return pos
+
+
+def round_robin_step(total: int, w: int, num_workers: int) -> int:
+    """Batches worker ``w`` of ``num_workers`` delivered once a CS-X took ``total`` steps
+    round-robin (step ``s`` from worker ``s % num_workers``).
+
+    >>> [round_robin_step(5, w, 3) for w in range(3)]
+    [2, 2, 1]
+    """
+    return (total - w + num_workers - 1) // num_workers
+
+
+def _checkpoint(st: Any, where: str) -> DataLoaderCheckpoint:
+    if isinstance(st, dict):
+        st = DataLoaderCheckpoint(**st)
+    if not isinstance(st, DataLoaderCheckpoint):
+        raise TypeError(f"{where}: resume_states must hold DataLoaderCheckpoint objects (from "
+                        f"worker_states()), got {type(st).__name__}: {st!r}.")
+    return st
+
+
+def _global_key(st: DataLoaderCheckpoint) -> tuple | None:
+    """(epoch, loader epoch, next global batch) of a state whose loader keeps its position in
+    global-batch units (``ShardedSampler``, ``ParquetDataset``), else None."""
+    usd = st.user_state_dict or {}
+    ls = usd.get("loader_state")
+    if not (isinstance(ls, dict) and "next_global_batch" in ls):
+        return None
+    return int(usd.get("epoch", 0)), int(ls.get("epoch", 0)), int(ls["next_global_batch"])
+
+
+class ResumeStates:
+    """The saved :class:`~workers.context.DataLoaderCheckpoint` of every input worker of a run
+    (one per worker, all CS-Xs): where each stream resumes, checked against its topology, and
+    mapped onto another topology (:meth:`remap`)."""
+
+    def __init__(self, states, where: str = "CsxInputStream"):
+        self.states = [_checkpoint(st, where) for st in states]
+
+    def checked(self, wse_id: int, num_workers: int) -> tuple[list[dict], int]:
+        """Per local worker the ``after`` position its batches resume from (as replies carry
+        it), and the CS-X's step count; raises where the states are not one round-robin
+        position of this CS-X with ``num_workers`` workers."""
+        W, states = num_workers, self.states
+        ids = sorted(st.local_worker_id for st in states)
+        if ids != list(range(W)):
+            raise ValueError(
+                f"CsxInputStream: resume_states for CS-X {wse_id} must hold one state per "
+                f"worker 0..{W - 1} (num_workers_per_csx={W}), got states for local_worker_ids "
+                f"{ids}. Resume with the same CSConfig.num_workers_per_csx the states were saved "
+                "with.")
+        for st in states:
+            if st.num_workers_per_csx != W or st.wse_id != wse_id:
+                raise ValueError(
+                    f"CsxInputStream: a resume state was saved by CS-X {st.wse_id} with "
+                    f"num_workers_per_csx={st.num_workers_per_csx}, but this stream is CS-X "
+                    f"{wse_id} with num_workers_per_csx={W}. Pass each CS-X the states its "
+                    "own workers saved, with the same CSConfig.")
+            if st.worker_step < 0:
+                raise ValueError(
+                    f"CsxInputStream: resume state of worker {st.local_worker_id} has "
+                    f"worker_step={st.worker_step}; it must be >= 0.")
+        steps = [0] * W
+        for st in states:
+            steps[st.local_worker_id] = int(st.worker_step)
+        total = sum(steps)
+        expected = [round_robin_step(total, w, W) for w in range(W)]
+        if steps != expected:
+            raise ValueError(
+                f"CsxInputStream: the resume states' worker_step values {steps} are not one "
+                f"round-robin position of CS-X {wse_id} (after {total} steps they would be "
+                f"{expected}). Pass the states from one worker_states() call of one stream.")
+        after = [None] * W
+        for st in states:
+            after[st.local_worker_id] = after_of(st, wse_id)
+        return after, total
+
+    def global_position(self) -> dict | None:
+        """The ``after`` dict of the furthest position among the states when their loaders
+        keep positions in global-batch units, else None. Under round-robin the furthest worker
+        delivered the step just before the resume step, so its position is where every worker
+        resumes under dynamic assignment."""
+        best = None
+        for st in self.states:
+            key = _global_key(st)
+            if key is None:
+                return None
+            if best is None or key > best[0]:
+                best = (key, st)
+        if best is None:
+            return None
+        st = best[1]
+        return {"worker_step": int(st.worker_step), "samples_streamed": int(st.samples_streamed),
+                "user_state_dict": copy.deepcopy(st.user_state_dict)}
+
+    def remap(self, num_csx: int, num_workers: int) -> list[DataLoaderCheckpoint]:
+        """The states for a topology of ``num_csx`` CS-Xs of ``num_workers`` workers each.
+
+        States saved with the same topology are used as they are. Otherwise they can be mapped
+        only when the workers' loaders keep a position in global-batch units
+        (``ShardedSampler``, ``ParquetDataset``): every new worker then starts at the saved
+        global batch and the round-robin continues from there.
+        """
+        states, C, W = self.states, num_csx, num_workers
+        saved = {(s.num_csx, s.num_workers_per_csx) for s in states}
+        if saved == {(C, W)}:
+            return states
+        old = sorted(saved)[0]
+        positions = []
+        for s in states:
+            if _global_key(s) is None:
+                raise ValueError(
+                    f"the dataloader state was saved with num_csx={old[0]}, "
+                    f"num_workers_per_csx={old[1]}, and this run has num_csx={C}, "
+                    f"num_workers_per_csx={W}; the saved positions are per worker (the input_fn "
+                    "does not use cstream.utils.data.ShardedSampler or a ParquetDataset read in "
+                    "the input worker's own process), so they cannot be mapped onto another "
+                    "topology. Resume with the saved CSConfig, or shard with ShardedSampler.")
+            usd = s.user_state_dict
+            positions.append((int(usd.get("epoch", 0)), int(usd["loader_state"]["next_global_batch"]),
+                              s))
+        epoch, nxt, ref = max(positions, key=lambda p: (p[0], p[1]))
+        total = sum(s.worker_step for s in states if s.wse_id == 0)
+        ref_usd = ref.user_state_dict or {}
+        part = ref_usd.get("loader_state_of")
+        out = []
+        for c in range(C):
+            for w in range(W):
+                usd = {"epoch": epoch, "batch_in_epoch": 1 if nxt else 0,
+                       "loader_state": dict(ref_usd["loader_state"], next_global_batch=nxt,
+                                            epoch=epoch)}
+                if part:
+                    usd["loader_state_of"] = part
+                if "rng" in ref_usd:  # every worker draws the same global shuffle
+                    usd["rng"] = ref_usd["rng"]
+                out.append(DataLoaderCheckpoint(
+                    local_worker_id=w, num_workers_per_csx=W, num_csx=C, wse_id=c,
+                    appliance_step=ref.appliance_step, worker_step=round_robin_step(total, w, W),
+                    user_state_dict=usd))
+        return out
+
+
+def after_of(state: DataLoaderCheckpoint, wse_id: int) -> dict:
+    """The ``after`` dict (as replies carry it) described by a saved checkpoint."""
+    pos = check_position(dict(state.user_state_dict or start_position()),
+                         f"the resume state of CS-X {wse_id}, worker {state.local_worker_id}")
+    return {"worker_step": int(state.worker_step), "samples_streamed": int(state.samples_streamed),
+            "user_state_dict": pos}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,47 +329,14 @@ def _sample_ids(index) -> list[int] | None:
 # Iterating one loader
 # ---------------------------------------------------------------------------------------------
 
-_LEAN_ATTRS = ("_next_index", "_dataset_fetcher", "_pin_memory", "_sampler_iter",
-               "_num_yielded", "_IterableDataset_len_called")
-
-
 def lean_iter(loader) -> Iterator:
     """``iter(loader)``; for a torch ``DataLoader`` with ``num_workers=0``, an iterator that takes
     the same steps as the loader's own ``__next__`` but leaves out its per-batch profiler
     annotation while no profiler runs (entered fresh after each wait for data, that annotation
     costs ~0.15 ms a batch: as much as the rest of a worker's per-batch work), and keeps the
-    sample ids of the last batch (:attr:`LeanLoaderIter.last_ids`)."""
+    sample indices of the last batch (:class:`workers.torch_compat.LeanLoaderIter`)."""
     it = iter(loader)
-    if type(it) is not torch.utils.data.dataloader._SingleProcessDataLoaderIter or not all(
-            hasattr(it, a) for a in _LEAN_ATTRS):
-        return it
-    return LeanLoaderIter(it)
-
-
-class LeanLoaderIter:
-    __slots__ = ("it", "last_index")
-
-    def __init__(self, it):
-        self.it = it
-        self.last_index = None
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        it = self.it
-        if it._sampler_iter is None or it._IterableDataset_len_called is not None \
-                or torch.autograd._profiler_enabled():
-            self.last_index = None
-            return next(it)  # the loader's own path: reset, length warnings, profiling
-        # torch's _SingleProcessDataLoaderIter._next_data, keeping the index
-        index = it._next_index()
-        data = it._dataset_fetcher.fetch(index)
-        if it._pin_memory:
-            data = torch.utils.data._utils.pin_memory.pin_memory(data, it._pin_memory_device)
-        it._num_yielded += 1
-        self.last_index = index
-        return data
+    return torch_compat.LeanLoaderIter(it) if torch_compat.single_process_iter(it) else it
 
 
 class Source:
@@ -437,7 +554,7 @@ _END = object()
 
 def _skipped_epoch(loader) -> bool:
     """A part of ``loader`` yielded nothing this epoch on purpose: under dynamic assignment
-    (:class:`workers.sharding.ShardedSampler`, :class:`workers.sharding.ParquetDataset`) a
+    (:class:`workers.sharding.ShardedSampler`, :class:`workers.parquet.ParquetDataset`) a
     worker may be given no batch of an epoch, and a ``ParquetDataset`` with fewer global
     batches an epoch than workers gives some workers none under round-robin too."""
     return any(getattr(o, "skipped_epoch", False) is True for o in _candidates(loader))

@@ -7,16 +7,14 @@ import enum
 import os
 import weakref
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ContextManager, Optional, Protocol
+from typing import Any, Callable, ContextManager, Optional, Protocol
 
 import torch
 
 from executor import runtime
 from executor.backends.options import BackendOptions
-
-if TYPE_CHECKING:
-    from executor.data_executor import DataExecutor
 
 
 class BackendType(enum.Enum):
@@ -130,6 +128,24 @@ class CompiledModel:
         return f"CompiledModel(backend={self.backend.name}, model={self.model!r})"
 
 
+@dataclass(frozen=True)
+class RunContext:
+    """What a backend's run is given of its :class:`~executor.data_executor.DataExecutor`: the
+    input, the layout, the steps and the checkpoint steps (counted from 0), the closure queue
+    of the current step, and where the client is."""
+
+    dataloader: Any
+    cs_config: Any
+    num_steps: int
+    checkpoint_steps: frozenset
+    closures: Any  # executor.data_executor.ClosureQueue
+    iteration: Callable[[], int]
+    """The step the client is on (counted from 0; -1 before the first)."""
+
+    def is_checkpoint_step(self, step: int) -> bool:
+        return step in self.checkpoint_steps
+
+
 class Run(Protocol):
     """One iteration of a :class:`~executor.data_executor.DataExecutor` on a backend, as
     :meth:`Backend.start_run` returns it.
@@ -198,13 +214,13 @@ class Backend:
 
     name = "?"
     forces_single_step = False
-    # automatic mixed precision of steps: True/False, or None to follow cstream.amp's setting
-    # (cstream.backend(..., mixed_precision=...) sets it; see cstream.amp.precision)
-    mixed_precision: Optional[bool] = None
-
-    def __init__(self, options: BackendOptions, torch_device: str = "cpu"):
+    def __init__(self, options: BackendOptions, torch_device: str = "cpu",
+                 mixed_precision: Optional[bool] = None):
         self.options = options
         """The options the backend was created with (:mod:`executor.backends.options`)."""
+        self.mixed_precision = mixed_precision
+        """Automatic mixed precision of steps: True/False, or None to follow cstream.amp's
+        setting (``cstream.backend(..., mixed_precision=...)``; see cstream.amp.precision)."""
         # resolved here, on the client: a relative path means the user's working directory,
         # not that of a Ray worker on an existing cluster
         self.artifact_dir = (Path(options.artifact_dir) if options.artifact_dir
@@ -244,8 +260,8 @@ class Backend:
     def run_step(self, traced, args, kwargs):
         return traced.run(*args, **kwargs)
 
-    def start_run(self, executor: "DataExecutor") -> Run:
-        """Start iterating ``executor`` on this backend."""
+    def start_run(self, context: RunContext) -> Run:
+        """Start a run of ``context``'s executor on this backend."""
         raise NotImplementedError
 
     def device_context(self):

@@ -8,10 +8,11 @@ of the step live on that device, and step closures get their tensors on the CPU.
 from __future__ import annotations
 
 import contextlib
+from typing import Optional
 
 import torch
 
-from executor.backends.base import Backend
+from executor.backends.base import Backend, RunContext
 from executor.backends.options import CPUOptions, GPUOptions
 from executor.data_executor import batch_size_of
 from workers.context import DataLoaderCheckpoint, WorkerInfo
@@ -39,10 +40,10 @@ class EagerRun:
 
     has_wafer = False
 
-    def __init__(self, backend: "EagerBackend", executor):
+    def __init__(self, backend: "EagerBackend", context: RunContext):
         self.backend = backend
-        self.executor = executor
-        dataloader = executor.dataloader
+        self.context = context
+        dataloader = context.dataloader
         self._states: dict[int, list] = {}
         position, self._consumed = start_position(), 0
         resume_states = dataloader.resume_states
@@ -68,7 +69,7 @@ class EagerRun:
             batch = _to_device(batch, self.backend.device.torch_device)
         self._batch = batch
         self._consumed += 1
-        if self.executor.is_checkpoint_step(step):
+        if self.context.is_checkpoint_step(step):
             self._states[step] = [DataLoaderCheckpoint(
                 worker_step=self._consumed, appliance_step=step + 1,
                 user_state_dict=self._source.position())]
@@ -117,9 +118,9 @@ class EagerBackend(Backend):
     cstream's objects are created there, batches are moved there, and the random stream of the
     step is that device's generator."""
 
-    def __init__(self, options, torch_device: str = "cpu"):
+    def __init__(self, options, torch_device: str = "cpu", mixed_precision: Optional[bool] = None):
         self.name = options.backend_name
-        super().__init__(options, torch_device=torch_device)
+        super().__init__(options, torch_device=torch_device, mixed_precision=mixed_precision)
 
     def compile(self, model):
         if self.device.torch_device.type != "cpu":
@@ -145,8 +146,8 @@ class EagerBackend(Backend):
     def state_tensor(self, tensor, readable=False):
         return tensor.to(self.device.torch_device)
 
-    def start_run(self, executor) -> EagerRun:
-        return EagerRun(self, executor)
+    def start_run(self, context: RunContext) -> EagerRun:
+        return EagerRun(self, context)
 
     # -- randomness: the generator the step's random ops draw from -----------------------------
     def _cuda(self) -> bool:
@@ -181,14 +182,14 @@ class CPUBackend(EagerBackend):
     """``cstream.backend("CPU")``: eager PyTorch in one process, no Ray; the client is
     worker 0 of 1."""
 
-    def __init__(self, options: CPUOptions):
-        super().__init__(options)
+    def __init__(self, options: CPUOptions, mixed_precision: Optional[bool] = None):
+        super().__init__(options, mixed_precision=mixed_precision)
 
 
 class GPUBackend(EagerBackend):
     """``cstream.backend("GPU")``: eager PyTorch on a CUDA device."""
 
-    def __init__(self, options: GPUOptions):
+    def __init__(self, options: GPUOptions, mixed_precision: Optional[bool] = None):
         if not torch.cuda.is_available():
             raise RuntimeError(
                 'cstream.backend("GPU") needs a CUDA device, and torch.cuda.is_available() is '
@@ -200,4 +201,5 @@ class GPUBackend(EagerBackend):
                 f'cstream.backend("GPU", device_index={options.device_index}): this machine has '
                 f"{torch.cuda.device_count()} CUDA device(s), numbered from 0. Set device_index "
                 "to one of them.")
-        super().__init__(options, torch_device=f"cuda:{options.device_index}")
+        super().__init__(options, torch_device=f"cuda:{options.device_index}",
+                         mixed_precision=mixed_precision)

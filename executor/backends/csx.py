@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 from torch.overrides import TorchFunctionMode
 
-from executor.backends.base import Backend, CompiledModel
+from executor.backends.base import Backend, CompiledModel, RunContext
 from executor.backends.csx_run import CSXRun
 from executor.backends.options import CSXOptions
 from executor.engine.handles import Slot, SlotKind, StateHandle, Store
@@ -81,28 +81,20 @@ class CSXBackend(Backend):
 
     name = "CSX"
 
-    def __init__(self, options: CSXOptions):
+    def __init__(self, options: CSXOptions, mixed_precision: Optional[bool] = None):
         if options.device.startswith("cuda") and options.in_process and \
                 not options.validate_only and not torch.cuda.is_available():
             raise RuntimeError(f'cstream.backend("CSX", device={options.device!r}) needs CUDA, '
                                "which this machine does not have.")
-        super().__init__(options)
+        super().__init__(options, mixed_precision=mixed_precision)
         # resolved here, on the client: a driver on another node writes where the user said
         self.compile_dir = (Path(options.compile_dir) if options.compile_dir
                             else Path(self.artifact_dir) / "cached_compile").resolve()
-        self.compile_only = options.compile_only
-        self.validate_only = options.validate_only
-        self.drop_data = options.drop_data or self.compile_only or self.validate_only
-        self.retrace_every_iteration = options.retrace_every_iteration
-        self.in_process = options.in_process
-        self.address = options.address
-        self.exec_device = options.device
-        # validate_only traces for exec_device and computes nothing: its driver only opens the
+        # the device config may change it (cstream.backends.csx.DeviceConfig.drop_data)
+        self.drop_data = options.drop_data or options.compile_only or options.validate_only
+        # validate_only traces for options.device and computes nothing: its driver only opens the
         # input, on the CPU, so a step for a GPU is checked on a machine without one
         self.driver_device = "cpu" if options.validate_only else options.device
-        self.compiler = options.compiler
-        self.lookahead = options.lookahead
-        self.num_threads = options.num_threads
         self.store = Store(remote=self)
         self._driver = None
         self._params: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()
@@ -111,7 +103,7 @@ class CSXBackend(Backend):
         # a CUDA wafer's generator state for the next run, with this process's generator state
         # when it was kept (see next_run_rng_state)
         self._wafer_rng: Optional[tuple[torch.Tensor, torch.Tensor]] = None
-        self.last_compile: dict = {}
+        self._last_run: Optional[CSXRun] = None
         _install_freeze_hook()
         from executor.engine import warmup
 
@@ -120,7 +112,7 @@ class CSXBackend(Backend):
 
     @property
     def forces_single_step(self) -> bool:
-        return self.compile_only or self.validate_only
+        return self.options.compile_only or self.options.validate_only
 
     # -- the driver ----------------------------------------------------------------------------
     def driver(self):
@@ -197,8 +189,8 @@ class CSXBackend(Backend):
         for mod in model.modules():
             _FROZEN.add(mod)
         self._models.add(model)
-        if self.exec_device != "cpu":
-            log.info("the wafer driver executes on %s", self.exec_device)
+        if self.options.device != "cpu":
+            log.info("the wafer driver executes on %s", self.options.device)
         return CompiledModel(model, self)
 
     def device_context(self):
@@ -242,7 +234,7 @@ class CSXBackend(Backend):
         if state.numel() == cpu_size:
             torch.set_rng_state(state)
             self._wafer_rng = None
-        elif self.exec_device != "cpu":
+        elif self.options.device != "cpu":
             self._wafer_rng = (state.clone(), torch.get_rng_state())
         else:
             raise ValueError(
@@ -263,7 +255,7 @@ class CSXBackend(Backend):
 
     def wafer_rng_ended(self, state: torch.Tensor) -> None:
         """A run ended with the wafer's stream at ``state``; the next run continues it."""
-        if self.exec_device == "cpu":
+        if self.options.device == "cpu":
             torch.set_rng_state(state)  # the client's generator continues, as after an eager run
         else:
             self._wafer_rng = (state.clone(), torch.get_rng_state())
@@ -277,9 +269,14 @@ class CSXBackend(Backend):
             )
         return self._run.step(traced, args, kwargs)
 
-    def start_run(self, executor) -> CSXRun:
-        self._run = CSXRun(self, executor)
+    def start_run(self, context: RunContext) -> CSXRun:
+        self._run = self._last_run = CSXRun(self, context)
         return self._run
+
+    @property
+    def last_compile(self) -> dict:
+        """What the last run traced and compiled (its :attr:`CSXRun.compile_report`)."""
+        return dict(self._last_run.compile_report) if self._last_run is not None else {}
 
     def run_finished(self, run) -> None:
         if self._run is run:

@@ -25,6 +25,8 @@ from typing import Optional
 import torch
 
 from executor import phases
+from executor.backends.base import RunContext
+from executor.backends.csx_outputs import WaferOutputs
 from executor.driver import DriverError, matmul_flops
 from executor.engine import warmup
 from executor.engine.capture import Captured, OutputLeaf, capture, first_difference
@@ -46,25 +48,27 @@ class CSXRun:
     """A run on the CSX backend (the :class:`~executor.backends.base.Run` interface): the
     input workers stream to the wafer, which runs the traced step ahead of the client.
 
-    How far each side is, as steps counted from 0 (-1: none yet): :attr:`wafer_done`,
-    :attr:`outputs_through`, :attr:`reported_done`; the client's own position is the
-    executor's (``executor.iteration``: it has finished every step before that one).
+    How far the wafer is, and what came back of its steps, is :attr:`outputs`
+    (:class:`~executor.backends.csx_outputs.WaferOutputs`); the client's own position is the
+    context's (``context.iteration()``: it has finished every step before that one).
+    What it compiled is :attr:`compile_report`; :meth:`close` returns the run's summary, and
+    :meth:`wafer_stats` the wafer's per-step figures, which the executor adds to its records.
     """
 
     has_wafer = True
 
-    def __init__(self, backend, executor):
+    def __init__(self, backend, context: RunContext):
         self._t_created = time.perf_counter()
         self.backend = backend
-        self.executor = executor
+        self.context = context
         self.store = backend.store
         self.driver = backend.driver()
-        self.policy = FlowPolicy.from_config(executor.cs_config, lookahead_steps=backend.lookahead)
-        resume = executor.dataloader.resume_states
-        cs = executor.cs_config
+        cs = context.cs_config
+        self.policy = FlowPolicy.from_config(cs, lookahead_steps=backend.options.lookahead)
         n = cs.num_csx * cs.num_workers_per_csx
         with phases.phase(f"starting {n} input worker{'s' if n > 1 else ''}"):
-            spec = self.driver.open_input(executor.dataloader, cs, resume, self.policy)
+            spec = self.driver.open_input(context.dataloader, cs, context.dataloader.resume_states,
+                                          self.policy)
         self.input_checks = self.driver.input_checks()
         duplicates = self.input_checks.get("duplicates")
         if duplicates is not None:
@@ -78,23 +82,10 @@ class CSXRun:
         self.captured: Optional[Captured] = None
         self.started = False
         self.executes = not backend.forces_single_step
-        self.wafer_done = -1
-        """The last step the wafer is known to have finished (by a collect, a fetch or an
-        ack's reply)."""
-        self.outputs_through = -1
-        """The last step whose streamed outputs have been collected (the next collect starts
-        after it); can trail :attr:`wafer_done`, which acks and fetches also move."""
-        self.reported_done = -1
-        """The last step the wafer has been told the client finished (by an ack or a
-        collect)."""
-        self._ack = None  # the last asynchronous ack, read when it is done
-        self._streamed: list[int] = []  # output indices that stream back for every step
-        # step -> (the collected stacked outputs holding it, its row in them)
-        self._values: dict[int, tuple] = {}
+        self.outputs = WaferOutputs(self.driver, self.policy, context)
+        """The steps' outputs and figures as they come back from the wafer."""
         self._checkpoint_step: Optional[int] = None  # the step whose checkpoint closures run
-        self.collect_calls = 0
-        self.report: dict = {}
-        self._stats: dict[int, dict] = {}
+        self.compile_report: dict = {}
         self._last_consts: Optional[list] = None  # plain-tensor step arguments last sent
         self._consts_sent = None  # the last asynchronous feed of them
         self._checkpoint_reader = None  # inside a checkpoint closure: slot -> value at its step
@@ -103,10 +94,10 @@ class CSXRun:
     # -- batches -------------------------------------------------------------------------------
     def next_batch(self, step: int):
         la = self.policy.lookahead_steps
-        if self.started and self.executes and step - self.wafer_done > la:
+        if self.started and self.executes and step - self.outputs.wafer_done > la:
             # wait until the wafer is half the look-ahead behind, not just inside it: the next
             # la/2 steps then go without a call
-            self._collect(step - self.policy.ack_every_steps)
+            self.outputs.collect(step - self.policy.ack_every_steps)
         leaves = [
             self.store.batch(t, name=f"batch[{i}]") if isinstance(t, torch.Tensor) else t
             for i, t in enumerate(self.spec_leaves)
@@ -118,7 +109,7 @@ class CSXRun:
 
     # -- the step ------------------------------------------------------------------------------
     def step(self, traced, args, kwargs):
-        ex = self.executor
+        ctx = self.context
         if self.traced is not None and traced is not self.traced:
             raise CompileError(
                 f"{traced!r} is the second traced step called in this run (the first was "
@@ -127,19 +118,19 @@ class CSXRun:
             )
         self.traced = traced
         cap = self.captured
-        if cap is None or self.backend.retrace_every_iteration:
-            mark = ex.closures.mark()
+        if cap is None or self.backend.options.retrace_every_iteration:
+            mark = ctx.closures.mark()
             warmup.wait()
             self.backend.preinitialize_all()  # optimizer state exists before tracing
             with phases.phase("tracing"):
                 new = capture(self.store, traced.run, args, kwargs,
-                              lambda: ex.closures.take_since(mark),
+                              lambda: ctx.closures.take_since(mark),
                               self.backend.param_handles(),
                               devices=(self.backend.device.torch_device,),
-                              target=self.backend.exec_device)
+                              target=self.backend.options.device)
             if cap is not None and new.ops != cap.ops:
                 raise CompileError(
-                    f"the graph of {traced!r} changed at step {ex.user_iteration}: "
+                    f"the graph of {traced!r} changed at step {ctx.iteration() + 1}: "
                     f"{first_difference(cap.ops, new.ops)}. With retrace_every_iteration the "
                     "step is traced every iteration, but the wafer runs one static graph: Python "
                     "branches and loops must take the same path every step (use torch.where)."
@@ -150,13 +141,13 @@ class CSXRun:
         if not self.started:
             leaves, _ = tree_flatten((args, kwargs))
             self._launch(cap, [leaves[i].detach().to("cpu") for i in cap.const_positions])
-        step = ex.iteration
+        step = ctx.iteration()
         if cap.const_positions:
             self._feed_consts(cap, step, args, kwargs)
         handles = self._outputs(cap, step)
         for fn, spec, leaves in cap.closures:
             cargs, ckwargs = tree_unflatten([handles.get(id(x), x) for x in leaves], spec)
-            ex.queue_closure(fn, cargs, ckwargs)
+            ctx.closures.add(fn, cargs, ckwargs, False)
         return tree_unflatten([handles.get(id(x), x) for x in cap.out_leaves], cap.out_spec)
 
     def _feed_consts(self, cap: Captured, step: int, args, kwargs) -> None:
@@ -188,27 +179,26 @@ class CSXRun:
         b = self.backend
         self.started = True
         # a graph for the CPU was captured with the CPU's own dispatch: nothing to check
-        bound = [] if torch.device(b.exec_device).type == "cpu" else \
-            device_bound_ops(cap.graph, b.exec_device)
-        if b.validate_only:
-            self.report = {"validated": True, "trace_s": cap.trace_s, "ops": cap.num_ops,
-                           "device": str(b.exec_device), "device_bound_ops": bound}
-            b.last_compile = dict(self.report)
+        device = b.options.device
+        bound = [] if torch.device(device).type == "cpu" else device_bound_ops(cap.graph, device)
+        if b.options.validate_only:
+            self.compile_report = {"validated": True, "trace_s": cap.trace_s, "ops": cap.num_ops,
+                                   "device": str(device), "device_bound_ops": bound}
             log.info("validate_only: traced %d ops; nothing compiled or run", cap.num_ops)
             return
         if bound:
             raise CompileError(
-                f"the traced step cannot run on the wafer's device {b.exec_device}: "
+                f"the traced step cannot run on the wafer's device {device}: "
                 f"{len(bound)} of its ops are tied to another device ({'; '.join(bound[:5])}"
                 f"{' ...' if len(bound) > 5 else ''}). Write them with device-neutral torch "
                 "calls, or run the wafer on the CPU (device=\"cpu\")."
             )
         b.sync_state_to_driver()
         with phases.phase("compiling"):
-            self.report = self.driver.load_program(
+            self.compile_report = self.driver.load_program(
                 cap.graph, [s.key for s in cap.state_slots], consts, cap.batch_metas,
                 [(tuple(s.value.shape), s.value.dtype) for s in cap.state_slots],
-                b.compile_only, self.executor.num_steps,
+                b.options.compile_only, self.context.num_steps,
                 matmul_flops_per_step=matmul_flops(cap.graph), graph_code=cap.graph.code)
         # what step closures read streams back every step: the closures' arguments, and the
         # step's small return values (a loss), which closures called in the loop are given
@@ -218,50 +208,39 @@ class CSXRun:
                         and leaf.meta.numel() <= STREAMED_MAX_NUMEL)
         if cap.closures:
             streamed.update(cap.readable.values())  # closures may read metrics
-        self._streamed = sorted(streamed)
-        self.report["trace_s"] = cap.trace_s
-        self.report["ops"] = cap.num_ops
-        b.last_compile = dict(self.report)
-        if b.compile_only:
+        self.outputs.streamed = sorted(streamed)
+        self.compile_report["trace_s"] = cap.trace_s
+        self.compile_report["ops"] = cap.num_ops
+        if b.options.compile_only:
             log.info("compile_only: compiled; nothing run")
             return
         # the wafer's random stream continues the client's (torch.manual_seed before the run),
         # or on a CUDA wafer its own from the last run
         self.driver.set_rng_state(b.next_run_rng_state())
-        ex = self.executor
-        self.driver.start(ex.num_steps, ex.checkpoint_iterations())
+        self.driver.start(self.context.num_steps, sorted(self.context.checkpoint_steps))
 
     # -- end of step ---------------------------------------------------------------------------
     def end_step(self, step: int) -> dict:
         if not self.started:
             self._launch_without_model()
         if not self.executes:
-            self.executor.closures.drop_step_closures()
+            self.context.closures.drop_step_closures()
         return {"samples": self.samples}
 
     def _launch_without_model(self):
         self.started = True
         if not self.executes:
             return
-        self.report = self.driver.load_program(None, [], [], [])
-        ex = self.executor
-        self.driver.start(ex.num_steps, ex.checkpoint_iterations())
+        self.compile_report = self.driver.load_program(None, [], [], [])
+        self.driver.start(self.context.num_steps, sorted(self.context.checkpoint_steps))
 
     def step_done(self, step: int) -> None:
         """The client finished ``step``'s closures. The wafer hears of it with the next
         ``collect``, or by an asynchronous ack every ``lookahead // 2`` steps when the client
         has nothing to collect: the wafer stays between half and all of the look-ahead in
         front of the client, for a fraction of the calls."""
-        if not self.executes:
-            return
-        self._values.pop(step, None)
-        if self._ack is not None and self._ack.ready():
-            self.wafer_done = max(self.wafer_done, self._ack.result())  # raises a wafer failure
-            self._ack = None
-        if step - self.reported_done >= self.policy.ack_every_steps \
-                or step == self.executor.num_steps - 1:
-            self._ack = self.driver.ack_async(step)
-            self.reported_done = step
+        if self.executes:
+            self.outputs.step_done(step)
 
     def read_output(self, slot) -> torch.Tensor:
         """The value of a step output's handle (an ``OUTPUT`` slot)."""
@@ -270,7 +249,7 @@ class CSXRun:
                 "the backend was created with compile_only/validate_only: nothing runs, so "
                 "step outputs have no values."
             )
-        return self._outputs_of(slot.output.step, [slot.output.index])[0]
+        return self.outputs.outputs_of(slot.output.step, [slot.output.index])[0]
 
     def read_state(self, slot) -> torch.Tensor:
         """The value of state on the wafer, read during this run: inside a checkpoint closure,
@@ -286,47 +265,9 @@ class CSXRun:
             )
         return value
 
-    def _collect(self, until: int, more: int = 0) -> None:
-        """One round trip: the streamed outputs of every step the wafer finished since the
-        last collect, once it has finished ``until`` (and, briefly, ``more`` steps after it);
-        acknowledges the client's progress."""
-        client_done = self.executor.iteration - 1  # the steps whose closures ran
-        got = self.driver.collect(self.outputs_through + 1, until, self._streamed, client_done,
-                                  more)
-        self.collect_calls += 1
-        self.reported_done = max(self.reported_done, client_done)
-        if got.values:
-            for s in range(max(got.first, client_done + 1), got.done + 1):
-                self._values[s] = (got.values, s - got.first)
-        self.outputs_through = max(self.outputs_through, got.done)
-        self.wafer_done = max(self.wafer_done, got.done)
-        self._add_stats(got.stats)
-
-    def _outputs_of(self, step: int, indices: list) -> list:
-        """Outputs ``indices`` of ``step``: from the collected ones, else fetched."""
-        if all(i in self._streamed for i in indices):
-            if step > self.outputs_through:
-                self._collect(step, more=self.policy.collect_more_steps)
-            have = self._values.get(step)
-            if have is not None:
-                stacked, row = have
-                return [stacked[self._streamed.index(i)][row] for i in indices]
-        return self._fetch(step, indices)
-
-    def _fetch(self, step: int, indices: list) -> list:
-        """Outputs ``indices`` of ``step``, in a call of their own (waits for the wafer)."""
-        values, stats = self.driver.fetch(step, indices)
-        self._add_stats(stats)
-        self.wafer_done = max(self.wafer_done, step)
-        return values
-
     def wafer_stats(self) -> dict:
         """The wafer's per-step figures received so far, by step (counted from 1)."""
-        return self._stats
-
-    def _add_stats(self, stats):
-        for s in stats:
-            self._stats[s["step"]] = s
+        return self.outputs.stats
 
     def materialize(self, obj, step: int):
         wanted = {}
@@ -340,7 +281,7 @@ class CSXRun:
         fetched = {}
         for s, idx in wanted.items():
             idx = sorted(set(idx))
-            fetched.update({StepOutput(s, i): v for i, v in zip(idx, self._outputs_of(s, idx))})
+            fetched.update({StepOutput(s, i): v for i, v in zip(idx, self.outputs.outputs_of(s, idx))})
 
         def replace(h):
             if h.slot.kind is SlotKind.OUTPUT:
@@ -365,7 +306,7 @@ class CSXRun:
                 return None
             if not cache:  # metric state is small: one call brings all of it
                 indices = sorted(cap.readable.values())
-                cache.update(zip(indices, self._outputs_of(step, indices)))
+                cache.update(zip(indices, self.outputs.outputs_of(step, indices)))
             return cache[index]
 
         self._closure_reader = reader
@@ -417,9 +358,7 @@ class CSXRun:
         run by the client, to finish on the wafer); None before the wafer started."""
         if not (self.started and self.executes):
             return None
-        if step > self.outputs_through:
-            self._collect(step)
-        return self._stats[max(self._stats)] if self._stats else None
+        return self.outputs.newest(step)
 
     def close(self, ok: bool) -> dict:
         summary = {}
@@ -430,7 +369,7 @@ class CSXRun:
                 rng_state = summary.pop("rng_state", None)
                 if ok and rng_state is not None:
                     self.backend.wafer_rng_ended(rng_state)
-                self._add_stats(summary.pop("stats", []))
+                self.outputs.add_stats(summary.pop("stats", []))
                 summary["startup"] = self._startup(summary, t_finished)
             else:
                 self.driver.finish(wait=False)
@@ -442,21 +381,18 @@ class CSXRun:
             log.warning("the wafer driver could not end the run: %s", e)
         finally:
             self.backend.run_finished(self)
-        records = {r["step"]: r for r in self.executor.step_records}
-        for step, s in self._stats.items():
-            if step in records:
-                records[step].update({k: v for k, v in s.items() if k != "step"})
-        summary["compile"] = {**self.report, **summary.pop("program", {})}
-        summary["collect_calls"] = self.collect_calls
+        summary["compile"] = {**self.compile_report, **summary.pop("program", {})}
+        summary["collect_calls"] = self.outputs.collect_calls
         summary["input_checks"] = self.input_checks
         return summary
 
     def _startup(self, summary: dict, t_finished: float) -> dict:
         """Tracing, compile, input start-up and the time from the start of the run to the end
         of the first step on the wafer (the wafer's clock mapped onto this process's)."""
-        startup = {**self.driver.startup, "trace_s": self.report.get("trace_s"),
-                   "compile_s": self.report.get("compile_s"), "open_input_s": self._open_input_s}
-        first = self._stats.get(1)
+        startup = {**self.driver.startup, "trace_s": self.compile_report.get("trace_s"),
+                   "compile_s": self.compile_report.get("compile_s"),
+                   "open_input_s": self._open_input_s}
+        first = self.outputs.stats.get(1)
         if first is not None and summary.get("wafer_wall_s") is not None:
             wafer_start = t_finished - summary["wafer_wall_s"]
             startup["time_to_first_step_s"] = wafer_start + first["wafer_t"] - self._t_created

@@ -89,7 +89,7 @@ class DriverClient:
 
     @staticmethod
     def create(backend) -> "DriverClient":
-        if backend.in_process:
+        if backend.options.in_process:
             return LocalDriverClient(backend)
         return RayDriverClient(backend)
 
@@ -126,8 +126,8 @@ class LocalDriverClient(DriverClient):
     def __init__(self, backend):
         t0 = time.perf_counter()
         self.driver = WaferDriver(device=backend.driver_device, compile_dir=str(backend.compile_dir),
-                                  compiler=backend.compiler, use_ray_workers=False,
-                                  num_threads=backend.num_threads)
+                                  compiler=backend.options.compiler, use_ray_workers=False,
+                                  num_threads=backend.options.num_threads)
         self.startup = {"driver_s": time.perf_counter() - t0}
 
     def put_state(self, items):
@@ -215,17 +215,18 @@ class RayDriverClient(DriverClient):
         from executor.ray_session import ensure_ray
 
         t0 = time.perf_counter()
-        self.started_ray = ensure_ray(address=backend.address)
+        self.started_ray = ensure_ray(address=backend.options.address)
         t1 = time.perf_counter()
         node_cpus = max(float(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n.get("Alive"))
-        threads = backend.num_threads or default_num_threads()  # reserved; see WaferDriver
+        threads = backend.options.num_threads or default_num_threads()  # reserved; see WaferDriver
         options = dict(max_concurrency=16, name=f"cstream-wafer-{os.getpid()}-{id(backend):x}",
                        num_cpus=round(max(0.0, min(threads, node_cpus - INPUT_RESERVE_CPUS)), 2))
         if str(backend.driver_device).startswith("cuda"):
             options["num_gpus"] = 1
         self.actor = ray.remote(WaferDriver).options(**options).remote(
             device=backend.driver_device, compile_dir=str(backend.compile_dir),
-            compiler=backend.compiler, use_ray_workers=True, num_threads=backend.num_threads,
+            compiler=backend.options.compiler, use_ray_workers=True,
+            num_threads=backend.options.num_threads,
             cpus=max(1, int(node_cpus)))
         self._ping = self.actor.ping.remote()
         self.where: dict = {}  # the driver's node, once it answered the ping

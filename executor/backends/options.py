@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import ClassVar, Literal, Optional, Union, get_args
 
-from workers.checks import did_you_mean, positive_int
+from workers.checks import known_names, positive_int
 from workers.flow import DEFAULT_LOOKAHEAD_STEPS
 
 Compiler = Literal["auto", "fx", "inductor"]
@@ -61,13 +61,9 @@ class _Options:
     def from_kwargs(cls, given: dict):
         """The options from ``cstream.backend(name, **given)``; an unknown name is a TypeError
         naming the closest valid one and all of them."""
-        valid = cls.names()
-        unknown = next((name for name in given if name not in valid), None)
-        if unknown is None:
-            return cls(**given)
-        raise TypeError(f'cstream.backend("{cls.backend_name}") got an unknown option '
-                        f"{unknown!r}.{did_you_mean(unknown, valid)} Valid options: "
-                        f"{', '.join(valid)}.")
+        known_names(given, cls.names(), what="option", error=TypeError,
+                    where=f'cstream.backend("{cls.backend_name}") got an unknown')
+        return cls(**given)
 
     def given(self) -> dict:
         """The options that differ from their defaults, as keyword arguments."""

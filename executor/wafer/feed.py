@@ -9,10 +9,11 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 import torch
 
+from workers.config import CSConfig
 from workers.flow import FlowPolicy
 from workers.stall import InputStallError, stall_bound
 from workers.torch_compat import tree_flatten, tree_unflatten
@@ -85,16 +86,46 @@ def concat_parts(parts: list):
     return tree_unflatten(leaves, spec)
 
 
+class Stream(Protocol):
+    """What the feed uses of one CS-X's input stream (``workers.stream.CsxInputStream`` on Ray,
+    ``workers.local_stream.LocalInputStream`` in-process)."""
+
+    def peek_spec(self) -> Any:
+        """The first batch's nesting with ``meta`` tensors; the batch stays for :meth:`next`."""
+
+    def sample_keys(self) -> list:
+        """The sample keys of the workers' first batches (the duplicate check reads them)."""
+
+    def next(self) -> tuple[Any, Any]:
+        """The next batch and its ``BatchInfo``."""
+
+    def worker_states(self) -> list:
+        """The input position after the batches :meth:`next` returned."""
+
+    def slowest_batch_s(self) -> Optional[float]:
+        """The longest a worker took to produce a batch delivered so far."""
+
+    def stall_report(self) -> list[dict]:
+        """The workers the next batch waits for, with their stacks."""
+
+    def stats(self) -> dict:
+        """The stream's figures for the run report."""
+
+    def close(self) -> None:
+        """Stop the stream's workers."""
+
+
 class InputFeed:
     """Args:
-        streams: one input stream per CS-X (``workers.stream.CsxInputStream`` on Ray,
-            ``workers.local_stream.LocalInputStream`` in-process).
+        streams: one input stream per CS-X (a :class:`Stream`).
         policy: the run's :class:`FlowPolicy` (``input_buffer_batches`` bounds each buffer).
+        cs_config: the run's layout (the stall bound's settings).
     """
 
-    def __init__(self, streams: list, policy: FlowPolicy):
+    def __init__(self, streams: list[Stream], policy: FlowPolicy, cs_config: CSConfig):
         self.streams = streams
         self.policy = policy
+        self.cs_config = cs_config
         self._buffers: list[queue.Queue] = []
         self._threads: list[threading.Thread] = []
         self._parts: list = []
@@ -227,7 +258,7 @@ class InputFeed:
         """The longest the wafer waits for a step's input, and the rule that gave it
         (:func:`workers.stall.stall_bound`, from the slowest batch any CS-X delivered)."""
         costs = [c for c in (s.slowest_batch_s() for s in self.streams) if c is not None]
-        return stall_bound(self.streams[0].cs_config, max(costs) if costs else None)
+        return stall_bound(self.cs_config, max(costs) if costs else None)
 
     def check_stall(self, step: int, waited_s: float) -> None:
         """Raise :class:`InputStallError` if the wafer has waited ``waited_s`` for the input of

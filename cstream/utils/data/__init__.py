@@ -4,7 +4,7 @@ from executor.data_executor import DataExecutor
 from executor.schedule import Schedule
 from workers.dataloader import DataLoader, EmptyDataLoaderError
 from workers.sharding import DistributedSampler as DistributedSampler
-from workers.sharding import ParquetDataset as ParquetDataset
+from workers.parquet import ParquetDataset as ParquetDataset
 from workers.sharding import ShardedSampler as ShardedSampler
 from workers.sharding import shard_iterable as shard_iterable
 from cstream.utils.data import data_executor, dataset, utils

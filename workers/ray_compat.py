@@ -1,0 +1,28 @@
+"""The Ray names and message texts the input side depends on beyond Ray's documented API, in
+one place, each checked by ``tests/test_foreign_names.py`` against the installed Ray: a
+version that changes one fails there, naming it.
+
+>>> name_taken(ValueError("Actor with name 'x' already exists in the namespace y"))
+True
+>>> name_taken(ValueError("bad option"))
+False
+"""
+
+from __future__ import annotations
+
+from ray.exceptions import RayActorError
+
+NAME_TAKEN_WORDS = ("already", "taken")
+"""Words of the ValueError Ray raises when a named actor's name is in use (Ray has no error
+class for it)."""
+
+
+def name_taken(e: ValueError) -> bool:
+    """Whether Ray refused to create a named actor because the name is in use."""
+    return any(word in str(e) for word in NAME_TAKEN_WORDS)
+
+
+def actor_init_failed(e: BaseException) -> bool:
+    """Whether ``e`` (a :class:`ray.exceptions.RayActorError`) says the actor's constructor
+    raised, rather than its process dying later."""
+    return isinstance(e, RayActorError) and bool(e.actor_init_failed)
