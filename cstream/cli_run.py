@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from cstream import modelzoo_input, sweep_answer
 from workers.checks import positive_int, positive_number
 
 UTILISATION_TARGET = 0.95
@@ -107,8 +108,9 @@ def _add_run_parser(subparsers) -> None:
                     "and prints the partial summary.",
         epilog="example:\n  cstream run configs/digits_mlp.yaml --steps 100\n"
                "  tensorboard --logdir cstream_logs/executors")
-    p.add_argument("config", metavar="CONFIG", help="experiment YAML file")
+    p.add_argument("config", metavar="CONFIG", nargs="?", help="experiment YAML file")
     _add_overrides(p)
+    modelzoo_input.add_arguments(p)
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.add_argument("--json", action="store_true",
                    help="print the summary as JSON (the only thing written to stdout)")
@@ -133,7 +135,7 @@ def _add_sweep_parser(subparsers) -> None:
                "--num-workers-per-csx 1,2,4,8 --out sw\n"
                "  cstream sweep configs/input_sleep_150ms.yaml --num-workers-per-csx 1,2,4,8 "
                "--out sw --resume")
-    p.add_argument("config", metavar="CONFIG", help="experiment YAML file")
+    p.add_argument("config", metavar="CONFIG", nargs="?", help="experiment YAML file")
     p.add_argument("--num-workers-per-csx", type=_int_list, required=True, metavar="LIST",
                    help="comma-separated worker counts per CS-X, e.g. 1,2,4,8")
     p.add_argument("--num-csx", type=_int_list, default=None, metavar="LIST",
@@ -146,6 +148,8 @@ def _add_sweep_parser(subparsers) -> None:
                    help=f"utilisation to mark the smallest worker count for (default "
                         f"{UTILISATION_TARGET})")
     _add_overrides(p, layout=False)
+    modelzoo_input.add_arguments(p)
+    sweep_answer.add_arguments(p)
     _add_debug(p)
     p.set_defaults(func=cmd_sweep)
 
@@ -176,7 +180,13 @@ def _experiment(args, command: str):
     from cstream.experiment import ExperimentError, load_experiment, with_layout
 
     _check_overrides(args, command)
-    exp = load_experiment(args.config)
+    if getattr(args, "modelzoo", None):
+        exp = modelzoo_input.experiment(args, command)
+    elif args.config is None:
+        raise ExperimentError("give an experiment file (CONFIG) or a Model Zoo params file "
+                              "(--modelzoo PARAMS)")
+    else:
+        exp = load_experiment(args.config)
     if os.getcwd() not in sys.path:  # import paths in the file resolve from here, as python -m
         sys.path.insert(0, os.getcwd())
     changes = {}
@@ -334,7 +344,9 @@ def _print_result(result, exp, as_json: bool) -> None:
 
 def cmd_run(args) -> int:
     from cstream.experiment import run_experiment
+    from executor.ray_session import show_ray_messages
 
+    show_ray_messages(args.debug)
     try:
         exp = _experiment(args, "run")
     except _config_errors() as e:
@@ -478,10 +490,11 @@ def _pct(v) -> str:
     return "-" if v is None else pct(v)
 
 
-def plot_sweep(rows: list[dict], target: float, path: Path, title: str) -> Path:
+def plot_sweep(rows: list[dict], target: float, path: Path, title: str,
+               note: Optional[list] = None) -> Path:
     from cstream.cli_plots import plot_sweep as draw
 
-    return draw(rows, target, path, title, best_counts(rows, target))
+    return draw(rows, target, path, title, best_counts(rows, target), note=note)
 
 
 SWEEP_ROW_KEYS = ("samples_per_s", "global_rate", "utilisation", "starved_fraction",
@@ -494,7 +507,8 @@ def _sweep_row(exp, result) -> dict:
     return {"num_csx": exp.cs_config.num_csx,
             "num_workers_per_csx": exp.cs_config.num_workers_per_csx,
             "buffer_batches": exp.cs_config.input_buffer_batches,
-            "run_dir": str(result.run_dir), **{k: result.report.get(k) for k in SWEEP_ROW_KEYS}}
+            "run_dir": str(result.run_dir), **{k: result.report.get(k) for k in SWEEP_ROW_KEYS},
+            **sweep_answer.worker_figures(result.report)}
 
 
 def _write_sweep(path: Path, doc: dict) -> None:
@@ -518,10 +532,14 @@ class _SweepRecord:
         grid, target = self.grid, self.args.target
         ordered = sorted(self.rows,
                          key=lambda r: grid.index((r["num_csx"], r["num_workers_per_csx"])))
-        doc = {"name": self.exp.name, "config": str(self.args.config), "target": target,
+        doc = {"name": self.exp.name, "config": str(self.args.config or self.args.modelzoo),
+               "target": target,
                "title": self.title, "experiment": self.exp.to_dict(), "complete": complete,
                "grid": [list(g) for g in grid], "rows": ordered,
                "best": {str(k): v for k, v in best_counts(ordered, target).items()}}
+        doc["answer"] = sweep_answer.answer(ordered, target, doc["experiment"],
+                                            getattr(self.args, "wafer_speed", None),
+                                            sweep_answer.plan_of(self.args))
         _write_sweep(self.path, doc)
         return doc
 
@@ -534,7 +552,16 @@ def _sweep_plan(args):
     if args.resume and not args.out:
         raise CliError("--resume continues the sweep in --out DIR; give --out (the folder "
                        "that holds its sweep.json)")
+    try:
+        sweep_answer.plan_of(args)
+    except ValueError as e:
+        raise CliError(str(e)) from None
     exp = _experiment(args, "sweep")
+    if getattr(args, "modelzoo", None) and exp.cs_config.wafer_samples_per_sec is None \
+            and exp.cs_config.wafer_seconds_per_step is None:
+        raise CliError("--modelzoo: give the wafer's speed to sweep against: "
+                       "--wafer-samples-per-sec N, --wafer-rates YAML (your measured rates by "
+                       "model name) or --measure-step")
     csx = args.num_csx or [exp.cs_config.num_csx]
     return exp, sweep_points(exp, args.num_workers_per_csx, csx)
 
@@ -606,6 +633,9 @@ def _sweep_interrupted(args, record: _SweepRecord, num_points: int, out: Path) -
 
 
 def cmd_sweep(args) -> int:
+    from executor.ray_session import show_ray_messages
+
+    show_ray_messages(args.debug)
     try:
         exp, points = _sweep_plan(args)
     except (CliError, *_config_errors()) as e:
@@ -625,8 +655,10 @@ def cmd_sweep(args) -> int:
         _sweep_interrupted(args, record, len(points), out)
         return _run_failed("sweep", e, args)
     doc = record.write(complete=True)
-    png = plot_sweep(doc["rows"], args.target, out / "sweep.png", record.title)
+    lines = sweep_answer.answer_lines(doc["answer"])
+    png = plot_sweep(doc["rows"], args.target, out / "sweep.png", record.title, lines)
     print(sweep_table(doc["rows"], args.target))
+    print("\n".join(lines))
     print(f"plot: {png}")
     print(f"sweep folder: {out}")
     return 0
@@ -648,11 +680,15 @@ def cmd_report(args) -> int:
             if not rows:
                 raise CliError(f"{run_dir / 'sweep.json'} holds no finished point yet; continue "
                                "the sweep with cstream sweep ... --resume")
-            png = plot_sweep(rows, target, run_dir / "sweep.png", doc.get("title", doc["name"]))
+            lines = sweep_answer.answer_lines(doc.get("answer"))
+            png = plot_sweep(rows, target, run_dir / "sweep.png", doc.get("title", doc["name"]),
+                             lines)
             if args.json:
                 print(json.dumps(doc, default=float))
             else:
                 print(sweep_table(rows, target))
+                if lines:
+                    print("\n".join(lines))
                 if not doc.get("complete", True):
                     print(f"incomplete sweep: {len(rows)} of {len(doc.get('grid', rows))} points; "
                           "continue it with cstream sweep ... --resume")
