@@ -289,9 +289,9 @@ def check_section(program: ModelZooProgram, total_workers: int = 1) -> dict:
                 f"names. {program.data_module} offers: {', '.join(sorted(valid))}.")
         if name not in valid:
             raise ModelZooError(
-                f"{key}.data_processor: unknown processor {name!r}{did_you_mean(name, valid)}. "
-                f"{program.data_module} (which {program.input_fn} looks it up in) offers: "
-                f"{', '.join(sorted(valid))}.")
+                f"{key}.data_processor: unknown processor {name!r}. {program.data_module} "
+                f"(which {program.input_fn} looks it up in) offers: {', '.join(sorted(valid))}."
+                f"{did_you_mean(name, valid)}")
         found["processor"] = name
         source = _sources(program.import_root, valid[name])
     else:
@@ -316,7 +316,20 @@ def check_section(program: ModelZooProgram, total_workers: int = 1) -> dict:
 
 
 def _resolve_dir(program: ModelZooProgram, d) -> Path:
-    return Path(str(d)).expanduser()
+    """A data folder as the workers will read it: relative paths from this process's folder."""
+    return Path(str(d)).expanduser().absolute()
+
+
+def _absolute_data_dirs(program: ModelZooProgram) -> ModelZooProgram:
+    """``program`` with its section's ``data_dir`` made absolute: the input workers read the
+    files that were checked, whatever folder they run in."""
+    params = copy.deepcopy(program.params)
+    section = params[program.section]
+    if isinstance(section.get("data_dir"), str):
+        section["data_dir"] = str(_resolve_dir(program, section["data_dir"]))
+    elif isinstance(section.get("data_dir"), list):
+        section["data_dir"] = [str(_resolve_dir(program, d)) for d in section["data_dir"]]
+    return dataclasses.replace(program, params=params)
 
 
 MNIST_FILES = {"train_input": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -402,6 +415,7 @@ def experiment(args, command: str):
         workers = (args.num_workers_per_csx if command == "sweep"
                    else [args.num_workers_per_csx or 1])
         check_section(program, total_workers=max(csx) * max(workers))
+        program = _absolute_data_dirs(program)
         speed = _wafer_speed(args, program)
     except ModelZooError as e:
         raise ExperimentError(str(e)) from None

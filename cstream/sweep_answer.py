@@ -73,9 +73,8 @@ def rate_from_table(path: Path, program) -> WaferSpeed:
                                     f"of samples/s per CS-X, got {rate!r}.")
             return WaferSpeed(float(rate), f"your measured rate for {name!r} in {path}")
     raise ModelZooError(
-        f"--wafer-rates {path}: no entry for {' or '.join(map(repr, names))}"
-        f"{did_you_mean(names[-1], [str(k) for k in table])}; it has "
-        f"{', '.join(map(str, table))}.")
+        f"--wafer-rates {path}: no entry for {' or '.join(map(repr, names))}; it has "
+        f"{', '.join(map(str, table))}.{did_you_mean(names[-1], [str(k) for k in table])}")
 
 
 MEASURE_STEPS = 8
@@ -106,7 +105,7 @@ def measured_rate(program, steps: int = MEASURE_STEPS, timeout_s: float = 900) -
             [repo, str(program.import_root)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
         cmd = [sys.executable, str(program.model_dir / "run.py"), "CSX", "--mode", "train",
                "--params", str(params_file), "--model_dir", str(model_dir)]
-        print(f"measuring the wafer's step: {program.model_dir.name}/run.py CSX, {steps} steps",
+        print(f"measuring the wafer's step: {program.model_name}'s run.py CSX, {steps} steps",
               flush=True)
         try:
             done = subprocess.run(cmd, cwd=str(Path.cwd()), env=env, capture_output=True,
@@ -128,7 +127,7 @@ def measured_rate(program, steps: int = MEASURE_STEPS, timeout_s: float = 900) -
     step_s = report["compute_s"] / timed
     batch = report["samples"] / report["steps"]
     return WaferSpeed(batch / step_s,
-                      f"measured: {program.model_dir.name}/run.py on the simulated wafer, "
+                      f"measured: {program.model_name}'s run.py on the simulated wafer, "
                       f"{1000 * step_s:.1f} ms per step of {batch:g} samples (mean of {timed} "
                       "steps after warm-up, on this machine's CPU)",
                       caveat="a CS-X runs this model much faster than the simulated wafer on "
