@@ -539,7 +539,8 @@ class _SweepRecord:
                "best": {str(k): v for k, v in best_counts(ordered, target).items()}}
         doc["answer"] = sweep_answer.answer(ordered, target, doc["experiment"],
                                             getattr(self.args, "wafer_speed", None),
-                                            sweep_answer.plan_of(self.args))
+                                            sweep_answer.plan_of(self.args),
+                                            getattr(self.args, "answer_notes", None))
         _write_sweep(self.path, doc)
         return doc
 

@@ -420,6 +420,12 @@ def experiment(args, command: str):
     except ModelZooError as e:
         raise ExperimentError(str(e)) from None
     args.wafer_speed = None if speed is None else dataclasses.asdict(speed)
+    loader_workers = program.params[program.section].get("num_workers") or 0
+    args.answer_notes = [] if not loader_workers else [
+        f"{program.section}.num_workers is {loader_workers}: the processor's own DataLoader "
+        "worker processes do the reading, and their CPU time is not in the per-batch CPU cost "
+        "(it counts the input worker's producing thread); set num_workers: 0 to measure all of "
+        "it in the input worker"]
     name = f"{program.model_name}-{program.section}"
     exp = Experiment(name=name, input=InputConfig(fn="cstream.modelzoo_input:modelzoo_input_fn",
                                                   kwargs={"program": program.worker_spec()}),

@@ -213,9 +213,11 @@ def extrapolate(*, wafer_samples_per_s: float, samples_per_batch: float,
 
 
 def answer(rows: list[dict], target: float, experiment: Optional[dict] = None,
-           wafer_speed: Optional[dict] = None, plan: Optional[dict] = None) -> Optional[dict]:
+           wafer_speed: Optional[dict] = None, plan: Optional[dict] = None,
+           notes: Optional[list] = None) -> Optional[dict]:
     """The sweep's answer for its first CS-X count (see the module docstring); None without
-    rows. ``plan``: ``{"num_csx", "nodes", "cores_per_node"}`` for the extrapolation."""
+    rows. ``plan``: ``{"num_csx", "nodes", "cores_per_node"}`` for the extrapolation;
+    ``notes``: what the figures leave out, printed with them."""
     if not rows:
         return None
     csx = min(r["num_csx"] for r in rows)
@@ -241,9 +243,12 @@ def answer(rows: list[dict], target: float, experiment: Optional[dict] = None,
     out = {"target": target, "num_csx": csx, "wafer": wafer_speed,
            "fewest_workers_per_csx": fewest["num_workers_per_csx"] if fewest else None,
            "utilisation_at_fewest": fewest["utilisation"] if fewest else None,
+           # the wafer's own speed where it was kept busy (its pacing may fall short of it)
+           "wafer_reached_samples_per_s": (fewest["samples_per_s"] / csx
+                                           if fewest and fewest.get("samples_per_s") else None),
            "worker": worker, "largest": {"workers_per_csx": rows[-1]["num_workers_per_csx"],
                                          **_limit(rows[-1], target)},
-           "extrapolation": None}
+           "extrapolation": None, "notes": list(notes or [])}
     plan = plan or {}
     if rate and per_csx_batch and worker["batches_per_s"]:
         out["extrapolation"] = extrapolate(
@@ -264,6 +269,11 @@ def answer_lines(a: Optional[dict]) -> list[str]:
     lines = [f"answer (num_csx={a['num_csx']}, wafer {speed}; speed from {wafer['source']}):"]
     if wafer.get("caveat"):
         lines.append(f"  note: {wafer['caveat']}")
+    reached = a.get("wafer_reached_samples_per_s")
+    if reached and wafer.get("samples_per_s") and reached < 0.9 * wafer["samples_per_s"]:
+        lines.append(f"  note: the simulated wafer reached {reached:,.1f} samples/s per CS-X, "
+                     f"{reached / wafer['samples_per_s']:.0%} of its set speed (its pacing "
+                     "shares this machine's cores); the counts hold for the speed it reached")
     if a["fewest_workers_per_csx"] is not None:
         lines.append(f"  fewest workers per CS-X keeping the wafer >= {a['target']:.0%} busy: "
                      f"{a['fewest_workers_per_csx']} ({a['utilisation_at_fewest']:.1%} busy)")
@@ -276,6 +286,7 @@ def answer_lines(a: Optional[dict]) -> list[str]:
         samples = f" ({w['samples_per_s']:,.1f} samples/s)" if w["samples_per_s"] else ""
         lines.append(f"  one worker: {w['batches_per_s']:,.1f} batches/s while producing"
                      f"{samples}{cost} (measured at {w['measured_at_workers_per_csx']} per CS-X)")
+    lines += [f"  note: {n}" for n in a.get("notes") or []]
     lines.append(f"  largest count ({a['largest']['workers_per_csx']} per CS-X) limited by "
                  f"{a['largest']['text']}")
     e = a["extrapolation"]
