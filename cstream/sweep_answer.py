@@ -93,7 +93,8 @@ def measured_rate(program, steps: int = MEASURE_STEPS, timeout_s: float = 900) -
     run = dict(params.get("runconfig") or {})
     run.update(max_steps=steps, checkpoint_steps=10 ** 9, save_initial_checkpoint=False,
                log_steps=1)
-    run.pop("num_epochs", None)
+    run.pop("num_epochs", None)  # max_steps alone sets the length
+    run.pop("steps_per_epoch", None)
     params["runconfig"] = run
     with tempfile.TemporaryDirectory(prefix="cstream-measure-") as tmp:
         tmp = Path(tmp)
@@ -224,21 +225,29 @@ def answer(rows: list[dict], target: float, experiment: Optional[dict] = None,
     rows = sorted((r for r in rows if r["num_csx"] == csx), key=lambda r: r["num_workers_per_csx"])
     reached = [r for r in rows if r.get("utilisation") is not None and r["utilisation"] >= target]
     fewest = reached[0] if reached else None
-    rate = _wafer_rate(rows, experiment)
+    wafer_rate = _wafer_rate(rows, experiment)
     if wafer_speed is None:
         cs = (experiment or {}).get("cs_config") or {}
         source = ("the experiment's cs_config (or --wafer-samples-per-sec / "
-                  "--wafer-seconds-per-step)" if rate else
+                  "--wafer-seconds-per-step)" if wafer_rate else
                   "none: the wafer ran as fast as its step, so every count starves it")
-        wafer_speed = {"samples_per_s": rate, "source": source, "caveat": None}
+        wafer_speed = {"samples_per_s": wafer_rate, "source": source, "caveat": None}
         del cs
     base = rows[0]
     batch = base.get("samples_per_batch")
     per_csx_batch = batch / base["num_csx"] if batch else None
+    produced = base.get("worker_batches_per_s")
+    # what one worker got to the wafer: all of it was wanted where the wafer starved, so it
+    # bounds the worker's rate with the transfer included (production alone leaves it out)
+    delivered = (base["samples_per_s"] / batch / base["num_workers_per_csx"]
+                 if base.get("samples_per_s") and batch else None)
+    starved = (base.get("utilisation") or 0.0) < target
+    rate = min(produced, delivered) if produced and delivered and starved else produced
     worker = {"measured_at_workers_per_csx": base["num_workers_per_csx"],
-              "batches_per_s": base.get("worker_batches_per_s"),
-              "samples_per_s": (base["worker_batches_per_s"] * per_csx_batch
-                                if base.get("worker_batches_per_s") and per_csx_batch else None),
+              "batches_per_s": produced,
+              "delivered_batches_per_s": delivered,
+              "extrapolation_batches_per_s": rate,
+              "samples_per_s": rate * per_csx_batch if rate and per_csx_batch else None,
               "cpu_s_per_batch": base.get("worker_cpu_s_per_batch")}
     out = {"target": target, "num_csx": csx, "wafer": wafer_speed,
            "fewest_workers_per_csx": fewest["num_workers_per_csx"] if fewest else None,
@@ -250,10 +259,10 @@ def answer(rows: list[dict], target: float, experiment: Optional[dict] = None,
                                          **_limit(rows[-1], target)},
            "extrapolation": None, "notes": list(notes or [])}
     plan = plan or {}
-    if rate and per_csx_batch and worker["batches_per_s"]:
+    if wafer_rate and per_csx_batch and rate:
         out["extrapolation"] = extrapolate(
-            wafer_samples_per_s=rate, samples_per_batch=per_csx_batch,
-            worker_batches_per_s=worker["batches_per_s"], cpu_s_per_batch=worker["cpu_s_per_batch"],
+            wafer_samples_per_s=wafer_rate, samples_per_batch=per_csx_batch,
+            worker_batches_per_s=rate, cpu_s_per_batch=worker["cpu_s_per_batch"],
             num_csx=plan.get("num_csx") or csx, target=target, nodes=plan.get("nodes"),
             cores_per_node=plan.get("cores_per_node"))
     return out
@@ -284,7 +293,9 @@ def answer_lines(a: Optional[dict]) -> list[str]:
         cost = (f", {w['cpu_s_per_batch'] * 1000:.1f} CPU-ms per batch"
                 if w["cpu_s_per_batch"] is not None else "")
         samples = f" ({w['samples_per_s']:,.1f} samples/s)" if w["samples_per_s"] else ""
-        lines.append(f"  one worker: {w['batches_per_s']:,.1f} batches/s while producing"
+        got = (f", {w['delivered_batches_per_s']:,.1f} delivered to the wafer"
+               if w.get("delivered_batches_per_s") else "")
+        lines.append(f"  one worker: {w['batches_per_s']:,.1f} batches/s while producing{got}"
                      f"{samples}{cost} (measured at {w['measured_at_workers_per_csx']} per CS-X)")
     lines += [f"  note: {n}" for n in a.get("notes") or []]
     lines.append(f"  largest count ({a['largest']['workers_per_csx']} per CS-X) limited by "

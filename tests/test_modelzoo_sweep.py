@@ -81,7 +81,10 @@ def test_the_sweep_finds_the_fewest_workers_for_a_gpt_hdf5_processor_of_known_co
     assert answer["largest"]["by"] in ("wafer", "cores", "pipeline")
     e = answer["extrapolation"]
     assert (e["num_csx"], e["nodes"], e["cores_per_node_available"]) == (4, 2, 4)
-    assert e["workers_per_csx"] == math.ceil(0.95 * (wafer / batch) / worker["batches_per_s"])
+    assert worker["extrapolation_batches_per_s"] == min(worker["batches_per_s"],
+                                                        worker["delivered_batches_per_s"])
+    assert e["workers_per_csx"] == math.ceil(
+        0.95 * (wafer / batch) / worker["extrapolation_batches_per_s"])
     assert e["workers"] == 4 * e["workers_per_csx"]
     assert e["cores"] == pytest.approx(4 * (wafer / batch) * worker["cpu_s_per_batch"])
     assert e["fits"] == (e["cores_per_node"] <= 4)

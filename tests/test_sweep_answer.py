@@ -22,8 +22,11 @@ EXPERIMENT = {"cs_config": {"wafer_samples_per_sec": 100.0}}
 def test_the_fewest_count_and_one_workers_figures_come_from_the_rows():
     a = answer([row(1, 0.6, 0.5), row(2, 0.97, 1.0), row(4, 0.99, 1.0)], 0.95, EXPERIMENT)
     assert (a["fewest_workers_per_csx"], a["utilisation_at_fewest"]) == (2, 0.97)
+    # one worker produced 10 batches/s but the starved wafer got 60 samples/s = 7.5 batches/s
+    # from it: the extrapolation takes the smaller
     assert a["worker"] == {"measured_at_workers_per_csx": 1, "batches_per_s": 10.0,
-                           "samples_per_s": 80.0, "cpu_s_per_batch": 0.05}
+                           "delivered_batches_per_s": 7.5, "extrapolation_batches_per_s": 7.5,
+                           "samples_per_s": 60.0, "cpu_s_per_batch": 0.05}
     assert a["largest"]["by"] == "wafer"
     assert a["wafer"]["source"].startswith("the experiment's cs_config")
 
