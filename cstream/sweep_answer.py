@@ -5,9 +5,11 @@ From a sweep's rows (one per worker count) and the wafer's speed, :func:`answer`
 * the fewest workers per CS-X that keep the wafer at least ``target`` busy;
 * what one worker produces (batches/s while producing, measured in the workers) and what it
   costs (CPU seconds per batch, measured in the workers), at the sweep's smallest count;
-* what limited the largest count: the wafer (it was kept busy), this machine's cores (the
-  workers' CPU demand reached :data:`CORES_BOUND_SHARE` of them) or the pipeline (cores were
-  free and the wafer still starved: more workers, or a faster processor, help);
+* what limited the largest count: the wafer (it was kept busy), the client (the wafer waited
+  for it more than for input), this machine's cores (the workers' CPU demand reached
+  :data:`CORES_BOUND_SHARE` of them, or the input buffer was full and the wafer still lost time)
+  or the pipeline (cores were free and the wafer starved: more workers, or a faster processor,
+  help);
 * an extrapolation to ``num_csx`` CS-Xs fed by ``K`` input nodes of ``C`` cores each, from
   the per-worker rate and CPU cost (not measured; stated as such).
 
@@ -172,6 +174,12 @@ def _limit(row: dict, target: float) -> dict:
     if util >= target:
         return {"by": "wafer", "text": f"the wafer: {util:.1%} busy at {w} workers per CS-X, "
                                        "the input kept up"}
+    starved, client = row.get("starved_fraction") or 0.0, row.get("client_bound_fraction") or 0.0
+    if client > starved and client > 0.02:
+        return {"by": "client", "text": f"the client: at {w} workers per CS-X the wafer waited "
+                                        f"{client:.0%} of its time for the client (the loop that "
+                                        f"hands it steps) and {starved:.0%} for input; more "
+                                        "workers cannot help"}
     if ((cores is not None and cpus and cores >= CORES_BOUND_SHARE * cpus)
             or (occupancy is not None and depth and occupancy >= 0.5 * depth)):
         used = f" (the workers used {cores:.2f} of {cpus})" if cores is not None and cpus else ""

@@ -35,6 +35,8 @@ def test_the_fewest_count_and_one_workers_figures_come_from_the_rows():
     (row(4, 0.7, 1.6), "cores"),            # the workers used 80% of the 2 cores
     (row(4, 0.7, 0.4, occupancy=3.5), "cores"),  # the buffer was full, the wafer still waited
     (row(4, 0.7, 0.4), "pipeline"),         # cores free, buffer empty: more workers help
+    (dict(row(4, 0.9, 0.4, occupancy=3.9), starved_fraction=0.02, client_bound_fraction=0.08),
+     "client"),                             # the wafer waited for the client's steps
 ])
 def test_what_limited_the_largest_count(last, by):
     a = answer([row(1, 0.3, 0.2), last], 0.95, EXPERIMENT)
