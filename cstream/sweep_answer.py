@@ -192,6 +192,28 @@ def _limit(row: dict, target: float) -> dict:
                                       "workers (or a faster processor) help"}
 
 
+KEPT_UP_SHARE = 0.75
+"""An input buffer this full, on average, when steps began means the workers kept up."""
+
+
+def _input_kept_up(rows: list[dict], fewest: Optional[dict]) -> Optional[str]:
+    """A note where a count below the fewest (or any count, without one) already kept the
+    input buffer full: the wafer then lost its time taking batches on the shared cores, not
+    waiting for the workers, and that count may suffice on a cluster."""
+    for r in rows:
+        if fewest is not None and r["num_workers_per_csx"] >= fewest["num_workers_per_csx"]:
+            return None
+        occupancy, depth = r.get("mean_buffer_occupancy"), r.get("buffer_batches")
+        if occupancy is not None and depth and occupancy >= KEPT_UP_SHARE * depth:
+            w = r["num_workers_per_csx"]
+            return (f"at {w} workers per CS-X the input buffer already held {occupancy:.1f} of "
+                    f"its {depth} batches when steps began, so the workers kept up; the wafer's "
+                    f"{1 - (r.get('utilisation') or 0.0):.1%} idle went to taking batches on this "
+                    f"machine's shared cores, and {w} per CS-X may suffice where the wafer has "
+                    "cores of its own")
+    return None
+
+
 def extrapolate(*, wafer_samples_per_s: float, samples_per_batch: float,
                 worker_batches_per_s: float, cpu_s_per_batch: Optional[float], num_csx: int,
                 target: float, nodes: Optional[int] = None,
@@ -266,6 +288,9 @@ def answer(rows: list[dict], target: float, experiment: Optional[dict] = None,
            "worker": worker, "largest": {"workers_per_csx": rows[-1]["num_workers_per_csx"],
                                          **_limit(rows[-1], target)},
            "extrapolation": None, "notes": list(notes or [])}
+    kept_up = _input_kept_up(rows, fewest)
+    if kept_up is not None:
+        out["notes"].append(kept_up)
     plan = plan or {}
     if wafer_rate and per_csx_batch and rate:
         out["extrapolation"] = extrapolate(
