@@ -325,18 +325,20 @@ def answer_lines(a: Optional[dict]) -> list[str]:
     if w["batches_per_s"] is not None:
         cost = (f", {w['cpu_s_per_batch'] * 1000:.1f} CPU-ms per batch"
                 if w["cpu_s_per_batch"] is not None else "")
-        samples = f" ({w['samples_per_s']:,.1f} samples/s)" if w["samples_per_s"] else ""
         got = (f", {w['delivered_batches_per_s']:,.1f} delivered to the wafer"
                if w.get("delivered_batches_per_s") else "")
         lines.append(f"  one worker: {w['batches_per_s']:,.1f} batches/s while producing{got}"
-                     f"{samples}{cost} (measured at {w['measured_at_workers_per_csx']} per CS-X)")
+                     f"{cost} (measured at {w['measured_at_workers_per_csx']} per CS-X)")
     lines += [f"  note: {n}" for n in a.get("notes") or []]
     lines.append(f"  largest count ({a['largest']['workers_per_csx']} per CS-X) limited by "
                  f"{a['largest']['text']}")
     e = a["extrapolation"]
     if e is not None:
-        text = (f"  extrapolation from one worker's rate and cost (not measured): {e['num_csx']} "
-                f"CS-X need {e['workers_per_csx']} workers per CS-X ({e['workers']} in all)")
+        rate = (f" ({w['extrapolation_batches_per_s']:,.1f} batches/s"
+                + (f", {w['samples_per_s']:,.1f} samples/s" if w["samples_per_s"] else "") + ")")
+        text = (f"  extrapolation from one worker's rate{rate} and cost (not measured): "
+                f"{e['num_csx']} CS-X need {e['workers_per_csx']} "
+                f"worker{'s' if e['workers_per_csx'] != 1 else ''} per CS-X ({e['workers']} in all)")
         if e["cores"] is not None:
             text += f" and {e['cores']:.2f} cores of input work"
             if e["fits"] is not None:

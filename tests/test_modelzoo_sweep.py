@@ -95,9 +95,10 @@ def test_the_sweep_finds_the_fewest_workers_for_a_gpt_hdf5_processor_of_known_co
     said = lines[start + 1:]
     assert (f"  fewest workers per CS-X keeping the wafer >= 95% busy: {found} "
             f"({rows[found]['utilisation']:.1%} busy)") in said
-    assert [ln for ln in said if ln.startswith("  extrapolation from one worker's rate and cost "
-                                               f"(not measured): 4 CS-X need "
-                                               f"{e['workers_per_csx']} workers")]
+    rate = worker["extrapolation_batches_per_s"]
+    assert [ln for ln in said if ln.startswith(
+        f"  extrapolation from one worker's rate ({rate:,.1f} batches/s, {rate * batch:,.1f} "
+        f"samples/s) and cost (not measured): 4 CS-X need {e['workers_per_csx']} worker")]
     assert "Token authentication" not in err
     assert (tmp_path / "sw" / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the workers built the processor from the params file: 30 steps of the file's batch

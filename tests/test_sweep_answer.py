@@ -55,7 +55,8 @@ def test_the_extrapolation_is_stated_as_one_and_says_whether_the_cluster_fits():
                {"samples_per_s": 100.0, "source": "--wafer-samples-per-sec", "caveat": None},
                {"num_csx": 16, "nodes": 2, "cores_per_node": 4})
     assert answer_lines(a)[-1] == (
-        "  extrapolation from one worker's rate and cost (not measured): 16 CS-X need 2 workers "
+        "  extrapolation from one worker's rate (7.5 batches/s, 60.0 samples/s) and cost (not "
+        "measured): 16 CS-X need 2 workers "
         "per CS-X (32 in all) and 10.00 cores of input work; on 2 input nodes x 4 cores: 5.00 "
         "cores per node, does not fit (needs 3 such nodes)")
 
