@@ -206,11 +206,12 @@ def _input_kept_up(rows: list[dict], fewest: Optional[dict]) -> Optional[str]:
         occupancy, depth = r.get("mean_buffer_occupancy"), r.get("buffer_batches")
         if occupancy is not None and depth and occupancy >= KEPT_UP_SHARE * depth:
             w = r["num_workers_per_csx"]
-            return (f"at {w} workers per CS-X the input buffer already held {occupancy:.1f} of "
-                    f"its {depth} batches when steps began, so the workers kept up; the wafer's "
-                    f"{1 - (r.get('utilisation') or 0.0):.1%} idle went to taking batches on this "
-                    f"machine's shared cores, and {w} per CS-X may suffice where the wafer has "
-                    "cores of its own")
+            return (f"at {w} worker{'s' if w != 1 else ''} per CS-X the input buffer already held "
+                    f"{occupancy:.1f} of its {depth} batches when steps began, so the workers kept "
+                    f"up (the wafer waited {r.get('starved_fraction') or 0.0:.1%} of its time for "
+                    f"input and {r.get('client_bound_fraction') or 0.0:.1%} for the client, on "
+                    f"this machine's shared cores); {w} per CS-X may suffice where the wafer and "
+                    "its client have cores of their own")
     return None
 
 

@@ -72,12 +72,15 @@ def test_a_wafer_slower_than_its_set_speed_and_the_notes_are_said():
 
 
 def test_a_count_that_kept_the_buffer_full_below_the_fewest_is_noted():
-    a = answer([row(1, 0.94, 0.2, occupancy=3.9), row(2, 0.93, 0.3, occupancy=3.9),
-                row(4, 0.96, 0.4, occupancy=3.9)], 0.95, EXPERIMENT)
+    first = dict(row(1, 0.94, 0.2, occupancy=3.9), starved_fraction=0.015,
+                 client_bound_fraction=0.045)
+    a = answer([first, row(2, 0.93, 0.3, occupancy=3.9), row(4, 0.96, 0.4, occupancy=3.9)],
+               0.95, EXPERIMENT)
     assert a["fewest_workers_per_csx"] == 4
     assert a["notes"] == [
-        "at 1 workers per CS-X the input buffer already held 3.9 of its 4 batches when steps "
-        "began, so the workers kept up; the wafer's 6.0% idle went to taking batches on this "
-        "machine's shared cores, and 1 per CS-X may suffice where the wafer has cores of its own"]
+        "at 1 worker per CS-X the input buffer already held 3.9 of its 4 batches when steps "
+        "began, so the workers kept up (the wafer waited 1.5% of its time for input and 4.5% for "
+        "the client, on this machine's shared cores); 1 per CS-X may suffice where the wafer and "
+        "its client have cores of their own"]
     assert answer([row(1, 0.6, 0.2), row(2, 0.97, 0.3, occupancy=3.9)], 0.95,
                   EXPERIMENT)["notes"] == []
