@@ -99,7 +99,6 @@ def test_the_sweep_finds_the_fewest_workers_for_a_gpt_hdf5_processor_of_known_co
     assert [ln for ln in said if ln.startswith(
         f"  extrapolation from one worker's rate ({rate:,.1f} batches/s, {rate * batch:,.1f} "
         f"samples/s) and cost (not measured): 4 CS-X need {e['workers_per_csx']} worker")]
-    assert "Token authentication" not in err
     assert (tmp_path / "sw" / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the workers built the processor from the params file: 30 steps of the file's batch
     assert all(r["samples"] == 30 * batch for r in doc["rows"])
