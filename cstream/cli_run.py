@@ -83,7 +83,8 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 def _add_debug(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true",
                    help="on an error, show the whole exception chain (every traceback, the "
-                        "input workers' and the wafer's included)")
+                        "input workers' and the wafer's included); show an embedded Ray's own "
+                        "start-up notices and metrics exporter")
 
 
 def add_parser(subparsers) -> None:
@@ -134,7 +135,9 @@ def _add_sweep_parser(subparsers) -> None:
         epilog="example:\n  cstream sweep configs/input_sleep_150ms.yaml "
                "--num-workers-per-csx 1,2,4,8 --out sw\n"
                "  cstream sweep configs/input_sleep_150ms.yaml --num-workers-per-csx 1,2,4,8 "
-               "--out sw --resume")
+               "--out sw --resume\n"
+               "  cstream sweep --modelzoo modelzoo/fc_mnist/pytorch/configs/params.yaml "
+               "--num-workers-per-csx 1,2,4 --wafer-samples-per-sec 5000")
     p.add_argument("config", metavar="CONFIG", nargs="?", help="experiment YAML file")
     p.add_argument("--num-workers-per-csx", type=_int_list, required=True, metavar="LIST",
                    help="comma-separated worker counts per CS-X, e.g. 1,2,4,8")

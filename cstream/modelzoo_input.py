@@ -385,7 +385,8 @@ def add_arguments(p) -> None:
     g = p.add_argument_group("a Cerebras Model Zoo params file instead of CONFIG")
     g.add_argument("--modelzoo", metavar="PARAMS",
                    help="profile the data processor of this Model Zoo params file (Release "
-                        "2.0.x or 2.2.x layout) against the simulated wafer; no model is run")
+                        f"2.0.x or 2.2.x layout) against the simulated wafer; no model is run; "
+                        f"{DEFAULT_STEPS} steps per run unless --steps")
     g.add_argument("--modelzoo-root", metavar="CHECKOUT",
                    help="the Model Zoo checkout (default: found from PARAMS' folder)")
     g.add_argument("--modelzoo-model", metavar="DIR",
