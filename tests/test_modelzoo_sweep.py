@@ -245,3 +245,25 @@ def test_a_params_file_outside_a_model_folder_a_missing_section_and_no_wafer_spe
     assert err.strip().splitlines()[-1] == (
         "cstream sweep: error: --wafer-rates rates.yaml: no entry for 'params_gpt2_tiny' or "
         "'gpt2'; it has gpt3. Did you mean 'gpt3'?")
+
+
+def test_locate_reads_run_py_for_the_input_function_and_tells_the_release_layout(tmp_path):
+    from cstream.modelzoo_input import ModelZooError, locate
+
+    p = locate(GPT2_PARAMS["2.2.x"])
+    assert (p.release, p.import_root, p.data_module, p.input_fn, p.defaults_module) == (
+        "2.2.x", RELEASES / "Release_2.2.x" / "src", "cerebras.modelzoo.models.nlp.gpt2.data",
+        "train_input_dataloader", "cerebras.modelzoo.models.nlp.gpt2.utils")
+    assert (p.model_name, p.processor, p.batch_size) == ("gpt2", "GptHDF5DataProcessor", 8)
+    # the checkout named by its top folder: the 2.2.x code lives under src/
+    assert locate(GPT2_PARAMS["2.2.x"], root=RELEASES / "Release_2.2.x").import_root == \
+        RELEASES / "Release_2.2.x" / "src"
+    p = locate(MNIST_PARAMS, section="eval_input")
+    assert (p.release, p.import_root, p.data_module, p.input_fn, p.model_name) == (
+        "2.0.x", RELEASES / "Release_2.0.x", "modelzoo.fc_mnist.pytorch.data",
+        "get_eval_dataloader", "fc_mnist")
+    with pytest.raises(ModelZooError) as e:
+        locate(MNIST_PARAMS, root=tmp_path)
+    assert str(e.value) == (f"--modelzoo-root {tmp_path}: holds neither modelzoo/fc_mnist/pytorch "
+                            "nor src/modelzoo/fc_mnist/pytorch; give the Model Zoo checkout the "
+                            "params file belongs to.")
