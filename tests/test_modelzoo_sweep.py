@@ -238,6 +238,16 @@ def test_a_params_file_outside_a_model_folder_a_missing_section_and_no_wafer_spe
         "--wafer-samples-per-sec N, --wafer-rates YAML (your measured rates by model name) or "
         "--measure-step")
 
+    rc, _, err = cli(capsys, "sweep", "--num-workers-per-csx", "1")
+    assert rc == 2
+    assert err.strip().splitlines()[-1] == (
+        "cstream sweep: error: give an experiment file (CONFIG) or a Model Zoo params file "
+        "(--modelzoo PARAMS)")
+    rc, _, err = cli(capsys, "run", "small.yaml", "--modelzoo", GPT2_20)
+    assert rc == 2
+    assert err.strip().splitlines()[-1] == \
+        "cstream run: error: give CONFIG (small.yaml) or --modelzoo, not both"
+
     (tmp_path / "rates.yaml").write_text("gpt3: 100\n")
     rc, _, err = cli(capsys, "sweep", "--modelzoo", GPT2_20, "--num-workers-per-csx", "1",
                      "--wafer-rates", "rates.yaml")
