@@ -305,7 +305,7 @@ def check_section(program: ModelZooProgram, total_workers: int = 1) -> dict:
     dirs = section["data_dir"] if isinstance(section["data_dir"], list) else [section["data_dir"]]
     folders = []
     for d in dirs:
-        folder = _resolve_dir(program, d)
+        folder = _resolve_dir(d)
         if not folder.is_dir():
             raise ModelZooError(f"{key}.data_dir: {d} does not exist or is not a folder"
                                 + (f" (relative paths are read from {Path.cwd()})"
@@ -315,7 +315,7 @@ def check_section(program: ModelZooProgram, total_workers: int = 1) -> dict:
     return found
 
 
-def _resolve_dir(program: ModelZooProgram, d) -> Path:
+def _resolve_dir(d) -> Path:
     """A data folder as the workers will read it: relative paths from this process's folder."""
     return Path(str(d)).expanduser().absolute()
 
@@ -326,9 +326,9 @@ def _absolute_data_dirs(program: ModelZooProgram) -> ModelZooProgram:
     params = copy.deepcopy(program.params)
     section = params[program.section]
     if isinstance(section.get("data_dir"), str):
-        section["data_dir"] = str(_resolve_dir(program, section["data_dir"]))
+        section["data_dir"] = str(_resolve_dir(section["data_dir"]))
     elif isinstance(section.get("data_dir"), list):
-        section["data_dir"] = [str(_resolve_dir(program, d)) for d in section["data_dir"]]
+        section["data_dir"] = [str(_resolve_dir(d)) for d in section["data_dir"]]
     return dataclasses.replace(program, params=params)
 
 
