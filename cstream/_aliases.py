@@ -74,7 +74,8 @@ def become(alias: str) -> None:
     # Submodules already imported are entered under the alias too, so that importing one by
     # the alias finds it in sys.modules and does not set it as an attribute of the package:
     # ``import cerebras.pytorch.backend`` must leave ``cstorch.backend`` the function.
-    for name in [n for n in sys.modules if n.startswith(target + ".")]:
+    # list() copies the keys at once: an input worker imports on other threads meanwhile
+    for name in [n for n in list(sys.modules) if n.startswith(target + ".")]:
         sys.modules.setdefault(alias + name[len(target):], sys.modules[name])
     from cstream._cerebras_check import check_alias_in_use
 

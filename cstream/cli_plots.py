@@ -181,13 +181,18 @@ def plot_workers(report: dict, path: Path, title: str):
     return path
 
 
-def plot_sweep(rows: list[dict], target: float, path: Path, title: str, best: dict) -> Path:
+def plot_sweep(rows: list[dict], target: float, path: Path, title: str, best: dict,
+               note: Optional[list] = None) -> Path:
     """sweep.png: samples/s (left axis, from 0) and wafer utilisation (right axis, 0-100%)
     against workers per CS-X, one colour per CS-X count; the smallest worker count reaching
-    ``target`` marked."""
+    ``target`` marked; ``note`` (the sweep's answer, a list of lines) printed under the plot."""
+    import textwrap
+
     plt = _pyplot()
     xs = sorted({r["num_workers_per_csx"] for r in rows})
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    wrapped = [w for line in (note or []) for w in textwrap.wrap(
+        line.strip(), 118, subsequent_indent="    ")]
+    fig, ax = plt.subplots(figsize=(7, 4.2 + 0.14 * len(wrapped)), dpi=120)
     ax2 = ax.twinx()
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, c in enumerate(sorted({r["num_csx"] for r in rows})):
@@ -221,6 +226,10 @@ def plot_sweep(rows: list[dict], target: float, path: Path, title: str, best: di
     ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
+    if wrapped:
+        height = fig.get_figheight()
+        fig.subplots_adjust(bottom=(0.14 * len(wrapped) + 0.55) / height)
+        fig.text(0.01, 0.01, "\n".join(wrapped), fontsize=6.5, family="monospace", va="bottom")
     path = Path(path)
     fig.savefig(path)
     plt.close(fig)

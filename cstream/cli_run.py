@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from cstream import modelzoo_input, sweep_answer
 from cstream.cli import CLIError
 from cstream.cli_progress import ProgressDisplay
 from cstream.cli_sweep import (SweepRecord, earlier_rows, layout, plot_sweep, run_points, sweep_interrupted,
@@ -81,7 +82,8 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 def _add_debug(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true",
                    help="on an error, show the whole exception chain (every traceback, the "
-                        "input workers' and the wafer's included)")
+                        "input workers' and the wafer's included); show an embedded Ray's own "
+                        "start-up notices and metrics exporter")
 
 
 def add_parser(subparsers) -> None:
@@ -106,8 +108,9 @@ def _add_run_parser(subparsers) -> None:
                     "and prints the partial summary.",
         epilog="example:\n  cstream run configs/digits_mlp.yaml --steps 100\n"
                "  tensorboard --logdir cstream_logs/executors")
-    p.add_argument("config", metavar="CONFIG", help="experiment YAML file")
+    p.add_argument("config", metavar="CONFIG", nargs="?", help="experiment YAML file")
     _add_overrides(p)
+    modelzoo_input.add_arguments(p)
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.add_argument("--json", action="store_true",
                    help="print the summary as JSON (the only thing written to stdout)")
@@ -131,8 +134,10 @@ def _add_sweep_parser(subparsers) -> None:
         epilog="example:\n  cstream sweep configs/input_sleep_150ms.yaml "
                "--num-workers-per-csx 1,2,4,8 --out sw\n"
                "  cstream sweep configs/input_sleep_150ms.yaml --num-workers-per-csx 1,2,4,8 "
-               "--out sw --resume")
-    p.add_argument("config", metavar="CONFIG", help="experiment YAML file")
+               "--out sw --resume\n"
+               "  cstream sweep --modelzoo modelzoo/fc_mnist/pytorch/configs/params.yaml "
+               "--num-workers-per-csx 1,2,4 --wafer-samples-per-sec 5000")
+    p.add_argument("config", metavar="CONFIG", nargs="?", help="experiment YAML file")
     p.add_argument("--num-workers-per-csx", type=_int_list, required=True, metavar="LIST",
                    help="comma-separated worker counts per CS-X, e.g. 1,2,4,8")
     p.add_argument("--num-csx", type=_int_list, default=None, metavar="LIST",
@@ -145,6 +150,8 @@ def _add_sweep_parser(subparsers) -> None:
                    help=f"utilisation to mark the smallest worker count for (default "
                         f"{UTILISATION_TARGET})")
     _add_overrides(p, layout=False)
+    modelzoo_input.add_arguments(p)
+    sweep_answer.add_arguments(p)
     _add_debug(p)
     p.set_defaults(func=cmd_sweep)
 
@@ -175,7 +182,13 @@ def _experiment(args, command: str):
     from cstream.experiment import ExperimentError, load_experiment, with_layout
 
     _check_overrides(args, command)
-    exp = load_experiment(args.config)
+    if getattr(args, "modelzoo", None):
+        exp = modelzoo_input.experiment(args, command)
+    elif args.config is None:
+        raise ExperimentError("give an experiment file (CONFIG) or a Model Zoo params file "
+                              "(--modelzoo PARAMS)")
+    else:
+        exp = load_experiment(args.config)
     if os.getcwd() not in sys.path:  # import paths in the file resolve from here, as python -m
         sys.path.insert(0, os.getcwd())
     changes = {}
@@ -241,7 +254,9 @@ def _print_result(result, exp, as_json: bool) -> None:
 
 def cmd_run(args) -> int:
     from cstream.experiment import run_experiment
+    from executor.ray_session import show_ray_messages
 
+    show_ray_messages(args.debug)
     try:
         exp = _experiment(args, "run")
     except _config_errors() as e:
@@ -268,12 +283,24 @@ def _sweep_plan(args):
     if args.resume and not args.out:
         raise CLIError("--resume continues the sweep in --out DIR; give --out (the folder "
                        "that holds its sweep.json)")
+    try:
+        sweep_answer.plan_of(args)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
     exp = _experiment(args, "sweep")
+    if getattr(args, "modelzoo", None) and exp.cs_config.wafer_samples_per_sec is None \
+            and exp.cs_config.wafer_seconds_per_step is None:
+        raise CLIError("--modelzoo: give the wafer's speed to sweep against: "
+                       "--wafer-samples-per-sec N, --wafer-rates YAML (your measured rates by "
+                       "model name) or --measure-step")
     csx = args.num_csx or [exp.cs_config.num_csx]
     return exp, sweep_points(exp, args.num_workers_per_csx, csx)
 
 
 def cmd_sweep(args) -> int:
+    from executor.ray_session import show_ray_messages
+
+    show_ray_messages(args.debug)
     try:
         exp, points = _sweep_plan(args)
     except (CLIError, *_config_errors()) as e:
@@ -293,8 +320,10 @@ def cmd_sweep(args) -> int:
         sweep_interrupted(args, record, len(points), out)
         return _run_failed("sweep", e, args)
     doc = record.write(complete=True)
-    png = plot_sweep(doc["rows"], args.target, out / "sweep.png", record.title)
+    lines = sweep_answer.answer_lines(doc["answer"])
+    png = plot_sweep(doc["rows"], args.target, out / "sweep.png", record.title, lines)
     print(sweep_table(doc["rows"], args.target))
+    print("\n".join(lines))
     print(f"plot: {png}")
     print(f"sweep folder: {out}")
     return 0
@@ -318,11 +347,15 @@ def cmd_report(args) -> int:
             if not rows:
                 raise CLIError(f"{run_dir / 'sweep.json'} holds no finished point yet; continue "
                                "the sweep with cstream sweep ... --resume")
-            png = plot_sweep(rows, target, run_dir / "sweep.png", doc.get("title", doc["name"]))
+            lines = sweep_answer.answer_lines(doc.get("answer"))
+            png = plot_sweep(rows, target, run_dir / "sweep.png", doc.get("title", doc["name"]),
+                             lines)
             if args.json:
                 print(json.dumps(doc, default=float))
             else:
                 print(sweep_table(rows, target))
+                if lines:
+                    print("\n".join(lines))
                 if not doc.get("complete", True):
                     print(f"incomplete sweep: {len(rows)} of {len(doc.get('grid', rows))} points; "
                           "continue it with cstream sweep ... --resume")

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from cstream import sweep_answer
 from cstream.cli import CLIError
 
 
@@ -137,10 +138,11 @@ def _pct(v) -> str:
     return "-" if v is None else pct(v)
 
 
-def plot_sweep(rows: list[dict], target: float, path: Path, title: str) -> Path:
+def plot_sweep(rows: list[dict], target: float, path: Path, title: str,
+               note: Optional[list] = None) -> Path:
     from cstream.cli_plots import plot_sweep as draw
 
-    return draw(rows, target, path, title, best_counts(rows, target))
+    return draw(rows, target, path, title, best_counts(rows, target), note=note)
 
 
 SWEEP_ROW_KEYS = ("samples_per_s", "global_rate", "utilisation", "starved_fraction",
@@ -153,7 +155,8 @@ def sweep_row(exp, result) -> dict:
     return {"num_csx": exp.cs_config.num_csx,
             "num_workers_per_csx": exp.cs_config.num_workers_per_csx,
             "buffer_batches": exp.cs_config.input_buffer_batches,
-            "run_dir": str(result.run_dir), **{k: result.report.get(k) for k in SWEEP_ROW_KEYS}}
+            "run_dir": str(result.run_dir), **{k: result.report.get(k) for k in SWEEP_ROW_KEYS},
+            **sweep_answer.worker_figures(result.report)}
 
 
 def _write_sweep(path: Path, doc: dict) -> None:
@@ -177,10 +180,15 @@ class SweepRecord:
         grid, target = self.grid, self.args.target
         ordered = sorted(self.rows,
                          key=lambda r: grid.index((r["num_csx"], r["num_workers_per_csx"])))
-        doc = {"name": self.exp.name, "config": str(self.args.config), "target": target,
+        doc = {"name": self.exp.name, "config": str(self.args.config or self.args.modelzoo),
+               "target": target,
                "title": self.title, "experiment": self.exp.to_dict(), "complete": complete,
                "grid": [list(g) for g in grid], "rows": ordered,
                "best": {str(k): v for k, v in best_counts(ordered, target).items()}}
+        doc["answer"] = sweep_answer.answer(ordered, target, doc["experiment"],
+                                            getattr(self.args, "wafer_speed", None),
+                                            sweep_answer.plan_of(self.args),
+                                            getattr(self.args, "answer_notes", None))
         _write_sweep(self.path, doc)
         return doc
 
@@ -245,7 +253,8 @@ def sweep_interrupted(args, record: SweepRecord, num_points: int, out: Path) -> 
     if doc["rows"]:
         print(sweep_table(doc["rows"], args.target))
     print(f"sweep interrupted after {len(doc['rows'])} of {num_points} points; "
-          f"{record.path} keeps them. Continue with: cstream sweep {args.config} "
+          f"{record.path} keeps them. Continue with: cstream sweep "
+          f"{args.config or '--modelzoo ' + str(args.modelzoo)} "
           f"--num-workers-per-csx {','.join(map(str, args.num_workers_per_csx))}"
           + (f" --num-csx {','.join(map(str, args.num_csx))}" if args.num_csx else "")
           + f" --out {out} --resume", flush=True)

@@ -159,6 +159,7 @@ def test_sweep_on_ray_prints_a_table_writes_the_plot_and_report_reprints_it(
     out = cstream("sweep", small_config, "--num-workers-per-csx", "2,1", "--steps", "10",
                   "--out", "sw", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
+    assert "Token authentication" not in out.stderr  # the embedded Ray's notice stays quiet
     lines = out.stdout.splitlines()
     assert "[1/2] num_csx=1 num_workers_per_csx=1 ..." in lines
     assert "[2/2] num_csx=1 num_workers_per_csx=2 ..." in lines

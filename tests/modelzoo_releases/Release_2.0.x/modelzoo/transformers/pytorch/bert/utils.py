@@ -1,0 +1,2 @@
+def set_defaults(params):
+    return params
