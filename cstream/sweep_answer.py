@@ -89,7 +89,8 @@ def measured_rate(program, steps: int = MEASURE_STEPS, timeout_s: float = 900) -
     import yaml
 
     from cstream.modelzoo_input import ModelZooError
-    from executor.report import load_run, summarize_profile
+    from executor.report import summarize_profile
+    from executor.report_writers import load_run
 
     params = dict(program.params)
     run = dict(params.get("runconfig") or {})
