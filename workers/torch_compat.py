@@ -239,6 +239,12 @@ BatchNormBase = _private("torch.nn.modules.batchnorm:_BatchNorm", "every BatchNo
 NormBase = _private("torch.nn.modules.batchnorm:_NormBase", "every batch or instance norm layer")
 
 
+# -- control flow in a graph: ``torch.ops.higher_order.cond`` and the like are neither aten ops
+#    nor plain Python; a CUDA graph cannot hold a branch taken on a value
+HigherOrderOperator = _private("torch._ops:HigherOrderOperator",
+                               "the type of control-flow ops in a graph (cond, while_loop, ...)")
+
+
 if _MISSING:
     raise ImportError(
         f"torch {torch.__version__} lacks {len(_MISSING)} private name(s) cstream uses: "

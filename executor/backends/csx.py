@@ -103,6 +103,7 @@ class CSXBackend(Backend):
         self.compiler = options.compiler
         self.lookahead = options.lookahead
         self.num_threads = options.num_threads
+        self.cuda_graph = options.cuda_graph
         self.store = Store(remote=self)
         self._driver = None
         self._params: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()

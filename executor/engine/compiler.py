@@ -116,6 +116,12 @@ class CompiledStep:
         self._generator = generator
         self._seeded = seeded or generator is None
 
+    @property
+    def lends_generator(self) -> bool:
+        """Its random ops draw from the device's default generator, lent the wafer's state by
+        the host around each step (they take no ``generator=``)."""
+        return not self._seeded
+
     def __call__(self, state: list, batch: list, consts: list) -> list:
         if self._seeded:
             return self._run(state, batch, consts)
