@@ -27,6 +27,9 @@ delivered the batch). From those this module derives:
   wait attributable to stragglers, and whether stragglers cost utilisation (and which worker);
 * ``time_to_first_step_s``: from the start of the run to the end of the first step on the wafer
   (tracing, compile and start-up included), with ``trace_s`` and ``compile_s`` beside it.
+* on a CUDA wafer, the GPU-busy figures of the steady steps (:mod:`executor.gpu_busy`:
+  ``gpu_busy_fraction`` from CUDA events, the idle time spent waiting for input) and whether the
+  step ran as a CUDA graph (``cuda_graph``: recorded at which step, or why not);
 * ``worker_nodes`` and ``restart_events``: the node (id, ip) and process of each input worker
   at the end of the run, and every restart of a worker: when, at which step, the node it died
   on, the cause, and the node it was started again on.
@@ -63,11 +66,14 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Optional
 
+from executor.gpu_busy import gpu_busy
+
 #: summary keys written as TensorBoard scalars (under ``summary/``) and shown in tables
 SUMMARY_SCALARS = (
     "samples_per_s", "global_rate", "utilisation", "starved_fraction", "client_bound_fraction",
     "mean_buffer_occupancy", "worker_rate_spread", "time_to_first_step_s", "wafer_wall_s",
-    "utilisation_incl_warmup", "warmup_s", "trace_s", "compile_s",
+    "utilisation_incl_warmup", "warmup_s", "trace_s", "compile_s", "gpu_busy_fraction",
+    "gpu_input_bound_fraction",
 )
 #: per-step keys written as TensorBoard scalars (under ``wafer/``)
 STEP_SCALARS = ("compute_s", "input_wait_s", "buffer_occupancy", "utilisation", "step_wall_s")
@@ -190,6 +196,7 @@ def summarize(records: list[dict], *, global_rate: Optional[float] = None,
         out.update(dict.fromkeys(_WAFER_KEYS), workers=[])
         return out
     out.update(_wafer_figures(records))
+    out.update(gpu_busy(records[out["warmup_steps"]:]) or {})
     if stream_stats:
         out.update(_stream_figures(stream_stats, out["input_wait_s"], out["steady_wall_s"]))
     return out
@@ -379,6 +386,7 @@ def summarize_profile(profile: dict) -> dict:
                     wall_s=summary.get("wall_s"), startup=summary.get("startup"),
                     stream_stats=summary.get("workers"))
     out["interrupted"] = profile.get("interrupted")
+    out["cuda_graph"] = summary.get("compile", {}).get("cuda_graph")
     out["machine_cpus"] = profile.get("machine_cpus")
     if profile.get("name"):
         out["name"] = profile["name"]
@@ -478,7 +486,8 @@ class StepScalars:
             wall = end - self._prev_end
             figures = {"compute_s": r["compute_s"], "input_wait_s": r.get("input_wait_s", 0.0),
                        "buffer_occupancy": r.get("buffer_occupancy"), "step_wall_s": wall,
-                       "utilisation": r["compute_s"] / wall if wall > 0 else 1.0}
+                       "utilisation": r["compute_s"] / wall if wall > 0 else 1.0,
+                       "device_idle_s": r.get("device_idle_s")}
             for key, v in figures.items():
                 if v is not None:
                     writer.add_scalar(f"wafer/{key}", float(v), step)
@@ -628,6 +637,14 @@ def summary_lines(report: dict) -> list[tuple[str, str]]:
         cpus = report.get("machine_cpus")
         rows.append(("input workers' CPU demand", f"{report['input_cpu_cores']:.2f} cores"
                      + (f" of {cpus}" if cpus else "")))
+    if report.get("gpu_busy_fraction") is not None:
+        rows.append(("GPU busy (CUDA events)", pct(report["gpu_busy_fraction"])))
+        rows.append(("GPU", report["gpu_verdict"]))
+    graph = report.get("cuda_graph")
+    if graph:
+        rows.append(("CUDA graph", f"recorded at step {graph['recorded_at_step']}, replayed "
+                     f"{graph['replays']} times" if graph.get("recorded_at_step")
+                     else "not recorded: " + "; ".join(graph.get("why_not") or ["-"])))
     rows += input_side_lines(report)
     assignment = report.get("input_assignment")
     if assignment:

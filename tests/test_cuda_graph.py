@@ -196,8 +196,8 @@ def test_the_option_takes_true_false_or_auto_and_true_needs_a_cuda_wafer():
 
 def train(tmp_path, build, input_fn, loss_of, steps=8, checkpoint_steps=None, **options):
     """Train ``steps`` Adam steps on a CUDA wafer in this process; the losses read in a step
-    closure every step, the final weights, the state at the checkpoint steps and the run's
-    summary."""
+    closure every step, the final weights, the state at the checkpoint steps, the run's
+    summary and its report."""
     torch.manual_seed(0)
     backend = cstorch.backend("CSX", device="cuda", in_process=True,
                               artifact_dir=tmp_path / str(options), **options)
@@ -231,7 +231,7 @@ def train(tmp_path, build, input_fn, loss_of, steps=8, checkpoint_steps=None, **
             if executor.on_checkpoint_step:
                 save(executor.user_iteration)
         weights = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
-        return losses, weights, snapshots, executor.summary
+        return losses, weights, snapshots, executor.summary, executor.report
     finally:
         backend.shutdown()
 
@@ -257,3 +257,5 @@ def test_the_graph_replay_gives_the_plain_replays_numbers(tmp_path, build, input
     assert report["replays"] == 7 and report["plain_steps"] == 1
     assert plain[3]["compile"]["cuda_graph"]["why_not"] == ["cuda_graph=False"]
     assert plain[3]["compile"]["cuda_graph"]["replays"] == 0
+    for run in (graphed, plain):  # the device's own timing, from CUDA events
+        assert run[4]["gpu_timed_steps"] >= 6 and 0 < run[4]["gpu_busy_fraction"] <= 1
