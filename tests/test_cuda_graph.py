@@ -259,3 +259,19 @@ def test_the_graph_replay_gives_the_plain_replays_numbers(tmp_path, build, input
     assert plain[3]["compile"]["cuda_graph"]["replays"] == 0
     for run in (graphed, plain):  # the device's own timing, from CUDA events
         assert run[4]["gpu_timed_steps"] >= 6 and 0 < run[4]["gpu_busy_fraction"] <= 1
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU: torch.cuda.is_available() is False "
+                                         "here")
+def test_the_eager_backend_copies_batches_to_the_gpu_through_pinned_memory():
+    from executor.backends.cpu import _to_device
+
+    batch = {"x": torch.randn(64, 8), "y": [torch.arange(64)]}
+    moved = _to_device(batch, torch.device("cuda", 0))
+    assert moved["x"].device.type == "cuda" and moved["y"][0].device.type == "cuda"
+    assert torch.equal(moved["x"].cpu(), batch["x"]) and torch.equal(moved["y"][0].cpu(),
+                                                                      batch["y"][0])
+    assert not batch["x"].is_pinned()  # the user's tensor is left as it was
+    back = _to_device(moved, "cpu", only_from=torch.device("cuda", 0))
+    assert torch.equal(back["x"], batch["x"])  # read back synchronously: the values are there

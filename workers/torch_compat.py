@@ -245,6 +245,14 @@ HigherOrderOperator = _private("torch._ops:HigherOrderOperator",
                                "the type of control-flow ops in a graph (cond, while_loop, ...)")
 
 
+# -- what runs around the ops of a step: the TorchFunctionModes active (an eager step runs with
+#    none unless it needs one), and the dispatch-level mode tests count host reads with
+torch_function_mode_depth = _private("torch._C:_len_torch_function_stack",
+                                     "how many TorchFunctionModes are active")
+TorchDispatchMode = _private("torch.utils._python_dispatch:TorchDispatchMode",
+                             "a mode that sees every aten op")
+
+
 if _MISSING:
     raise ImportError(
         f"torch {torch.__version__} lacks {len(_MISSING)} private name(s) cstream uses: "
