@@ -137,6 +137,15 @@ def plan(gm: torch.fx.GraphModule, inputs: Sequence[InputSpec], device, *,
 
 
 # -- running steps on a CUDA device --------------------------------------------------------------
+def _own_memory(outputs: list, batch: list) -> list:
+    """``outputs``, with a copy of each one that shares memory with the batch (a step that
+    returns its input, or a view of it): the batch's buffer is filled again two steps later,
+    and the output must keep this step's value."""
+    memory = {t.untyped_storage().data_ptr() for t in batch}
+    return [o.clone() if isinstance(o, torch.Tensor)
+            and o.untyped_storage().data_ptr() in memory else o for o in outputs]
+
+
 @dataclass
 class _Slot:
     """One of the two input slots: pinned host buffers, the device buffers the side stream fills
@@ -221,7 +230,7 @@ class CudaStepRunner:
         settled = getattr(program, "settled", lambda: True)()
         step_fn = getattr(program, "active", None)
         if self._failed or not settled or step_fn is None or self.report["plain_steps"] == 0:
-            outputs = program(state, batch, step)
+            outputs = _own_memory(program(state, batch, step), batch)
             self.report["plain_steps"] += 1
         else:
             outputs = self._replay(program, step_fn, state, batch, step)
