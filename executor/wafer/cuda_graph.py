@@ -233,7 +233,7 @@ class CudaStepRunner:
             outputs = _own_memory(program(state, batch, step), batch)
             self.report["plain_steps"] += 1
         else:
-            outputs = self._replay(program, step_fn, state, batch, step)
+            outputs = self._replay(program, step_fn, state, batch, step, start)
         end.record()
         self._slots[step % 2].consumed = self._batch_read or end
         self._batch_read = None
@@ -242,13 +242,15 @@ class CudaStepRunner:
             torch.cuda.synchronize(self.device)
         return outputs
 
-    def _replay(self, program, step_fn, state: list, batch: list, step: int) -> list:
+    def _replay(self, program, step_fn, state: list, batch: list, step: int,
+                start: torch.cuda.Event) -> list:
         rec = self._recorded
         if rec is None or rec.step_fn is not step_fn or \
                 [t.shape for t in rec.batch] != [t.shape for t in batch]:
             rec = self._record(program, step_fn, state, batch, step)
+            start.record()  # the step's device time leaves the recording out
             if rec is None:
-                return program(state, batch, step)
+                return _own_memory(program(state, batch, step), batch)
         for i, (now, static) in enumerate(zip(state, rec.state)):
             if now is not static:  # the state was replaced (a checkpoint loaded between runs)
                 static.copy_(now)
@@ -281,7 +283,9 @@ class CudaStepRunner:
         try:
             if generator is not None and getattr(program, "draws_random", False):
                 graph.register_generator_state(generator)
-            with torch.cuda.graph(graph):
+            # thread_local: the client's reads in other threads (in-process, or the actor's
+            # call threads on Ray) go on while the wafer thread records
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 written = list(state)
                 outputs = step_fn(written, static_batch, consts)
                 for static, new in zip(state, written):
