@@ -200,7 +200,8 @@ def train(tmp_path, build, input_fn, loss_of, steps=8, checkpoint_steps=None, **
     summary and its report."""
     torch.manual_seed(0)
     backend = cstorch.backend("CSX", device="cuda", in_process=True,
-                              artifact_dir=tmp_path / str(options), **options)
+                              artifact_dir=tmp_path / f"run{len(list(tmp_path.iterdir()))}",
+                              **options)
     try:
         model = build()
         compiled = cstorch.compile(model, backend)
@@ -275,3 +276,21 @@ def test_the_eager_backend_copies_batches_to_the_gpu_through_pinned_memory():
     assert not batch["x"].is_pinned()  # the user's tensor is left as it was
     back = _to_device(moved, "cpu", only_from=torch.device("cuda", 0))
     assert torch.equal(back["x"], batch["x"])  # read back synchronously: the values are there
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU: torch.cuda.is_available() is False "
+                                         "here")
+def test_the_inductor_step_is_recorded_too_and_gives_its_plain_replays_numbers(tmp_path):
+    """compiler="inductor" (compiled before the first step, ~20 s cold): its functional step
+    writes the state back inside the graph."""
+    graphed = train(tmp_path, mlp, lambda: vectors(8), mse, compiler="inductor",
+                    compile_dir=tmp_path / "cache", cuda_graph="auto")
+    plain = train(tmp_path, mlp, lambda: vectors(8), mse, compiler="inductor",
+                  compile_dir=tmp_path / "cache", cuda_graph=False)
+    assert graphed[0] == plain[0]
+    for k in plain[1]:
+        assert torch.equal(graphed[1][k], plain[1][k]), k
+    report = graphed[3]["compile"]["cuda_graph"]
+    assert report["recorded_at_step"] == 2 and report["recorded_for"] == "inductor", report
