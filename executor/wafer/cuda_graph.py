@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from executor.engine.compiler import _generator_overload, _is_random
+from executor.engine.compiler import generator_overload, is_random
 from executor.engine.devices import device_bound_ops
 from workers.torch_compat import HigherOrderOperator, OpOverload
 
@@ -100,7 +100,7 @@ def _node_reasons(gm: torch.fx.GraphModule) -> list[str]:
             elif _VALUE_SHAPED in target.tags and not _index_by_position(node):
                 found.append(f"{node.name}: {target} makes an output whose shape depends on "
                              "values (data-dependent shape; the host must read it)")
-            elif _is_random(node) and _generator_overload(target) is None:
+            elif is_random(node) and generator_overload(target) is None:
                 found.append(f"{node.name}: {target} draws random numbers and takes no "
                              "generator, so the host would lend it the wafer's generator each "
                              "step (random op without a graph-safe generator)")
