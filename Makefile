@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
 
-.PHONY: setup demo test test-all test-cpu-variants lint bench gpu-check clean reference
+.PHONY: setup demo test test-all test-cpu-variants lint bench gpu-check gpu-bench clean reference
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,14 @@ bench: setup
 # run on a CPU, "--ray no" leaves out the Ray rows.
 gpu-check:
 	PYTHONPATH=$(CURDIR) $(PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
+
+# On one CUDA GPU, with the machine's own torch: the CUDA graph's tests, then the training
+# speed of eager PyTorch, torch.compile, the GPU backend and the CUDA wafer with and without
+# its CUDA graph (about 5 minutes); writes benchmarks/results/gpu.json and the table of
+# docs/performance.md. GPU_BENCH_ARGS="--device cpu --quick" is the dry run on a CPU.
+gpu-bench:
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -q -m "cuda and not slow" tests/test_cuda_graph.py -p no:cacheprovider; \
+	PYTHONPATH=$(CURDIR) $(PYTHON) benchmarks/gpu.py --docs $(GPU_BENCH_ARGS)
 
 # The real cerebras-pytorch package in a venv of its own (it pins torch 2.4.0, a CUDA build of
 # about 5.7 GB) rewrites tests/reference/fixtures/. Never part of `make test`.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 from executor import runtime
@@ -46,13 +47,17 @@ class TracedStep:
 
     def run(self, *args, **kwargs):
         """The user's function under what every backend runs a step with: the acceptance of
-        :mod:`executor.engine.accept` (int32 labels) and, when mixed precision is on, autocast
-        (:mod:`cstream.amp.precision`). The CPU backend calls it, the CSX backend traces it."""
+        :mod:`executor.engine.accept` (int32 labels; on an eager backend only for a step given
+        narrow integer tensors, :func:`~executor.engine.accept.needs_accept_mode`) and, when
+        mixed precision is on, autocast (:mod:`cstream.amp.precision`). The eager backends call
+        it, the CSX backend traces it."""
         from cstream.amp.precision import step_autocast
-        from executor.engine.accept import AcceptMode
+        from executor.engine.accept import AcceptMode, needs_accept_mode
 
         backend = runtime.current_backend(required=True)
-        with AcceptMode(), step_autocast(backend, (args, kwargs)):
+        accept = AcceptMode() if backend.is_csx or needs_accept_mode((args, kwargs)) \
+            else contextlib.nullcontext()
+        with accept, step_autocast(backend, (args, kwargs)):
             return self.fn(*args, **kwargs)
 
     def __repr__(self) -> str:

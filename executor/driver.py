@@ -25,6 +25,7 @@ import torch
 
 from executor.engine.compiler import CacheEntry, cache_key, input_spec
 from executor.engine.devices import DeviceBoundError, check_device_clean
+from executor.wafer import cuda_graph as cuda_graphs
 from executor.wafer.feed import BatchSpecError, InputFeed
 from executor.wafer.loop import Collected, DriverError, Phase, RunPlan, WaferLoop
 from executor.wafer.program import Program
@@ -96,11 +97,14 @@ class WaferDriver:
         num_threads: threads for the step's ops (``torch.set_num_threads``); None: chosen
             from ``cpus`` when given (:func:`threads_for_step`), else left as is.
         cpus: the CPUs of the driver's node, for choosing the thread count.
+        cuda_graph: on a CUDA device, replay the step as a CUDA graph (``"auto"``, True,
+            False: :class:`executor.backends.options.CSXOptions`).
     """
 
     def __init__(self, device: str = "cpu", compile_dir: Optional[str] = None,
                  compiler: str = "auto", use_ray_workers: bool = False,
-                 num_threads: Optional[int] = None, cpus: Optional[int] = None):
+                 num_threads: Optional[int] = None, cpus: Optional[int] = None,
+                 cuda_graph="auto"):
         if use_ray_workers:  # an actor: captured graphs arrive pickled, and unpickling needs it
             import_for_unpickling_graphs()
         self.device = torch.device(device)
@@ -108,6 +112,8 @@ class WaferDriver:
         self.rng = torch.Generator(device=self.device)
         self.compile_dir = Path(compile_dir) if compile_dir else None
         self.compiler = compiler
+        self.cuda_graph = cuda_graph
+        self._graph_plan: Optional[cuda_graphs.GraphPlan] = None
         self.use_ray_workers = use_ray_workers
         self._cpus = cpus if num_threads is None else None  # choose per program
         if num_threads is None and cpus is not None:
@@ -142,7 +148,7 @@ class WaferDriver:
                      state_metas: Optional[list] = None, compile_only: bool = False,
                      num_steps: Optional[int] = None,
                      matmul_flops_per_step: Optional[int] = None,
-                     graph_code: Optional[str] = None) -> dict:
+                     graph_code: Optional[str] = None, retrace: bool = False) -> dict:
         """Compile the captured step against the resident state (``graph`` None: no model).
 
         ``compile_only``: the weights were dropped; compile against zeros of their spec (with
@@ -152,8 +158,10 @@ class WaferDriver:
         None: counted here. ``graph_code``: the graph's code as captured, the compile cache's
         key (a pickled graph arrives with its code generated anew, other text for the same
         graph: keyed on it, a Ray driver and an in-process one would not share artifacts);
-        None: ``graph.code``."""
+        None: ``graph.code``. ``retrace``: the client traces the step every iteration
+        (``retrace_every_iteration``); a CUDA graph is then not recorded."""
         self._state_order = list(state_order)
+        self._graph_plan = None
         if graph is None:
             self._program = None
             return {"compiler": None, "cache_hit": False, "compile_s": 0.0,
@@ -188,8 +196,19 @@ class WaferDriver:
         compiler = self.compiler
         if compile_only and compiler == "auto":
             compiler = "inductor"
+        if self.device.type == "cuda" and not compile_only:
+            self._graph_plan = cuda_graphs.plan(graph, cuda_graphs.spec_of(
+                [*example[0], *example[1], *example[2]]), self.device, option=self.cuda_graph,
+                retrace=retrace)
+            if self.cuda_graph is True and not self._graph_plan.record:
+                raise DriverError(
+                    "cuda_graph=True, but the step cannot be recorded as a CUDA graph:\n  "
+                    + "\n  ".join(self._graph_plan.reasons)
+                    + '\nSet cuda_graph="auto" to run it with the plain replay.')
         self._program = Program(graph, example, compiler, str(self.device), entry, num_steps,
                                 generator=self.rng)
+        if self._graph_plan is not None:
+            self._program.report["cuda_graph"] = self._graph_plan.to_dict()
         return {**self._program.report, "num_threads": self.num_threads,
                 "threads_chosen": self.threads_chosen}
 
@@ -268,8 +287,12 @@ class WaferDriver:
         self._feed.start(num_steps, plan.checkpoint_steps)
         if self._program is not None:
             self._program.num_steps = num_steps
+        runner = None
+        if self._graph_plan is not None and self._program is not None:
+            runner = cuda_graphs.CudaStepRunner(self.device, self._graph_plan,
+                                                self._program.report.setdefault("cuda_graph", {}))
         self._loop = WaferLoop(self.store, self._feed, self._program, self._state_order, plan,
-                               self.policy, self.device, rng=self.rng)
+                               self.policy, self.device, rng=self.rng, runner=runner)
         thread = threading.Thread(target=self._loop.run, name="wafer", daemon=True)
         thread.start()
         self._thread = thread  # only a started thread is joined, even after a Ctrl-C in start()

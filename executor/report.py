@@ -27,6 +27,9 @@ delivered the batch). From those this module derives:
   wait attributable to stragglers, and whether stragglers cost utilisation (and which worker);
 * ``time_to_first_step_s``: from the start of the run to the end of the first step on the wafer
   (tracing, compile and start-up included), with ``trace_s`` and ``compile_s`` beside it.
+* on a CUDA wafer, the GPU-busy figures of the steady steps (:mod:`executor.gpu_busy`:
+  ``gpu_busy_fraction`` from CUDA events, the idle time spent waiting for input) and whether the
+  step ran as a CUDA graph (``cuda_graph``: recorded at which step, or why not);
 * ``worker_nodes`` and ``restart_events``: the node (id, ip) and process of each input worker
   at the end of the run, and every restart of a worker: when, at which step, the node it died
   on, the cause, and the node it was started again on.
@@ -53,11 +56,14 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
+from executor.gpu_busy import gpu_busy
+
 #: summary keys written as TensorBoard scalars (under ``summary/``) and shown in tables
 SUMMARY_SCALARS = (
     "samples_per_s", "global_rate", "utilisation", "starved_fraction", "client_bound_fraction",
     "mean_buffer_occupancy", "worker_rate_spread", "time_to_first_step_s", "wafer_wall_s",
-    "utilisation_incl_warmup", "warmup_s", "trace_s", "compile_s",
+    "utilisation_incl_warmup", "warmup_s", "trace_s", "compile_s", "gpu_busy_fraction",
+    "gpu_input_bound_fraction",
 )
 #: per-step keys written as TensorBoard scalars (under ``wafer/``)
 STEP_SCALARS = ("compute_s", "input_wait_s", "buffer_occupancy", "utilisation", "step_wall_s")
@@ -180,6 +186,7 @@ def summarize(records: list[dict], *, global_rate: Optional[float] = None,
         out.update(dict.fromkeys(_WAFER_KEYS), workers=[])
         return out
     out.update(_wafer_figures(records))
+    out.update(gpu_busy(records[out["warmup_steps"]:]) or {})
     if stream_stats:
         out.update(_stream_figures(stream_stats, out["input_wait_s"], out["steady_wall_s"]))
     return out
@@ -345,6 +352,7 @@ def summarize_profile(profile: dict) -> dict:
                     wall_s=summary.get("wall_s"), startup=summary.get("startup"),
                     stream_stats=summary.get("workers"))
     out["interrupted"] = profile.get("interrupted")
+    out["cuda_graph"] = summary.get("compile", {}).get("cuda_graph")
     out["machine_cpus"] = profile.get("machine_cpus")
     if profile.get("name"):
         out["name"] = profile["name"]

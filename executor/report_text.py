@@ -80,6 +80,14 @@ def summary_lines(report: dict) -> list[tuple[str, str]]:
         cpus = report.get("machine_cpus")
         rows.append(("input workers' CPU demand", f"{report['input_cpu_cores']:.2f} cores"
                      + (f" of {cpus}" if cpus else "")))
+    if report.get("gpu_busy_fraction") is not None:
+        rows.append(("GPU busy (CUDA events)", pct(report["gpu_busy_fraction"])))
+        rows.append(("GPU", report["gpu_verdict"]))
+    graph = report.get("cuda_graph")
+    if graph:
+        rows.append(("CUDA graph", f"recorded at step {graph['recorded_at_step']}, replayed "
+                     f"{graph['replays']} times" if graph.get("recorded_at_step")
+                     else "not recorded: " + "; ".join(graph.get("why_not") or ["-"])))
     rows += input_side_lines(report)
     assignment = report.get("input_assignment")
     if assignment:

@@ -94,7 +94,8 @@ class StepScalars:
             wall = end - self._prev_end
             figures = {"compute_s": r["compute_s"], "input_wait_s": r.get("input_wait_s", 0.0),
                        "buffer_occupancy": r.get("buffer_occupancy"), "step_wall_s": wall,
-                       "utilisation": r["compute_s"] / wall if wall > 0 else 1.0}
+                       "utilisation": r["compute_s"] / wall if wall > 0 else 1.0,
+                       "device_idle_s": r.get("device_idle_s")}
             for key, v in figures.items():
                 if v is not None:
                     writer.add_scalar(f"wafer/{key}", float(v), step)

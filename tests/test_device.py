@@ -17,6 +17,7 @@ import torch
 import cstream as cstorch
 from executor.backends.cpu import EagerBackend, _to_device
 from executor.backends.options import CPUOptions
+from workers.torch_compat import TorchDispatchMode, torch_function_mode_depth, tree_leaves
 
 META = torch.device("meta")
 
@@ -322,3 +323,104 @@ def test_map_location_cache_of_the_cerebras_api_reads_into_cpu_memory(tmp_path):
     assert loaded["w"].device.type == "cpu" and torch.equal(loaded["w"], torch.arange(3.0))
     with pytest.raises(ValueError, match="map_location='nowhere' is not a usable device here"):
         cstorch.load(path, map_location="nowhere")
+
+
+# -- an eager step adds nothing a plain loop would not do --------------------------------------------
+
+class HostReads(TorchDispatchMode):
+    """Counts the aten ops that read a tensor's value on the host: a scalar read, or a copy
+    from another device to the CPU."""
+
+    READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default,
+             torch.ops.aten.is_nonzero.default, torch.ops.aten.equal.default}
+
+    def __init__(self):
+        super().__init__()
+        self.reads = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        inputs = [t for t in tree_leaves((args, kwargs))
+                  if isinstance(t, torch.Tensor)]
+        to_host = (isinstance(out, torch.Tensor) and out.device.type == "cpu"
+                   and any(t.device.type != "cpu" for t in inputs))
+        if func in self.READS or to_host:
+            self.reads.append(str(func))
+        return out
+
+
+def _eager_loop(backend, closure_every: int = 0) -> list:
+    """The training loop of test_a_training_loop_keeps_every_tensor_on_the_backend_device (dynamic
+    loss scaling, clipping, a scheduler, a metric) for 4 steps under :class:`HostReads`; a step
+    closure reading the loss every ``closure_every`` steps (0: none). The reads counted."""
+    with backend.device:
+        model = _Net()
+    compiled = cstorch.compile(model, backend)
+    opt = cstorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = cstorch.optim.lr_scheduler.LinearLR(opt, 0.1, 0.01, 10)
+    scaler = cstorch.amp.GradScaler(loss_scale="dynamic")
+    accuracy = cstorch.metrics.AccuracyMetric("acc")
+    losses = []
+
+    @cstorch.trace
+    def step(batch):
+        x, y = batch
+        out = compiled(x)
+        loss = torch.nn.functional.cross_entropy(out, y)
+        cstorch.amp.optimizer_step(loss, opt, scaler, max_gradient_norm=1.0)
+        sched.step()
+        accuracy(labels=y, predictions=out.argmax(-1))
+        return loss
+
+    @cstorch.step_closure
+    def read(loss):
+        losses.append(loss.item())
+
+    executor = cstorch.utils.data.DataExecutor(cstorch.utils.data.DataLoader(_input_fn),
+                                               num_steps=4)
+    with HostReads() as counted:
+        for batch in executor:
+            loss = step(batch)
+            if closure_every and executor.user_iteration % closure_every == 0:
+                read(loss)
+    return counted.reads
+
+
+def test_an_eager_loop_on_the_device_reads_nothing_on_the_host(meta_backend):
+    """On the eager backends' device (meta here: nothing can be read from it) four steps of a
+    loop with loss scaling, clipping, a scheduler and a metric read no value on the host."""
+    assert _eager_loop(meta_backend) == []
+
+
+def test_the_host_reads_of_an_eager_loop_are_those_its_step_closures_make(tmp_path):
+    cpu = cstorch.backend("CPU", artifact_dir=tmp_path / "cpu")
+    try:
+        assert _eager_loop(cpu) == []
+        assert _eager_loop(cpu, closure_every=2) == ["aten._local_scalar_dense.default"] * 2
+    finally:
+        cpu.shutdown()
+
+
+def test_an_eager_step_runs_under_no_torch_function_mode_unless_given_narrow_int_labels(tmp_path):
+    """Integer labels narrower than int64 are widened for cross_entropy by a TorchFunctionMode,
+    which costs Python work on every op; an eager step enters it only when its inputs hold
+    such a tensor."""
+    backend = cstorch.backend("CPU", artifact_dir=tmp_path / "run")
+    try:
+        model = torch.nn.Linear(4, 3)
+        compiled = cstorch.compile(model, backend)
+        depths = []
+
+        @cstorch.trace
+        def step(x, y):
+            depths.append(torch_function_mode_depth())
+            return torch.nn.functional.cross_entropy(compiled(x), y)
+
+        x = torch.randn(2, 4)
+        wide = step(x, torch.tensor([0, 2]))
+        narrow = step(x, torch.tensor([0, 2], dtype=torch.int32))
+        assert depths == [0, 1]
+        assert torch.equal(wide, narrow)
+    finally:
+        backend.shutdown()

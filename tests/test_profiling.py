@@ -323,3 +323,65 @@ def test_a_ctrl_c_inside_a_tensorboard_write_is_raised_after_the_write():
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, saved)
+
+
+# -- a CUDA wafer: is the GPU busy? ---------------------------------------------------------------
+
+def gpu_rec(step, compute, idle, wait, end, workers=(0,)):
+    """A CUDA wafer's step: the device's compute and idle gap from CUDA events, the host's wait
+    for the batch, the host's time in the step (``launch_s``)."""
+    return {**rec(step, compute, wait, end, 1.0, list(workers)), "device_compute_s": compute,
+            "device_idle_s": idle, "launch_s": 0.0001}
+
+
+def test_gpu_busy_is_compute_over_the_devices_timeline_and_splits_idle_into_input_and_host():
+    from executor.gpu_busy import gpu_busy
+
+    steps = [gpu_rec(1, 0.010, 0.0, 0.0, 0.010), gpu_rec(2, 0.010, 0.004, 0.003, 0.024),
+             gpu_rec(3, 0.010, 0.001, 0.005, 0.035), gpu_rec(4, 0.010, 0.0, 0.0, 0.045)]
+    f = gpu_busy(steps)
+    assert f["gpu_compute_s"] == pytest.approx(0.040) and f["gpu_idle_s"] == pytest.approx(0.005)
+    assert f["gpu_busy_fraction"] == pytest.approx(0.040 / 0.045)
+    # step 2 waited 3 ms of its 4 ms gap for input; step 3 waited 5 ms but the device idled 1 ms
+    assert f["gpu_idle_waiting_for_input_s"] == pytest.approx(0.004)
+    assert f["gpu_input_bound_fraction"] == pytest.approx(0.004 / 0.045)
+    assert f["gpu_timed_steps"] == 4
+    assert f["gpu_verdict"] == ("the GPU waited 11.1% of its time: 8.8% for input (more input "
+                                "workers per CS-X), 2.2% for the host")
+
+
+def test_a_gpu_busy_at_the_target_says_so_and_a_run_without_device_timing_has_no_figures():
+    from executor.gpu_busy import BUSY_TARGET, busy_enough, gpu_busy
+
+    steps = [gpu_rec(i, 0.019, 0.001 if i > 1 else 0.0, 0.0, 0.02 * i) for i in range(1, 6)]
+    f = gpu_busy(steps)
+    assert f["gpu_busy_fraction"] == pytest.approx(0.095 / 0.099)
+    assert f["gpu_busy_fraction"] >= BUSY_TARGET
+    assert f["gpu_verdict"] == "the GPU was busy 95.9% of its time (target 95.0%)"
+    assert busy_enough(f) is True and busy_enough(None) is None
+    assert gpu_busy([rec(1, 0.01, 0.0, 0.01, 1.0, [0])]) is None
+
+
+def test_the_run_summary_shows_gpu_busy_for_the_steady_steps_and_the_cuda_graph():
+    from executor.report import summarize_profile
+
+    # worker 1 delivers its first batch at step 2: step 1 is warm-up and left out
+    steps = [gpu_rec(1, 0.010, 0.0, 0.050, 0.060), gpu_rec(2, 0.010, 0.030, 0.030, 0.100, [1]),
+             gpu_rec(3, 0.010, 0.0, 0.0, 0.110), gpu_rec(4, 0.010, 0.0, 0.0, 0.120, [1])]
+    profile = {"steps": steps, "summary": {"compile": {"cuda_graph": {
+        "option": "auto", "recordable": True, "why_not": [], "recorded_at_step": 2,
+        "replays": 3, "plain_steps": 1}}}}
+    s = summarize_profile(profile)
+    assert s["warmup_steps"] == 2 and s["gpu_timed_steps"] == 2
+    assert s["gpu_busy_fraction"] == pytest.approx(1.0)
+    rows = table_rows(format_summary(s))
+    assert rows["GPU busy (CUDA events)"] == "100.0%"
+    assert rows["CUDA graph"] == "recorded at step 2, replayed 3 times"
+    profile["summary"]["compile"]["cuda_graph"] = {
+        "option": "auto", "recordable": False, "replays": 0, "recorded_at_step": None,
+        "why_not": ["retrace_every_iteration=True traces the step again every iteration"]}
+    rows = table_rows(format_summary(summarize_profile(profile)))
+    assert rows["CUDA graph"] == ("not recorded: retrace_every_iteration=True traces the step "
+                                  "again every iteration")
+    cpu = summarize_profile({"steps": [rec(1, 0.01, 0.0, 0.01, 1.0, [0])], "summary": {}})
+    assert "gpu_busy_fraction" not in cpu and "GPU" not in table_rows(format_summary(cpu))

@@ -288,6 +288,18 @@ class LeanLoaderIter:
         it._num_yielded += 1
         self.last_index = index
         return data
+# -- control flow in a graph: ``torch.ops.higher_order.cond`` and the like are neither aten ops
+#    nor plain Python; a CUDA graph cannot hold a branch taken on a value
+HigherOrderOperator = _private("torch._ops:HigherOrderOperator",
+                               "the type of control-flow ops in a graph (cond, while_loop, ...)")
+
+
+# -- what runs around the ops of a step: the TorchFunctionModes active (an eager step runs with
+#    none unless it needs one), and the dispatch-level mode tests count host reads with
+torch_function_mode_depth = _private("torch._C:_len_torch_function_stack",
+                                     "how many TorchFunctionModes are active")
+TorchDispatchMode = _private("torch.utils._python_dispatch:TorchDispatchMode",
+                             "a mode that sees every aten op")
 
 
 if _MISSING:

@@ -21,11 +21,17 @@ from workers.resume import Source, check_position, start_position
 
 def _to_device(obj, device, only_from=None):
     """``obj`` with every tensor moved to ``device`` (only those on ``only_from``, if given);
-    dicts, lists, tuples and namedtuples keep their types."""
+    dicts, lists, tuples and namedtuples keep their types. A CPU tensor bound for a CUDA
+    device goes through pinned memory (torch's caching host allocator reuses the buffers), so
+    the copy is asynchronous: the host does not wait for the device, as with a DataLoader's
+    ``pin_memory=True`` and ``non_blocking=True``."""
     if isinstance(obj, torch.Tensor):
         if only_from is not None and obj.device != only_from:
             return obj
-        return obj.to(device, non_blocking=obj.device.type == "cpu")
+        if obj.device.type == "cpu" and torch.device(device).type == "cuda":
+            pinned = obj if obj.is_pinned() else obj.pin_memory()
+            return pinned.to(device, non_blocking=True)
+        return obj.to(device)
     if isinstance(obj, dict):
         return type(obj)((k, _to_device(v, device, only_from)) for k, v in obj.items())
     if isinstance(obj, (list, tuple)):

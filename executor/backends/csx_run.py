@@ -33,6 +33,7 @@ from executor.engine.capture import Captured, OutputLeaf, capture, first_differe
 from executor.engine.devices import device_bound_ops
 from executor.engine.errors import CompileError
 from executor.engine.handles import SlotKind, StateHandle, StepOutput
+from executor.wafer import cuda_graph as cuda_graphs
 from workers.errors import UnshardedInputWarning
 from workers.flow import FlowPolicy
 from workers.torch_compat import tree_flatten, tree_map_only, tree_unflatten
@@ -184,6 +185,14 @@ class CSXRun:
         if b.options.validate_only:
             self.compile_report = {"validated": True, "trace_s": cap.trace_s, "ops": cap.num_ops,
                                    "device": str(device), "device_bound_ops": bound}
+            if torch.device(device).type == "cuda":
+                # every input lives on the wafer: the state, the batch and the step's tensors
+                specs = [(tuple(s.value.shape), s.value.dtype, device) for s in cap.state_slots]
+                specs += [(shape, dtype, device) for shape, dtype in cap.batch_metas]
+                specs += [(tuple(c.shape), c.dtype, device) for c in consts]
+                self.compile_report["cuda_graph"] = cuda_graphs.plan(
+                    cap.graph, specs, device, option=b.options.cuda_graph,
+                    retrace=b.options.retrace_every_iteration).to_dict()
             log.info("validate_only: traced %d ops; nothing compiled or run", cap.num_ops)
             return
         if bound:
@@ -199,7 +208,8 @@ class CSXRun:
                 cap.graph, [s.key for s in cap.state_slots], consts, cap.batch_metas,
                 [(tuple(s.value.shape), s.value.dtype) for s in cap.state_slots],
                 b.options.compile_only, self.context.num_steps,
-                matmul_flops_per_step=matmul_flops(cap.graph), graph_code=cap.graph.code)
+                matmul_flops_per_step=matmul_flops(cap.graph), graph_code=cap.graph.code,
+                retrace=b.options.retrace_every_iteration)
         # what step closures read streams back every step: the closures' arguments, and the
         # step's small return values (a loss), which closures called in the loop are given
         streamed = {leaf.index for _, _, ls in cap.closures for leaf in ls

@@ -97,7 +97,7 @@ class DriverClient:
     def get_state(self, keys: list) -> dict: ...
     def load_program(self, graph, state_order, consts, batch_metas, state_metas=None,
                      compile_only=False, num_steps=None,
-                     matmul_flops_per_step=None, graph_code=None) -> dict: ...
+                     matmul_flops_per_step=None, graph_code=None, retrace=False) -> dict: ...
     def open_input(self, dataloader, cs_config, resume_states, policy): ...
     def start(self, num_steps: int, checkpoint_steps: list) -> None: ...
     def collect(self, since: int, until: int, indices: list, ack: int,
@@ -127,7 +127,8 @@ class LocalDriverClient(DriverClient):
         t0 = time.perf_counter()
         self.driver = WaferDriver(device=backend.driver_device, compile_dir=str(backend.compile_dir),
                                   compiler=backend.options.compiler, use_ray_workers=False,
-                                  num_threads=backend.options.num_threads)
+                                  num_threads=backend.options.num_threads,
+                                  cuda_graph=backend.options.cuda_graph)
         self.startup = {"driver_s": time.perf_counter() - t0}
 
     def put_state(self, items):
@@ -227,7 +228,7 @@ class RayDriverClient(DriverClient):
             device=backend.driver_device, compile_dir=str(backend.compile_dir),
             compiler=backend.options.compiler, use_ray_workers=True,
             num_threads=backend.options.num_threads,
-            cpus=max(1, int(node_cpus)))
+            cpus=max(1, int(node_cpus)), cuda_graph=backend.options.cuda_graph)
         self._ping = self.actor.ping.remote()
         self.where: dict = {}  # the driver's node, once it answered the ping
         self._dead: Optional[DriverError] = None  # the error that reported its death

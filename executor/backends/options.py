@@ -30,6 +30,9 @@ background when the run is long enough, then kept if its steps are faster), ``"f
 
 PathLike = Union[str, os.PathLike, None]
 
+CudaGraph = Union[bool, Literal["auto"]]
+"""Whether a CUDA wafer replays the step as a CUDA graph: ``"auto"``, ``True`` or ``False``."""
+
 
 def _flags(options, *names: str) -> None:
     """Coerce the boolean options ``names`` to bool (``0``/``1`` count); a string is refused,
@@ -152,6 +155,11 @@ class CSXOptions(_Options):
     """Threads the driver runs the step's ops on; None: on Ray chosen from the step
     (:func:`executor.driver.threads_for_step`), in-process this process's setting (which is
     process-wide)."""
+    cuda_graph: CudaGraph = "auto"
+    """On ``device="cuda"``: replay the step as a CUDA graph recorded once
+    (:mod:`executor.wafer.cuda_graph`). ``"auto"``: where the step can be recorded, else the
+    plain replay, and the run summary says why; ``True``: a step that cannot be recorded is an
+    error; ``False``: never. Only CUDA wafers record graphs."""
 
     def __post_init__(self):
         _flags(self, "compile_only", "validate_only", "drop_data", "retrace_every_iteration",
@@ -165,6 +173,13 @@ class CSXOptions(_Options):
             raise ValueError(f'cstream.backend("CSX", device={self.device!r}): the wafer driver '
                              'executes on "cpu" or "cuda".')
         object.__setattr__(self, "device", device)
+        if not (isinstance(self.cuda_graph, bool) or self.cuda_graph == "auto"):
+            raise ValueError(f'cstream.backend("CSX", cuda_graph={self.cuda_graph!r}): choose '
+                             'True, False or "auto".')
+        if self.cuda_graph is True and not device.startswith("cuda"):
+            raise ValueError(f'cstream.backend("CSX", cuda_graph=True, device={device!r}): CUDA '
+                             'graphs are recorded on a CUDA wafer only. Set device="cuda", or '
+                             'leave cuda_graph at "auto".')
         positive_int(self.lookahead, "lookahead",
                      fix="Set it to 1 or more (steps the wafer may run ahead of the client).")
         positive_int(self.num_threads, "num_threads", allow_none=True,

@@ -4,6 +4,11 @@ backend alike (the CPU backend runs its steps under the same mode, so it stays t
 * Class-index targets of any integer dtype: the real stack takes int32 labels (data pipelines
   make them); torch's CPU kernels of ``nll_loss``/``cross_entropy`` and ``one_hot`` want int64.
   Integer targets are widened to int64 where torch needs it, which changes no value.
+
+The mode sees every torch call of the step in Python. A traced step pays that once; an eager
+step pays it on every op of every step (it doubles a small step's time), so an eager backend
+enters it only for a step whose inputs hold a narrow integer tensor
+(:func:`needs_accept_mode`): the labels a data pipeline made.
 """
 
 from __future__ import annotations
@@ -35,6 +40,22 @@ _INDEX_ARGS = {
     F.nll_loss: (1, "target"),
     F.one_hot: (0, "tensor"),
 }
+
+
+def needs_accept_mode(tree) -> bool:
+    """Whether ``tree`` (a step's ``(args, kwargs)``) holds a narrow integer tensor, which
+    :class:`AcceptMode` widens where torch needs it."""
+    stack = [tree]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            if item.dtype in _NARROW_INTS:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return False
 
 
 class AcceptMode(TorchFunctionMode):

@@ -51,7 +51,7 @@ def cache_key(graph_code: str, input_spec: list, device: str) -> str:
     return h.hexdigest()[:24]
 
 
-def _generator_overload(op):
+def generator_overload(op):
     """``op`` itself if it takes a ``generator``, else its overload that does, else None."""
     if any(a.name == "generator" for a in op_schema(op).arguments):
         return op
@@ -63,7 +63,7 @@ def _generator_overload(op):
     return None
 
 
-def _is_random(node: torch.fx.Node) -> bool:
+def is_random(node: torch.fx.Node) -> bool:
     op = node.target
     return node.op == "call_function" and isinstance(op, OpOverload) and (
         torch.Tag.nondeterministic_seeded in op.tags)
@@ -71,7 +71,7 @@ def _is_random(node: torch.fx.Node) -> bool:
 
 def has_random_ops(gm: torch.fx.GraphModule) -> bool:
     """Whether some op of ``gm`` draws random numbers."""
-    return any(_is_random(node) for node in gm.graph.nodes)
+    return any(is_random(node) for node in gm.graph.nodes)
 
 
 def seed_random_ops(gm: torch.fx.GraphModule, generator: torch.Generator) -> bool:
@@ -81,9 +81,9 @@ def seed_random_ops(gm: torch.fx.GraphModule, generator: torch.Generator) -> boo
     node_rng = None
     all_seeded = True
     for node in list(gm.graph.nodes):
-        if not _is_random(node):
+        if not is_random(node):
             continue
-        alt = _generator_overload(node.target)
+        alt = generator_overload(node.target)
         if alt is None:
             all_seeded = False
             continue
@@ -115,6 +115,12 @@ class CompiledStep:
         self.compiler = compiler
         self._generator = generator
         self._seeded = seeded or generator is None
+
+    @property
+    def lends_generator(self) -> bool:
+        """Its random ops draw from the device's default generator, lent the wafer's state by
+        the host around each step (they take no ``generator=``)."""
+        return not self._seeded
 
     def __call__(self, state: list, batch: list, consts: list) -> list:
         if self._seeded:

@@ -93,11 +93,18 @@ class WaferLoop:
         state_order: the state keys in the order ``program`` takes them.
         plan: steps, checkpoint steps, the simulated speed.
         policy: the bounds (``lookahead_steps``).
+        runner: on a CUDA device, what runs each step
+            (:class:`executor.wafer.cuda_graph.CudaStepRunner`: pinned input copies on a side
+            stream, the CUDA graph, CUDA-event timing); None: ``program`` is called directly.
+            With a runner nothing waits for the device after a step: a step's figures are
+            recorded once its events completed, with ``compute_s`` the device's time
+            (``device_compute_s``), ``device_idle_s`` the device's gap before it and
+            ``launch_s`` the host's time in the step.
     """
 
     def __init__(self, state: StateStore, feed: InputFeed, program, state_order: list,
                  plan: RunPlan, policy: FlowPolicy, device: torch.device,
-                 rng: Optional[torch.Generator] = None):
+                 rng: Optional[torch.Generator] = None, runner=None):
         self.state = state
         self.feed = feed
         self.program = program
@@ -106,6 +113,8 @@ class WaferLoop:
         self.policy = policy
         self.device = device
         self.rng = rng
+        self.runner = runner
+        self._awaiting_device: dict[int, dict] = {}  # step -> figures, until its events complete
         # plain-tensor step arguments, fed by the client for each step (None: unchanged)
         self.needs_consts = bool(getattr(program, "consts", None))
         self._fed_consts: dict[int, Optional[list]] = {}
@@ -132,6 +141,19 @@ class WaferLoop:
     def run(self) -> None:
         while not self.phase.terminal:
             self.phase = self._step(block=True)
+        if self._awaiting_device:
+            with self.cond:
+                try:
+                    self._add_device_timings(block=True)
+                except Exception:  # the device failed: the step's error is already reported
+                    pass
+
+    def _add_device_timings(self, block: bool) -> None:
+        for step, figures in self.runner.finished_timings(block):
+            record = self._awaiting_device.pop(step)
+            record["launch_s"] = record["compute_s"]
+            record.update(figures, compute_s=figures["device_compute_s"])
+            self.stats.append(record)
 
     def _step(self, block: bool = True) -> Phase:
         try:
@@ -177,8 +199,6 @@ class WaferLoop:
         t0, t1 = self._wait_t0, time.perf_counter()
         self._wait_t0 = None
         leaves = inp.tensors
-        if self.device.type != "cpu":
-            leaves = [t.to(self.device) for t in leaves]
         samples = int(leaves[0].shape[0]) if leaves and leaves[0].dim() else 1
         outputs = []
         if self.program is not None:
@@ -188,10 +208,13 @@ class WaferLoop:
                 if values is not None:
                     self.program.consts = [c.to(self.device) for c in values]
             state = self.state.in_order(self.state_order)
-            outputs = self.program(state, leaves, step)
+            if self.runner is not None:
+                outputs = self.runner(self.program, state, leaves, step)
+            else:
+                if self.device.type != "cpu":
+                    leaves = [t.to(self.device) for t in leaves]
+                outputs = self.program(state, leaves, step)
             self.state.update(self.state_order, state)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
         floor_s = self.plan.min_step_seconds(samples // self.plan.num_csx)
         remaining = floor_s - (time.perf_counter() - t1)
         if remaining > 0:
@@ -207,7 +230,7 @@ class WaferLoop:
                 if self.rng is not None:
                     self.snapshots[step]["rng"] = self.rng.get_state()
                 self.worker_states[step] = inp.worker_states or []
-            self.stats.append({
+            record = {
                 "step": step + 1, "samples": samples, "compute_s": t2 - t1,
                 "wafer_t": t2 - self.t_start, "input_wait_s": t1 - t0,
                 "client_wait_s": self._client_wait_s,
@@ -215,7 +238,12 @@ class WaferLoop:
                 "workers": [i.local_worker_id for i in inp.infos],
                 "bytes": sum(i.nbytes for i in inp.infos),
                 **_timeline_fields(inp.infos, end_unix),
-            })
+            }
+            if self.runner is not None and self.program is not None:
+                self._awaiting_device[step] = record
+                self._add_device_timings(block=False)
+            else:
+                self.stats.append(record)
             self.done = step
             self.next_step = step + 1
             self._client_wait_s = 0.0

@@ -220,6 +220,29 @@ class Program:
             log.info("tiered compilation: staying on fx: %s", tier["kept_fx"])
         return outputs
 
+    @property
+    def generator(self) -> Optional[torch.Generator]:
+        """The wafer's generator, which the step's random ops draw from."""
+        return self._generator
+
+    @property
+    def draws_random(self) -> bool:
+        """Whether some op of the step draws random numbers."""
+        return self._random
+
+    def settled(self) -> bool:
+        """Whether the next step runs :attr:`active` as it is: no check or trial of tiered
+        compilation is pending or under way (a compile may run in the background; its result,
+        once ready, unsettles the program for its check and trial). A caller that runs
+        :attr:`active` itself reports each step's time to :meth:`observe`."""
+        return self._trial is None and self._candidate is None
+
+    def observe(self, step: int, took_s: float) -> None:
+        """``step`` ran :attr:`active` outside :meth:`__call__` (a CUDA graph's replay) in
+        ``took_s``: the probe of tiered compilation counts it."""
+        if self.mode == "auto" and not self._tier_up_begun:
+            self._maybe_start_tier_up(step, took_s)
+
     def __call__(self, state: list, batch: list, step: int) -> list:
         if self._trial is not None:
             return self._trial_step(state, batch, step)
