@@ -28,8 +28,9 @@ prints the tables.
     python benchmarks/gpu_check.py --device cpu   # the dry run: the CPU backend is the
                                                   # reference and the wafer runs on the CPU
 
-``--ray no`` leaves out the Ray rows (the GPU machines have no Ray unless it is carried there:
-tools/pack-ray.sh); ``--ray auto`` (the default) runs them where ``import ray`` works.
+``--ray no`` leaves out the Ray rows (for a machine without Ray: ``pip install ray``, or put a
+copy of Ray's package on ``PYTHONPATH``); ``--ray auto`` (the default) runs them where
+``import ray`` works.
 """
 
 from __future__ import annotations
@@ -440,7 +441,7 @@ def main(argv=None) -> int:
                 f"{torch.__version__}); run the dry run with --device cpu.")
     has_ray = importlib.util.find_spec("ray") is not None
     if args.ray == "yes" and not has_ray:
-        p.error("--ray yes: Ray is not importable here; carry it (tools/pack-ray.sh) or use "
+        p.error("--ray yes: Ray is not importable here; install it (pip install ray) or use "
                 "--ray no.")
     use_ray = has_ray and args.ray != "no"
     parts = {s.strip() for s in args.parts.split(",") if s.strip()}
