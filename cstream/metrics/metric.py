@@ -36,8 +36,8 @@ def _follow_inputs(metric: "Metric", args, kwargs) -> None:
     device = _inputs_device(args, kwargs)
     if device is None:
         return
-    states = list(metric._buffers.values())
-    if all(type(s) is torch.Tensor and s.device != device for s in states if s is not None):
+    states = [s for _, s in metric.named_buffers(recurse=False)]
+    if all(type(s) is torch.Tensor and s.device != device for s in states):
         metric.to(device)
 
 
