@@ -122,7 +122,7 @@ def test_a_missing_key_and_an_unknown_backend_option_are_named():
         "backend.options: unknown CSX option 'lookahed'. Did you mean 'lookahead'? Valid "
         "options: artifact_dir, compile_dir, compile_only, validate_only, drop_data, "
         "max_checkpoints, retrace_every_iteration, in_process, address, device, compiler, "
-        "lookahead, num_threads.")
+        "lookahead, num_threads, cuda_graph.")
 
 
 def test_shorthands_and_yaml_exponents_fill_the_same_dataclasses(tmp_path):
