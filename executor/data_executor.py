@@ -326,6 +326,7 @@ class DataExecutor:
             self.stop_reason = self.stop_reason or _describe(e)
             raise
         finally:
+            self.profiler.finish()  # the figures leave out the shutdown that follows
             self.closures.take_all()
             run, self._run = self._run, None
             try:

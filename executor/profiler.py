@@ -39,6 +39,7 @@ class Profiler:
         self._window_samples = 0
         self._prev_rate = None
         self._first_samples = 0
+        self._finished_at = None
 
     def _require(self, name):
         if name not in self.activities:
@@ -58,10 +59,20 @@ class Profiler:
             return
         self._window_samples += num_samples
 
+    def finish(self) -> None:
+        """The run is over: from now on the figures are read at the end of its last step (at
+        this call where no step ended)."""
+        if self._finished_at is None:
+            self._finished_at = self.last_step_end if self.last_step_end is not None \
+                else self._clock()
+
+    def _now(self) -> float:
+        return self._clock() if self._finished_at is None else self._finished_at
+
     def rate(self) -> float:
         """Smoothed samples/s since the previous query (0.0 before two steps have ended)."""
         self._require("rate")
-        now = self._clock()
+        now = self._now()
         if self._window_start is None or now <= self._window_start:
             return 0.0 if self._prev_rate is None else self._prev_rate
         current = self._window_samples / (now - self._window_start)
@@ -74,7 +85,7 @@ class Profiler:
     def global_rate(self) -> float:
         """Samples of the steps after the first / seconds since the first step ended."""
         self._require("global_rate")
-        return self._global_rate(self._clock())
+        return self._global_rate(self._now())
 
     def global_rate_at_end(self) -> float:
         """:meth:`global_rate` at the end of the last step (0.0 before two steps ended)."""
@@ -91,7 +102,7 @@ class Profiler:
 
     def total_time(self) -> float:
         """Seconds from the executor's creation to the end of the last step (to now before)."""
-        end = self.last_step_end if self.last_step_end is not None else self._clock()
+        end = self.last_step_end if self.last_step_end is not None else self._now()
         return end - self.started
 
     @property

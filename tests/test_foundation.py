@@ -279,6 +279,22 @@ def test_global_rate_counts_the_samples_after_the_first_step_from_its_end():
     assert p.global_rate() == pytest.approx(30 / 2.0)
 
 
+def test_after_the_run_the_figures_are_read_at_the_end_of_its_last_step():
+    clock = Clock()
+    p = Profiler(clock=clock)
+    p.step_done(10)
+    clock.t = 2.0
+    p.step_done(40)
+    clock.t = 3.0                   # the run shuts down: not part of its throughput
+    p.finish()
+    clock.t = 9.0                   # the user reads the figures after the loop
+    assert p.global_rate() == pytest.approx(40 / 2.0)
+    assert p.rate() == pytest.approx(40 / 2.0)
+    assert p.total_time() == pytest.approx(2.0)
+    p.finish()                      # a second call keeps the first end
+    assert p.global_rate() == pytest.approx(40 / 2.0)
+
+
 def test_unknown_profiler_activities_are_refused():
     with pytest.raises(ValueError, match="unknown activity 'flops'"):
         Profiler(["rate", "flops"])
