@@ -161,7 +161,7 @@ def cstream_model_rate(workers: int, steps: int) -> tuple[float, float, float]:
         training_step(batch)
     now = time.perf_counter()
     p = executor.profiler
-    with_shutdown = (p.samples - p._first_samples) / (now - p.first_step_end)
+    with_shutdown = (p.samples - executor.step_records[0]["samples"]) / (now - p.first_step_end)
     return p.global_rate(), with_shutdown, now - p.last_step_end
 
 
