@@ -18,6 +18,12 @@ class Profiler:
       first step, whose samples were produced before that clock started (0.0 until a second
       step ended).
 
+    Once the run is over (:meth:`finish`), both read the clock as it stood when the wafer
+    ended the last step: the steps the client had queued ahead of the wafer are counted until
+    they ran, and the run's shutdown after them (stopping the input workers, writing the
+    profile) is left out, as Cerebras's rate tracker keeps the figures it computed at the last
+    step until another step adds samples.
+
     ``clock`` is injectable so tests can drive time by hand.
     """
 
@@ -59,12 +65,14 @@ class Profiler:
             return
         self._window_samples += num_samples
 
-    def finish(self) -> None:
-        """The run is over: from now on the figures are read at the end of its last step (at
-        this call where no step ended)."""
-        if self._finished_at is None:
-            self._finished_at = self.last_step_end if self.last_step_end is not None \
-                else self._clock()
+    def finish(self, last_step_ran: float | None = None) -> None:
+        """The run is over: from now on the figures are read at ``last_step_ran`` (this clock's
+        time when the wafer ended the last step), or, where that is unknown or earlier, when
+        the client ended it (at this call where no step ended). Only the first call counts."""
+        if self._finished_at is not None:
+            return
+        ends = [t for t in (last_step_ran, self.last_step_end) if t is not None]
+        self._finished_at = max(ends) if ends else self._clock()
 
     def _now(self) -> float:
         return self._clock() if self._finished_at is None else self._finished_at
@@ -88,8 +96,10 @@ class Profiler:
         return self._global_rate(self._now())
 
     def global_rate_at_end(self) -> float:
-        """:meth:`global_rate` at the end of the last step (0.0 before two steps ended)."""
-        return 0.0 if self.last_step_end is None else self._global_rate(self.last_step_end)
+        """:meth:`global_rate` at the end of the last step (0.0 before two steps ended); once
+        the run is over, at the wafer's end of it."""
+        end = self._finished_at if self._finished_at is not None else self.last_step_end
+        return 0.0 if end is None else self._global_rate(end)
 
     def _global_rate(self, now: float) -> float:
         if self.first_step_end is None or now <= self.first_step_end:
@@ -101,8 +111,10 @@ class Profiler:
         return self.samples
 
     def total_time(self) -> float:
-        """Seconds from the executor's creation to the end of the last step (to now before)."""
-        end = self.last_step_end if self.last_step_end is not None else self._now()
+        """Seconds from the executor's creation to the end of the last step (to now before;
+        once the run is over, to the wafer's end of it)."""
+        end = self._finished_at if self._finished_at is not None else \
+            self.last_step_end if self.last_step_end is not None else self._clock()
         return end - self.started
 
     @property
