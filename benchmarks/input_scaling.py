@@ -12,6 +12,11 @@ from 4 workers at the defaults with the object store's peak use and the bytes Ra
 disk. Variants interleave and medians are reported. Writes
 ``benchmarks/results/input_scaling.json`` and ``input_scaling.png``.
 
+``--quick`` measures only, at 1, 2 and 4 workers and over 80 and 300 steps, a tiny model
+(``Linear(256, 10)``) trained on the wafer from I/O-like batches of 32 x 256 floats, rated by
+``executor.profiler.global_rate()`` after the loop, beside the same model fed in one process by
+``DataLoader(num_workers=N, prefetch_factor=4)`` (``input_scaling_quick.json``).
+
     python benchmarks/input_scaling.py [--quick] [--only-32mib]
 """
 
