@@ -24,10 +24,11 @@ def burn_ms(ms: float) -> None:
 class SlowBatches(torch.utils.data.Dataset):
     """Item i is a whole batch (features, labels, id) that costs a known time to produce."""
 
-    def __init__(self, kind: str, num_batches: int, nbytes: int = 0):
+    def __init__(self, kind: str, num_batches: int, nbytes: int = 0, features: int = 64):
         self.kind = kind
         self.num_batches = num_batches
         self.nbytes = nbytes
+        self.features = features
         self._payload = None
 
     def __len__(self):
@@ -43,7 +44,7 @@ class SlowBatches(torch.utils.data.Dataset):
             if self._payload is None:
                 self._payload = torch.randn(self.nbytes // 4 // 1024, 1024)
             return self._payload, torch.full((1,), i, dtype=torch.int64)  # transport only
-        return torch.randn(BATCH, 64), torch.full((BATCH,), i, dtype=torch.int64)
+        return torch.randn(BATCH, self.features), torch.full((BATCH,), i, dtype=torch.int64)
 
 
 # -- train_throughput.py: data in memory, the same input_fn for eager PyTorch and cstream ----------

@@ -12,6 +12,11 @@ from 4 workers at the defaults with the object store's peak use and the bytes Ra
 disk. Variants interleave and medians are reported. Writes
 ``benchmarks/results/input_scaling.json`` and ``input_scaling.png``.
 
+``--quick`` measures only, at 1, 2 and 4 workers and over 80 and 300 steps, a tiny model
+(``Linear(256, 10)``) trained on the wafer from I/O-like batches of 32 x 256 floats, rated by
+``executor.profiler.global_rate()`` after the loop, beside the same model fed in one process by
+``DataLoader(num_workers=N, prefetch_factor=4)`` (``input_scaling_quick.json``).
+
     python benchmarks/input_scaling.py [--quick] [--only-32mib]
 """
 
@@ -120,6 +125,103 @@ def transport_32mib(rounds: int, steps: int = 240) -> dict:
     return row
 
 
+MODEL_FEATURES = 256  # the model comparison's batches: 32 x 256 floats
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    return torch.nn.Linear(MODEL_FEATURES, 10)
+
+
+def model_input_fn(num_batches: int):
+    """The I/O-like data set (20 ms a batch) at 32 x 256 floats, each worker taking its share."""
+    dataset = SlowBatches("io", num_batches, features=MODEL_FEATURES)
+    sampler = cstorch.utils.data.DistributedSampler(dataset, shuffle=False)
+    return torch.utils.data.DataLoader(dataset, batch_size=None, sampler=sampler)
+
+
+def cstream_model_rate(workers: int, steps: int) -> tuple[float, float, float]:
+    """Samples/s as ``executor.profiler.global_rate()`` reads it after ``steps`` training steps of
+    a tiny model on the wafer, fed by ``workers`` Ray input workers; the same figure with the
+    run's shutdown counted (the clock read after the loop: what ``global_rate()`` returned
+    while its clock ran on after the last step); the shutdown's seconds."""
+    model = tiny_model()
+    backend = cstorch.current_backend()
+    compiled = cstorch.compile(model, backend)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=1e-3)
+
+    @cstorch.compile_step
+    def training_step(batch):
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(compiled(x), y % 10)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    loader = cstorch.utils.data.DataLoader(model_input_fn, steps * 2)
+    executor = cstorch.utils.data.DataExecutor(
+        loader, num_steps=steps, cs_config=cstorch.utils.CSConfig(num_workers_per_csx=workers))
+    for batch in executor:
+        training_step(batch)
+    now = time.perf_counter()
+    p = executor.profiler
+    with_shutdown = (p.samples - executor.step_records[0]["samples"]) / (now - p.first_step_end)
+    return p.global_rate(), with_shutdown, now - p.last_step_end
+
+
+def torch_model_rate(workers: int, steps: int) -> float:
+    """The same model and data in one process, fed by ``DataLoader(num_workers=workers,
+    prefetch_factor=4)``, rated as ``global_rate`` is: the samples after the first step over the
+    seconds since the first step ended."""
+    model = tiny_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    loader = torch.utils.data.DataLoader(SlowBatches("io", steps * 2, features=MODEL_FEATURES),
+                                         batch_size=None, num_workers=workers, prefetch_factor=4)
+    it = iter(loader)
+    t0 = None
+    for step in range(steps):
+        x, y = next(it)
+        loss = torch.nn.functional.cross_entropy(model(x), y % 10)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step == 0:
+            t0 = time.perf_counter()
+    rate = (steps - 1) * BATCH / (time.perf_counter() - t0)
+    del it
+    return rate
+
+
+def model_comparison(grid, steps_list, rounds: int) -> dict:
+    """cstream's ``global_rate`` over torch's in-process DataLoader, training a tiny model on
+    I/O-like batches, for each worker count and run length; variants interleave, medians."""
+    samples = {(n, s): {"cstream": [], "cstream_with_shutdown": [], "shutdown_s": [], "torch": []}
+               for n in grid for s in steps_list}
+    for _ in range(rounds):
+        for n in grid:
+            for s in steps_list:
+                row = samples[n, s]
+                cs, with_shutdown, shutdown_s = cstream_model_rate(n, s)
+                row["cstream"].append(cs)
+                row["cstream_with_shutdown"].append(with_shutdown)
+                row["shutdown_s"].append(shutdown_s)
+                row["torch"].append(torch_model_rate(n, s))
+    table = {}
+    for (n, s), row in samples.items():
+        med = {k: statistics.median(v) for k, v in row.items()}
+        cs, tt = med["cstream"], med["torch"]
+        table[f"{n}_workers_{s}_steps"] = {
+            "workers": n, "steps": s, "cstream_samples_per_s": cs, "torch_samples_per_s": tt,
+            "cstream_vs_torch": cs / tt,
+            "cstream_with_shutdown_vs_torch": med["cstream_with_shutdown"] / tt,
+            "shutdown_s": med["shutdown_s"], "samples": row}
+        print(f"tiny model, io, workers={n}, steps={s}: cstream global_rate {cs:7.1f} samples/s, "
+              f"torch DataLoader {tt:7.1f}, ratio {cs / tt:.3f}; shutdown counted: ratio "
+              f"{med['cstream_with_shutdown'] / tt:.3f} (shutdown {med['shutdown_s']:.2f} s)")
+    return table
+
+
 def torch_rate(kind: str, workers: int, steps: int) -> float:
     dataset = SlowBatches(kind, steps * 4)
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers,
@@ -173,8 +275,17 @@ def main(argv=None):
         plot(json.loads(out.read_text()), out.with_suffix(".png"))
         print(f"wrote {out.with_suffix('.png')}")
         return
-    rounds = 1 if args.quick else args.rounds
-    grid = [1, 2] if args.quick else [1, 2, 4, 8]
+    if args.quick:
+        backend = cstorch.backend("CSX", artifact_dir=tempfile.mkdtemp(prefix="cstream-bench-"))
+        results = {"cpu_count": os.cpu_count(), "rounds": args.rounds,
+                   "model_comparison": model_comparison([1, 2, 4], [80, 300], args.rounds)}
+        backend.shutdown()
+        out = Path(args.out).with_name("input_scaling_quick.json")
+        out.write_text(json.dumps(results, indent=1, default=float))
+        print(f"wrote {out}")
+        return
+    rounds = args.rounds
+    grid = [1, 2, 4, 8]
     backend = cstorch.backend("CSX", artifact_dir=tempfile.mkdtemp(prefix="cstream-bench-"))
     results = {"cpu_count": os.cpu_count(), "rounds": rounds, "batch": BATCH, "kinds": {}}
     # enough steps that every worker delivers ~120 (I/O) or ~60 (CPU) batches: with few per

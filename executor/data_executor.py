@@ -333,10 +333,19 @@ class DataExecutor:
                     self.summary = run.close(ok) or {}
                     add_wafer_figures(self.step_records, run.wafer_stats())
             finally:
+                self.profiler.finish(self._last_step_ran())
                 runtime.set_executor(None)
                 self.dataloader.bind_state_provider(None)
                 self.summary.setdefault("wall_s", time.perf_counter() - t0)
                 self._write_profile(completed=ok)
+
+    def _last_step_ran(self) -> Optional[float]:
+        """When the wafer ended the last step, on the profiler's clock (None: no wafer figure;
+        the client queues steps ahead of the wafer, which ends them later)."""
+        end_unix = self.step_records[-1].get("end_unix") if self.step_records else None
+        if end_unix is None:
+            return None
+        return time.perf_counter() - (time.time() - end_unix)
 
     def _run_initial_closures(self, backend) -> None:
         """Checkpoint closures called before this run: they run now, before the first step,

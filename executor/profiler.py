@@ -18,6 +18,12 @@ class Profiler:
       first step, whose samples were produced before that clock started (0.0 until a second
       step ended).
 
+    Once the run is over (:meth:`finish`), both read the clock as it stood when the wafer
+    ended the last step: the steps the client had queued ahead of the wafer are counted until
+    they ran, and the run's shutdown after them (stopping the input workers, writing the
+    profile) is left out, as Cerebras's rate tracker keeps the figures it computed at the last
+    step until another step adds samples.
+
     ``clock`` is injectable so tests can drive time by hand.
     """
 
@@ -39,6 +45,7 @@ class Profiler:
         self._window_samples = 0
         self._prev_rate = None
         self._first_samples = 0
+        self._finished_at = None
 
     def _require(self, name):
         if name not in self.activities:
@@ -58,10 +65,22 @@ class Profiler:
             return
         self._window_samples += num_samples
 
+    def finish(self, last_step_ran: float | None = None) -> None:
+        """The run is over: from now on the figures are read at ``last_step_ran`` (this clock's
+        time when the wafer ended the last step), or, where that is unknown or earlier, when
+        the client ended it (at this call where no step ended). Only the first call counts."""
+        if self._finished_at is not None:
+            return
+        ends = [t for t in (last_step_ran, self.last_step_end) if t is not None]
+        self._finished_at = max(ends) if ends else self._clock()
+
+    def _now(self) -> float:
+        return self._clock() if self._finished_at is None else self._finished_at
+
     def rate(self) -> float:
         """Smoothed samples/s since the previous query (0.0 before two steps have ended)."""
         self._require("rate")
-        now = self._clock()
+        now = self._now()
         if self._window_start is None or now <= self._window_start:
             return 0.0 if self._prev_rate is None else self._prev_rate
         current = self._window_samples / (now - self._window_start)
@@ -74,11 +93,13 @@ class Profiler:
     def global_rate(self) -> float:
         """Samples of the steps after the first / seconds since the first step ended."""
         self._require("global_rate")
-        return self._global_rate(self._clock())
+        return self._global_rate(self._now())
 
     def global_rate_at_end(self) -> float:
-        """:meth:`global_rate` at the end of the last step (0.0 before two steps ended)."""
-        return 0.0 if self.last_step_end is None else self._global_rate(self.last_step_end)
+        """:meth:`global_rate` at the end of the last step (0.0 before two steps ended); once
+        the run is over, at the wafer's end of it."""
+        end = self._finished_at if self._finished_at is not None else self.last_step_end
+        return 0.0 if end is None else self._global_rate(end)
 
     def _global_rate(self, now: float) -> float:
         if self.first_step_end is None or now <= self.first_step_end:
@@ -90,8 +111,10 @@ class Profiler:
         return self.samples
 
     def total_time(self) -> float:
-        """Seconds from the executor's creation to the end of the last step (to now before)."""
-        end = self.last_step_end if self.last_step_end is not None else self._clock()
+        """Seconds from the executor's creation to the end of the last step (to now before;
+        once the run is over, to the wafer's end of it)."""
+        end = self._finished_at if self._finished_at is not None else \
+            self.last_step_end if self.last_step_end is not None else self._clock()
         return end - self.started
 
     @property

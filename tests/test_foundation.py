@@ -279,6 +279,34 @@ def test_global_rate_counts_the_samples_after_the_first_step_from_its_end():
     assert p.global_rate() == pytest.approx(30 / 2.0)
 
 
+def test_after_the_run_the_figures_are_read_when_the_wafer_ended_the_last_step():
+    clock = Clock()
+    p = Profiler(clock=clock)
+    p.step_done(10)
+    clock.t = 2.0
+    p.step_done(40)                 # the client queued it; the wafer ends it at t = 4
+    clock.t = 5.0                   # the run shuts down: not part of its throughput
+    p.finish(last_step_ran=4.0)
+    clock.t = 9.0                   # the user reads the figures after the loop
+    assert p.global_rate() == pytest.approx(40 / 4.0)
+    assert p.rate() == pytest.approx(40 / 4.0)
+    assert p.total_time() == pytest.approx(4.0)
+    p.finish(last_step_ran=8.0)     # a second call keeps the first end
+    assert p.global_rate() == pytest.approx(40 / 4.0)
+
+
+def test_without_a_wafer_figure_the_run_ends_when_the_client_ended_its_last_step():
+    clock = Clock()
+    p = Profiler(clock=clock)
+    p.step_done(10)
+    clock.t = 2.0
+    p.step_done(40)
+    clock.t = 3.0
+    p.finish(last_step_ran=None)
+    clock.t = 9.0
+    assert p.global_rate() == pytest.approx(40 / 2.0)
+
+
 def test_unknown_profiler_activities_are_refused():
     with pytest.raises(ValueError, match="unknown activity 'flops'"):
         Profiler(["rate", "flops"])
