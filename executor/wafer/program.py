@@ -2,18 +2,20 @@
 
 ``compiler="fx"`` replays the captured graph op by op (nothing to compile). ``"inductor"``
 runs the inductor artifact: loaded from the compile cache if there, else compiled first (in a
-separate process) before the first step. ``"auto"`` (the default): if the cache holds the
-inductor artifact it is loaded before the first step; otherwise the wafer starts on fx at once
-and inductor is compiled in the background when the run is long enough to profit (the fx
-steps still to run would take at least ``TIER_UP_MIN_S``). Once the inductor version is ready
+separate process) before the first step. ``"auto"`` (the default): the wafer starts on fx at
+once; if the cache holds the inductor artifact it is loaded in the background (a warm cache
+starts no later than a cold one), otherwise inductor is compiled in the background when the
+run is long enough to profit (the fx steps still to run would take at least
+``TIER_UP_MIN_S``). Once the inductor version is ready
 it is run beside fx on one step, from the same state and batch; if its outputs and updated
 state agree with fx's (``torch.allclose``, rtol 1e-3, atol 1e-5: fused kernels round
-differently), the next ``2 * TIER_TRIAL_STEPS`` steps alternate between the two versions and
-the wafer switches to inductor only if its median step time was clearly lower
-(``TIER_UP_MIN_GAIN``): inductor is not faster for every step (a step made of a few large
-matmuls gains nothing from fusion, and inductor's own matmul calls may be slower than
-eager's). When and how long it took, the check and both medians are in
-:attr:`Program.report`.
+differently), the next ``2 * TIER_TRIAL_STEPS`` steps alternate between the two versions (the
+check step ran each once: both are warm when the trial starts), and :func:`choose_compiler`
+compares their median step times over the same number of steps: the wafer switches to
+inductor only if its median was clearly lower (``TIER_UP_MIN_GAIN``): inductor is not faster
+for every step (a step made of a few large matmuls gains nothing from fusion, and inductor's
+own matmul calls may be slower than eager's). When and how long it took, the check and both
+medians are in :attr:`Program.report`.
 """
 
 from __future__ import annotations
@@ -59,7 +61,24 @@ def _agree(a: list, b: list) -> tuple[bool, float]:
 
 
 def _median(xs: list) -> float:
-    return sorted(xs)[len(xs) // 2]
+    xs = sorted(xs)
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def choose_compiler(fx_s: list, inductor_s: list, min_gain: float = TIER_UP_MIN_GAIN) -> dict:
+    """The tiering trial's verdict from its step times (seconds), as :attr:`Program.report`
+    keeps it: ``chosen`` (``"inductor"`` if its median step time is at least ``min_gain``
+    below fx's, else ``"fx"``: a tie goes to fx), both medians and the steps timed on each.
+    Both versions must have been timed on the same number of steps, at least one."""
+    if not fx_s or len(fx_s) != len(inductor_s):
+        raise ValueError(f"the tiering trial compares medians over the same number of steps "
+                         f"(at least one): fx was timed on {len(fx_s)}, inductor on "
+                         f"{len(inductor_s)}.")
+    fx_median, ind_median = _median(fx_s), _median(inductor_s)
+    chosen = "inductor" if ind_median < (1 - min_gain) * fx_median else "fx"
+    return {"chosen": chosen, "fx_median_s": fx_median, "inductor_median_s": ind_median,
+            "steps_each": len(fx_s)}
 
 
 class Program:
@@ -90,13 +109,9 @@ class Program:
             # inductor compile keep the captured one
             self.active = compilers.fx_step(copy.deepcopy(gm), device, generator)
             if compiler == "auto" and entry is not None and entry.has_artifact():
-                # loaded now, before the first step: loading it beside running steps would
-                # slow them down for longer than the load itself takes
+                # loaded beside the first fx steps: a warm cache starts as soon as a cold one
                 self.report["cache_hit"] = True
-                self.report["tier_up"] = {"compiled_in_background": False}
-                self._tier_up_begun = True
-                self._candidate = compilers.load_inductor_artifact(entry, generator, self._random)
-                self.report["tier_up"]["ready_s"] = time.perf_counter() - t0
+                self._start_tier_up(compile_first=False)
         self.report["active"] = self.active.compiler
         self.report["compile_s"] = time.perf_counter() - t0
 
@@ -123,16 +138,19 @@ class Program:
         return f"the inductor compile failed (exit code {rc}); its log {logf} ends:\n{tail}"
 
     # -- tiered compilation ---------------------------------------------------------------------
-    def _start_tier_up(self) -> None:
-        """Compile inductor in the background, then load it for the switch."""
-        self.report["tier_up"] = {"compiled_in_background": True}
+    def _start_tier_up(self, compile_first: bool = True) -> None:
+        """Compile inductor in the background (``compile_first``; else the cache holds its
+        artifact), then load it for the check and the trial."""
+        self.report["tier_up"] = {"compiled_in_background": compile_first}
 
         def work():
             t0 = time.perf_counter()
             try:
-                proc = compilers.start_inductor_compile(self._gm, self._example, self._entry)
-                if proc.wait() != 0 or not self._entry.has_artifact():
-                    raise RuntimeError(self._compile_failure(proc.returncode))
+                if compile_first:
+                    proc = compilers.start_inductor_compile(self._gm, self._example,
+                                                            self._entry)
+                    if proc.wait() != 0 or not self._entry.has_artifact():
+                        raise RuntimeError(self._compile_failure(proc.returncode))
                 candidate = compilers.load_inductor_artifact(self._entry, self._generator,
                                                              self._random)
                 self.report["tier_up"]["ready_s"] = time.perf_counter() - t0
@@ -203,11 +221,11 @@ class Program:
         if len(trial["inductor"]) < TIER_TRIAL_STEPS:
             return outputs
         self._trial = None
-        fx_s, ind_s = _median(trial["fx"]), _median(trial["inductor"])
+        verdict = choose_compiler(trial["fx"], trial["inductor"])
+        fx_s, ind_s = verdict["fx_median_s"], verdict["inductor_median_s"]
         tier = self.report["tier_up"]
-        tier["trial"] = {"steps": [trial["first_step"], step + 1], "fx_median_s": fx_s,
-                         "inductor_median_s": ind_s}
-        if ind_s < (1 - TIER_UP_MIN_GAIN) * fx_s:
+        tier["trial"] = {"steps": [trial["first_step"], step + 1], **verdict}
+        if verdict["chosen"] == "inductor":
             self.active = trial["versions"]["inductor"]
             self.report["active"] = "inductor"
             tier["switched_at_step"] = step + 2
