@@ -17,6 +17,7 @@ import torch
 
 import cstream as cstorch
 from executor.engine import compiler as compilers
+from executor.report_text import summary_lines
 from executor.wafer import program
 from executor.wafer.feed import InputFeed
 from executor.wafer.loop import Phase, RunPlan, WaferLoop
@@ -322,6 +323,11 @@ def test_tiered_compilation_checks_inductor_against_fx_then_keeps_the_faster_by_
     assert auto == pytest.approx(fx, rel=1e-4)
     profile = json.loads((ex.run_dir / "profile.json").read_text())
     assert profile["summary"]["compile"]["tier_up"]["trial"] == trial
+    # the run summary's compiler row gives both candidates' medians
+    row = dict(summary_lines(ex.report))["compiler"]
+    assert row.startswith(f"{c['active']} {'chosen' if c['active'] == 'inductor' else 'kept'} "
+                          f"by trial (fx {trial['fx_median_s'] * 1e3:.3g} ms, inductor ")
+    assert row.endswith(f" ms a step, median of {program.TIER_TRIAL_STEPS} steps each)")
 
 
 class _Slowed:
