@@ -54,6 +54,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Optional  # noqa: E402
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
@@ -422,10 +423,38 @@ def median_of(runs: list, key: str):
     return statistics.median(values) if values else None
 
 
+def cpu_model() -> str:
+    """The CPU's model name as the OS reports it (``/proc/cpuinfo``), else the platform's."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("model name", "Model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def trial_figures(runs: list) -> Optional[dict]:
+    """The tiering trial's median step time of each candidate (ms, median over the runs whose
+    summary records a trial) and the compilers it chose; None where no run had a trial."""
+    figs = [x.get("engine", {}) for x in runs]
+    trials = [f for f in figs if f.get("summary.compile.tier_up.trial.fx_median_s") is not None]
+    if not trials:
+        return None
+    key = "summary.compile.tier_up.trial."
+    return {"fx_ms": statistics.median(f[key + "fx_median_s"] for f in trials) * 1e3,
+            "inductor_ms": statistics.median(f[key + "inductor_median_s"] for f in trials) * 1e3,
+            "steps_each": trials[0].get(key + "steps_each"),
+            "chosen": sorted({f.get(key + "chosen") or f.get("summary.compile.active")
+                              for f in trials})}
+
+
 def machine_info() -> dict:
     import torch
 
     info = {"nproc": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)),
+            "cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "platform": platform.platform(), "python": platform.python_version(),
             "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
     try:
@@ -623,7 +652,9 @@ def markdown(results: dict) -> str:
     m = results["machine"]
     commit = (results["git"]["commit"] or "?")[:7]
     lines = [
-        f"Run of {results['date'][:10]} at commit `{commit}` on {m['nproc']} cores, "
+        f"Run of {results['date'][:10]} at commit `{commit}` on {m.get('cpu', 'an unnamed CPU')}"
+        + (f" (ATen CPU capability `{m['cpu_capability']}`)" if m.get("cpu_capability") else "")
+        + f", {m['nproc']} cores, "
         f"{m['memory_gib']} GiB, torch {m['torch']}, ray {m['ray']}; "
         + (f"medians of {results['rounds']} interleaved rounds" if results["rounds"] > 1
            else "1 round") + f"{' (--quick: a smoke run)' if results['quick'] else ''}; "
@@ -651,8 +682,11 @@ def markdown(results: dict) -> str:
                     cell += f" ({e['ratio_vs_eager']:.2f}×)"
                 if e.get("steps_per_s_after_switch"):
                     cell += f"; {_num(e['steps_per_s_after_switch'])} after the inductor switch"
-                elif e.get("trial_kept") == ["fx"]:
-                    cell += "; the tiering trial kept fx"
+                trial = trial_figures(e["runs"]) if v != "eager" else None
+                if trial:
+                    cell += (f"; trial: fx {trial['fx_ms']:.3g} ms, inductor "
+                             f"{trial['inductor_ms']:.3g} ms a step, chose "
+                             f"{' / '.join(trial['chosen'])}")
                 cells.append(cell)
             lines.append(f"| {MODEL_LABELS[model]} | " + " | ".join(cells) + " |")
         lines.append("")
@@ -720,8 +754,11 @@ def print_tables(results: dict) -> None:
                     extras.append(f"switch at step {e['tiered_switch_step']:.0f}")
                 if e.get("steps_per_s_after_switch") is not None:
                     extras.append(f"{e['steps_per_s_after_switch']:,.1f} steps/s after it")
-                if e.get("trial_kept"):
-                    extras.append(f"tiering trial kept {', '.join(e['trial_kept'])}")
+                trial = trial_figures(e["runs"])
+                if trial:
+                    extras.append(f"trial: fx {trial['fx_ms']:.3g} ms, inductor "
+                                  f"{trial['inductor_ms']:.3g} ms a step ({trial['steps_each']} "
+                                  f"steps each), chose {' / '.join(trial['chosen'])}")
                 extras.append(f"num_threads {', '.join(e['num_threads'])}")
                 print(f"{'':34s}{v}: " + "; ".join(extras))
     consumption = results.get("consumption")

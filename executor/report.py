@@ -345,14 +345,16 @@ def _straggler_verdict(assignment: dict, input_wait_s: float, wall_s: float) -> 
 
 def summarize_profile(profile: dict) -> dict:
     """:func:`summarize` applied to a ``profile.json`` document (as :func:`load_run` returns),
-    with the run's name, its machine's CPU count and, for a run that stopped early,
-    ``interrupted`` (steps run, steps planned, the reason)."""
+    with the run's name, its machine's CPU count, the wafer's compile report (``compile``)
+    and, for a run that stopped early, ``interrupted`` (steps run, steps planned, the
+    reason)."""
     summary = profile.get("summary", {})
     out = summarize(profile.get("steps", []), global_rate=profile.get("global_rate"),
                     wall_s=summary.get("wall_s"), startup=summary.get("startup"),
                     stream_stats=summary.get("workers"))
     out["interrupted"] = profile.get("interrupted")
-    out["cuda_graph"] = summary.get("compile", {}).get("cuda_graph")
+    out["compile"] = summary.get("compile")
+    out["cuda_graph"] = (summary.get("compile") or {}).get("cuda_graph")
     out["machine_cpus"] = profile.get("machine_cpus")
     if profile.get("name"):
         out["name"] = profile["name"]

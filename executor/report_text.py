@@ -68,6 +68,39 @@ def input_side_lines(report: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def compiler_line(compile_report: Optional[dict]) -> Optional[str]:
+    """The run summary's ``compiler`` row from the wafer's compile report: the compiler that
+    ran last and, under tiered compilation, what decided it (the trial's median step time of
+    each candidate, the failed check, the skip or the compile error); None without a report.
+
+    >>> compiler_line({"compiler": "auto", "active": "inductor", "tier_up": {"trial": {
+    ...     "chosen": "inductor", "fx_median_s": 0.0041, "inductor_median_s": 0.0032,
+    ...     "steps_each": 20}}})
+    'inductor chosen by trial (fx 4.1 ms, inductor 3.2 ms a step, median of 20 steps each)'
+    """
+    if not compile_report or not compile_report.get("active"):
+        return None
+    active = compile_report["active"]
+    tier = compile_report.get("tier_up") or {}
+    trial = tier.get("trial")
+    if trial and trial.get("steps_each"):
+        verdict = "chosen" if trial["chosen"] == "inductor" else "kept"
+        return (f"{trial['chosen']} {verdict} by trial (fx {trial['fx_median_s'] * 1e3:.3g} ms, "
+                f"inductor {trial['inductor_median_s'] * 1e3:.3g} ms a step, median of "
+                f"{trial['steps_each']} steps each)")
+    if tier.get("agreed") is False:
+        return (f"{active}: inductor's outputs differed from fx's at step "
+                f"{tier['checked_at_step']} (max abs diff {tier['max_abs_diff']:.3g})")
+    if tier.get("skipped"):
+        return f"{active}: no inductor compile: {tier['skipped']}"
+    if tier.get("error"):
+        return f"{active}: inductor failed: {tier['error'].splitlines()[0]}"
+    if tier:
+        return f"{active} (inductor not ready before the run ended)"
+    cached = " (from the compile cache)" if compile_report.get("cache_hit") else ""
+    return f"{active}{cached}"
+
+
 def summary_lines(report: dict) -> list[tuple[str, str]]:
     """(label, formatted value) pairs of a summary, in display order."""
     rows = []
@@ -76,6 +109,9 @@ def summary_lines(report: dict) -> list[tuple[str, str]]:
         rows.append(("INTERRUPTED", f"after {stopped['steps_run']} of {stopped['num_steps']} "
                                     f"steps: {stopped['reason']}"))
     rows += [(label, _fmt(report.get(key), unit)) for label, key, unit in SUMMARY_ROWS]
+    compiler = compiler_line(report.get("compile"))
+    if compiler:
+        rows.append(("compiler", compiler))
     if report.get("input_cpu_cores") is not None:
         cpus = report.get("machine_cpus")
         rows.append(("input workers' CPU demand", f"{report['input_cpu_cores']:.2f} cores"

@@ -17,6 +17,7 @@ import torch
 
 import cstream as cstorch
 from executor.engine import compiler as compilers
+from executor.report_text import summary_lines
 from executor.wafer import program
 from executor.wafer.feed import InputFeed
 from executor.wafer.loop import Phase, RunPlan, WaferLoop
@@ -301,14 +302,18 @@ def test_tiered_compilation_checks_inductor_against_fx_then_keeps_the_faster_by_
     c = ex.summary["compile"]
     tier = c["tier_up"]
     assert c["cache_hit"] is True
-    # the cached artifact was loaded before step 1 and checked against fx on it
-    assert tier["agreed"] is True and tier["checked_at_step"] == 1
-    assert auto[0] == fx[0]  # step 1 ran on fx
+    # step 1 ran on fx at once; the cached artifact was loaded after it and checked against
+    # fx on step 2
+    assert tier["agreed"] is True and tier["checked_at_step"] == 2
+    assert tier["compiled_in_background"] is False and tier["ready_s"] > 0
+    assert auto[:2] == fx[:2]
     # then the versions alternate for 2 x TIER_TRIAL_STEPS steps; inductor stays only if its
     # median step time is TIER_UP_MIN_GAIN below fx's
     trial = tier["trial"]
-    assert trial["steps"] == [2, 1 + 2 * program.TIER_TRIAL_STEPS]
+    assert trial["steps"] == [3, 2 + 2 * program.TIER_TRIAL_STEPS]
+    assert trial["steps_each"] == program.TIER_TRIAL_STEPS
     assert trial["fx_median_s"] > 0 and trial["inductor_median_s"] > 0
+    assert trial["chosen"] == c["active"]
     if trial["inductor_median_s"] < (1 - program.TIER_UP_MIN_GAIN) * trial["fx_median_s"]:
         assert c["active"] == "inductor" and tier["switched_at_step"] == trial["steps"][1] + 1
         assert "kept_fx" not in tier
@@ -318,6 +323,11 @@ def test_tiered_compilation_checks_inductor_against_fx_then_keeps_the_faster_by_
     assert auto == pytest.approx(fx, rel=1e-4)
     profile = json.loads((ex.run_dir / "profile.json").read_text())
     assert profile["summary"]["compile"]["tier_up"]["trial"] == trial
+    # the run summary's compiler row gives both candidates' medians
+    row = dict(summary_lines(ex.report))["compiler"]
+    assert row.startswith(f"{c['active']} {'chosen' if c['active'] == 'inductor' else 'kept'} "
+                          f"by trial (fx {trial['fx_median_s'] * 1e3:.3g} ms, inductor ")
+    assert row.endswith(f" ms a step, median of {program.TIER_TRIAL_STEPS} steps each)")
 
 
 class _Slowed:

@@ -2,17 +2,19 @@
 
 ``compiler="fx"`` replays the captured graph op by op (nothing to compile). ``"inductor"``
 runs the inductor artifact: loaded from the compile cache if there, else compiled first (in a
-separate process) before the first step. ``"auto"`` (the default): if the cache holds the
-inductor artifact it is loaded before the first step; otherwise the wafer starts on fx at once
-and inductor is compiled in the background when the run is long enough to profit (the fx
-steps still to run would take at least ``TIER_UP_MIN_S``). Once the inductor version is ready
-it is run beside fx on one step, from the same state and batch; if its outputs and updated
-state agree with fx's (``torch.allclose``, rtol 1e-3, atol 1e-5: fused kernels round
-differently), the next ``2 * TIER_TRIAL_STEPS`` steps alternate between the two versions and
-the wafer switches to inductor only if its median step time was clearly lower
-(``TIER_UP_MIN_GAIN``): inductor is not faster for every step (a step made of a few large
-matmuls gains nothing from fusion, and inductor's own matmul calls may be slower than
-eager's). When and how long it took, the check and both medians are in
+separate process) before the first step. ``"auto"`` (the default): the wafer starts on fx at
+once; if the cache holds the inductor artifact it is loaded after the first step (a warm cache
+starts no later than a cold one) and checked on the second, otherwise inductor is compiled in
+the background when the run is long enough to profit (the fx steps still to run would take at
+least ``TIER_UP_MIN_S``). Once the inductor version is ready it is run beside fx on one step,
+from the same state and batch; if its outputs and updated state agree with fx's
+(``torch.allclose``, rtol 1e-3, atol 1e-5: fused kernels round differently), the next
+``2 * TIER_TRIAL_STEPS`` steps alternate between the two versions (the check step ran each once:
+both are warm when the trial starts), and :func:`choose_compiler` compares their median step
+times over the same number of steps: the wafer switches to inductor only if its median was
+clearly lower (``TIER_UP_MIN_GAIN``): inductor is not faster for every step (a step made of a
+few large matmuls gains nothing from fusion, and inductor's own matmul calls may be slower
+than eager's). When and how long it took, the check and both medians are in
 :attr:`Program.report`.
 """
 
@@ -59,7 +61,24 @@ def _agree(a: list, b: list) -> tuple[bool, float]:
 
 
 def _median(xs: list) -> float:
-    return sorted(xs)[len(xs) // 2]
+    xs = sorted(xs)
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def choose_compiler(fx_s: list, inductor_s: list, min_gain: float = TIER_UP_MIN_GAIN) -> dict:
+    """The tiering trial's verdict from its step times (seconds), as :attr:`Program.report`
+    keeps it: ``chosen`` (``"inductor"`` if its median step time is at least ``min_gain``
+    below fx's, else ``"fx"``: a tie goes to fx), both medians and the steps timed on each.
+    Both versions must have been timed on the same number of steps, at least one."""
+    if not fx_s or len(fx_s) != len(inductor_s):
+        raise ValueError(f"the tiering trial compares medians over the same number of steps "
+                         f"(at least one): fx was timed on {len(fx_s)}, inductor on "
+                         f"{len(inductor_s)}.")
+    fx_median, ind_median = _median(fx_s), _median(inductor_s)
+    chosen = "inductor" if ind_median < (1 - min_gain) * fx_median else "fx"
+    return {"chosen": chosen, "fx_median_s": fx_median, "inductor_median_s": ind_median,
+            "steps_each": len(fx_s)}
 
 
 class Program:
@@ -81,6 +100,8 @@ class Program:
         self._tier_error: Optional[str] = None
         self._fx_times: list[float] = []
         self._trial: Optional[dict] = None  # {"fx": [s, ...], "inductor": [...]} while timing
+        self._load_after_first_step = False  # auto on a warm cache, until step 2 begins
+        self._first_step_ran = False
         if entry is not None:
             entry.write_manifest(gm, compilers.input_spec(example), device)
         if compiler == "inductor":
@@ -90,13 +111,12 @@ class Program:
             # inductor compile keep the captured one
             self.active = compilers.fx_step(copy.deepcopy(gm), device, generator)
             if compiler == "auto" and entry is not None and entry.has_artifact():
-                # loaded now, before the first step: loading it beside running steps would
-                # slow them down for longer than the load itself takes
+                # loaded after the first step, which runs on fx at once: a warm cache starts
+                # as soon as a cold one
                 self.report["cache_hit"] = True
                 self.report["tier_up"] = {"compiled_in_background": False}
                 self._tier_up_begun = True
-                self._candidate = compilers.load_inductor_artifact(entry, generator, self._random)
-                self.report["tier_up"]["ready_s"] = time.perf_counter() - t0
+                self._load_after_first_step = True
         self.report["active"] = self.active.compiler
         self.report["compile_s"] = time.perf_counter() - t0
 
@@ -123,6 +143,20 @@ class Program:
         return f"the inductor compile failed (exit code {rc}); its log {logf} ends:\n{tail}"
 
     # -- tiered compilation ---------------------------------------------------------------------
+    def _load_cached(self) -> None:
+        """Load the cached inductor artifact (after the first step) for the check."""
+        self._load_after_first_step = False
+        t0 = time.perf_counter()
+        try:
+            self._candidate = compilers.load_inductor_artifact(self._entry, self._generator,
+                                                               self._random)
+            self.report["tier_up"]["ready_s"] = time.perf_counter() - t0
+        except Exception as e:  # the run goes on with fx; the profile says why
+            self._tier_error = f"{type(e).__name__}: {e}"
+            self.report["tier_up"]["error"] = self._tier_error
+            self.mode = "fx"
+            log.warning("tiered compilation: staying on fx: %s", self._tier_error)
+
     def _start_tier_up(self) -> None:
         """Compile inductor in the background, then load it for the switch."""
         self.report["tier_up"] = {"compiled_in_background": True}
@@ -203,11 +237,11 @@ class Program:
         if len(trial["inductor"]) < TIER_TRIAL_STEPS:
             return outputs
         self._trial = None
-        fx_s, ind_s = _median(trial["fx"]), _median(trial["inductor"])
+        verdict = choose_compiler(trial["fx"], trial["inductor"])
+        fx_s, ind_s = verdict["fx_median_s"], verdict["inductor_median_s"]
         tier = self.report["tier_up"]
-        tier["trial"] = {"steps": [trial["first_step"], step + 1], "fx_median_s": fx_s,
-                         "inductor_median_s": ind_s}
-        if ind_s < (1 - TIER_UP_MIN_GAIN) * fx_s:
+        tier["trial"] = {"steps": [trial["first_step"], step + 1], **verdict}
+        if verdict["chosen"] == "inductor":
             self.active = trial["versions"]["inductor"]
             self.report["active"] = "inductor"
             tier["switched_at_step"] = step + 2
@@ -235,7 +269,8 @@ class Program:
         compilation is pending or under way (a compile may run in the background; its result,
         once ready, unsettles the program for its check and trial). A caller that runs
         :attr:`active` itself reports each step's time to :meth:`observe`."""
-        return self._trial is None and self._candidate is None
+        return self._trial is None and self._candidate is None \
+            and not self._load_after_first_step
 
     def observe(self, step: int, took_s: float) -> None:
         """``step`` ran :attr:`active` outside :meth:`__call__` (a CUDA graph's replay) in
@@ -246,6 +281,12 @@ class Program:
     def __call__(self, state: list, batch: list, step: int) -> list:
         if self._trial is not None:
             return self._trial_step(state, batch, step)
+        if self._load_after_first_step:
+            if self._first_step_ran:
+                self._load_cached()
+            else:
+                self._first_step_ran = True
+                return self.active(state, batch, self.consts)
         if self._candidate is not None:
             return self._try_switch(state, batch, step)
         if self.mode != "auto" or self._tier_up_begun:
