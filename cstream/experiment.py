@@ -312,6 +312,13 @@ def experiment_from_dict(data: dict, name: Optional[str] = None) -> Experiment:
     return _fill(Experiment, data, "")
 
 
+def yaml_error_where(e) -> tuple[str, str]:
+    """Where a ``yaml.YAMLError`` points (``" line 3, column 1"``, or ``""``) and what it says."""
+    mark = getattr(e, "problem_mark", None)
+    where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    return where, getattr(e, "problem", None) or str(e).splitlines()[0]
+
+
 def load_experiment(path) -> Experiment:
     """Read and check an experiment YAML file.
 
@@ -332,9 +339,7 @@ def load_experiment(path) -> Experiment:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        where, problem = yaml_error_where(e)
         raise ExperimentError(f"{path.name}:{where}: not valid YAML: {problem}.") from None
     if data is None:
         raise ExperimentError(f"{path.name}: the file is empty; an experiment needs at least "

@@ -118,10 +118,11 @@ def load_params(path: Path) -> dict:
     try:
         params = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark else ""
-        raise ModelZooError(f"{path.name}:{where} not valid YAML: "
-                            f"{getattr(e, 'problem', None) or e}.") from None
+        from cstream.experiment import yaml_error_where
+
+        where, problem = yaml_error_where(e)
+        raise ModelZooError(f"{path.name}:{where}{':' if where else ''} not valid YAML: "
+                            f"{problem}.") from None
     if not isinstance(params, dict):
         raise ModelZooError(f"{path.name}: expected a Model Zoo params file (a mapping with "
                             f"train_input, model, optimizer, runconfig), got {type(params).__name__}.")
