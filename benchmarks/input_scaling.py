@@ -12,7 +12,7 @@ from 4 workers at the defaults with the object store's peak use and the bytes Ra
 disk. Variants interleave and medians are reported. Writes
 ``benchmarks/results/input_scaling.json`` and ``input_scaling.png``.
 
-``--quick`` measures only, at 1, 2 and 4 workers and over 80 and 300 steps, a tiny model
+``--quick`` measures only, at 1, 2, 4 and 8 workers and over 80 and 500 steps, a tiny model
 (``Linear(256, 10)``) trained on the wafer from I/O-like batches of 32 x 256 floats, rated by
 ``executor.profiler.global_rate()`` after the loop, beside the same model fed in one process by
 ``DataLoader(num_workers=N, prefetch_factor=4)`` (``input_scaling_quick.json``).
@@ -278,7 +278,7 @@ def main(argv=None):
     if args.quick:
         backend = cstorch.backend("CSX", artifact_dir=tempfile.mkdtemp(prefix="cstream-bench-"))
         results = {"cpu_count": os.cpu_count(), "rounds": args.rounds,
-                   "model_comparison": model_comparison([1, 2, 4], [80, 300], args.rounds)}
+                   "model_comparison": model_comparison([1, 2, 4, 8], [80, 500], args.rounds)}
         backend.shutdown()
         out = Path(args.out).with_name("input_scaling_quick.json")
         out.write_text(json.dumps(results, indent=1, default=float))
