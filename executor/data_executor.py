@@ -416,27 +416,7 @@ class DataExecutor:
 
     # -- artifacts -----------------------------------------------------------------------
     def _make_run_dir(self, backend) -> None:
-        root = Path(backend.artifact_dir) / "executors"
-        root.mkdir(parents=True, exist_ok=True)
-        existing = [int(p.name) for p in root.iterdir() if p.name.isdigit()]
-        n = max(existing, default=0) + 1
-        while True:
-            run_dir = root / f"{n:06d}"
-            try:
-                run_dir.mkdir()
-                break
-            except FileExistsError:
-                n += 1
-        self.run_dir = run_dir
-        latest = root / "latest"
-        tmp = root / f".latest.{os.getpid()}"
-        try:
-            if tmp.is_symlink() or tmp.exists():
-                tmp.unlink()
-            tmp.symlink_to(run_dir.name)
-            os.replace(tmp, latest)
-        except OSError:
-            pass
+        self.run_dir = new_run_dir(Path(backend.artifact_dir) / "executors")
 
     def _write_profile(self, completed: bool) -> None:
         if self.run_dir is None:
@@ -509,6 +489,31 @@ class DataExecutor:
         tmp = path.with_name("profile.json.tmp")
         tmp.write_text(json.dumps(profile, indent=1, default=float))
         os.replace(tmp, path)
+
+
+def new_run_dir(root: Path) -> Path:
+    """A new numbered folder for a run under ``root`` (``000001``, ``000002``, ...; taken
+    atomically, so runs started together get their own), with ``root/latest`` pointing at it."""
+    root.mkdir(parents=True, exist_ok=True)
+    existing = [int(p.name) for p in root.iterdir() if p.name.isdigit()]
+    n = max(existing, default=0) + 1
+    while True:
+        run_dir = root / f"{n:06d}"
+        try:
+            run_dir.mkdir()
+            break
+        except FileExistsError:
+            n += 1
+    latest = root / "latest"
+    tmp = root / f".latest.{os.getpid()}"
+    try:
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        tmp.symlink_to(run_dir.name)
+        os.replace(tmp, latest)
+    except OSError:  # a file system without symbolic links: no "latest"
+        pass
+    return run_dir
 
 
 def _machine_cpus() -> int:

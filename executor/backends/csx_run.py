@@ -183,16 +183,7 @@ class CSXRun:
         device = b.options.device
         bound = [] if torch.device(device).type == "cpu" else device_bound_ops(cap.graph, device)
         if b.options.validate_only:
-            self.compile_report = {"validated": True, "trace_s": cap.trace_s, "ops": cap.num_ops,
-                                   "device": str(device), "device_bound_ops": bound}
-            if torch.device(device).type == "cuda":
-                # every input lives on the wafer: the state, the batch and the step's tensors
-                specs = [(tuple(s.value.shape), s.value.dtype, device) for s in cap.state_slots]
-                specs += [(shape, dtype, device) for shape, dtype in cap.batch_metas]
-                specs += [(tuple(c.shape), c.dtype, device) for c in consts]
-                self.compile_report["cuda_graph"] = cuda_graphs.plan(
-                    cap.graph, specs, device, option=b.options.cuda_graph,
-                    retrace=b.options.retrace_every_iteration).to_dict()
+            self.compile_report = validation_report(cap, consts, b.options, bound)
             log.info("validate_only: traced %d ops; nothing compiled or run", cap.num_ops)
             return
         if bound:
@@ -210,15 +201,7 @@ class CSXRun:
                 b.options.compile_only, self.context.num_steps,
                 matmul_flops_per_step=matmul_flops(cap.graph), graph_code=cap.graph.code,
                 retrace=b.options.retrace_every_iteration)
-        # what step closures read streams back every step: the closures' arguments, and the
-        # step's small return values (a loss), which closures called in the loop are given
-        streamed = {leaf.index for _, _, ls in cap.closures for leaf in ls
-                    if isinstance(leaf, OutputLeaf)}
-        streamed.update(leaf.index for leaf in cap.out_leaves if isinstance(leaf, OutputLeaf)
-                        and leaf.meta.numel() <= STREAMED_MAX_NUMEL)
-        if cap.closures:
-            streamed.update(cap.readable.values())  # closures may read metrics
-        self.outputs.streamed = sorted(streamed)
+        self.outputs.streamed = streamed_outputs(cap)
         self.compile_report["trace_s"] = cap.trace_s
         self.compile_report["ops"] = cap.num_ops
         if b.options.compile_only:
@@ -407,3 +390,33 @@ class CSXRun:
             wafer_start = t_finished - summary["wafer_wall_s"]
             startup["time_to_first_step_s"] = wafer_start + first["wafer_t"] - self._t_created
         return startup
+
+
+def validation_report(cap: Captured, consts: list, options, bound: list) -> dict:
+    """What ``validate_only`` reports of a captured step: its ops, the device and the ops tied
+    to another device; on a CUDA wafer, the CUDA graph's plan for it."""
+    device = options.device
+    report = {"validated": True, "trace_s": cap.trace_s, "ops": cap.num_ops,
+              "device": str(device), "device_bound_ops": bound}
+    if torch.device(device).type == "cuda":
+        # every input lives on the wafer: the state, the batch and the step's tensors
+        specs = [(tuple(s.value.shape), s.value.dtype, device) for s in cap.state_slots]
+        specs += [(shape, dtype, device) for shape, dtype in cap.batch_metas]
+        specs += [(tuple(c.shape), c.dtype, device) for c in consts]
+        report["cuda_graph"] = cuda_graphs.plan(
+            cap.graph, specs, device, option=options.cuda_graph,
+            retrace=options.retrace_every_iteration).to_dict()
+    return report
+
+
+def streamed_outputs(cap: Captured) -> list:
+    """The output indices that stream back with every step: the step closures' arguments, the
+    step's small return values (a loss), which closures called in the loop are given, and,
+    where the step has closures, the metrics they may read."""
+    streamed = {leaf.index for _, _, ls in cap.closures for leaf in ls
+                if isinstance(leaf, OutputLeaf)}
+    streamed.update(leaf.index for leaf in cap.out_leaves if isinstance(leaf, OutputLeaf)
+                    and leaf.meta.numel() <= STREAMED_MAX_NUMEL)
+    if cap.closures:
+        streamed.update(cap.readable.values())
+    return sorted(streamed)

@@ -10,9 +10,9 @@ allows it (transformers' mask checks) take their general path, as when torch tra
 
 from __future__ import annotations
 
+import inspect
 import linecache
 import os
-import sys
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -56,7 +56,7 @@ _INTERNAL = tuple(
 
 def user_frame(skip_internal: bool = True):
     """(filename, lineno, source) of the innermost frame outside torch and cstream."""
-    f = sys._getframe(1)
+    f = inspect.currentframe().f_back
     while f is not None:
         fn = f.f_code.co_filename
         if not (skip_internal and (fn.startswith(_INTERNAL) or fn.startswith("<"))):
@@ -82,7 +82,7 @@ def module_of_frame():
     The path is the module's name inside the outermost module on the stack (the user's model).
     """
     inner = outer = None
-    f = sys._getframe(1)
+    f = inspect.currentframe().f_back
     while f is not None:
         obj = f.f_locals.get("self")
         if isinstance(obj, torch.nn.Module):
