@@ -49,10 +49,13 @@ def _own_names(tree: ast.Module) -> set:
     return own
 
 
-def figures(package: str) -> tuple[list, list, list]:
+def figures(package: str, root: Path = REPO) -> tuple[list, list, list]:
+    """``(files, classes, reached)`` of ``root/package``: ``(lines, path)`` of every file and
+    ``(lines, "path:line Name")`` of every class, largest first, and each private name of
+    another module reached."""
     files, classes, reached = [], [], []
-    for path in sorted((REPO / package).rglob("*.py")):
-        rel = path.relative_to(REPO)
+    for path in sorted((root / package).rglob("*.py")):
+        rel = path.relative_to(root)
         text = path.read_text()
         files.append((len(text.splitlines()), str(rel)))
         tree = ast.parse(text)
@@ -68,6 +71,10 @@ def figures(package: str) -> tuple[list, list, list]:
                         _private(a.name) for a in node.names):
                     reached.append(f"{rel}:{node.lineno} from {node.module} import "
                                    + ", ".join(a.name for a in node.names))
+            elif isinstance(node, ast.Import):
+                reached += [f"{rel}:{node.lineno} import {a.name}" for a in node.names
+                            if a.name.split(".")[0] != package
+                            and any(_private(p) for p in a.name.split("."))]
             elif isinstance(node, ast.Attribute) and _private(node.attr) and \
                     node.attr not in own and not (isinstance(node.value, ast.Name)
                                                   and node.value.id in ("self", "cls")):
