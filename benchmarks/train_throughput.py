@@ -657,7 +657,10 @@ def markdown(results: dict) -> str:
         + f", {m['nproc']} cores, "
         f"{m['memory_gib']} GiB, torch {m['torch']}, ray {m['ray']}; "
         + (f"medians of {results['rounds']} interleaved rounds" if results["rounds"] > 1
-           else "1 round") + f"{' (--quick: a smoke run)' if results['quick'] else ''}; "
+           else "1 round") + f"{' (--quick: a smoke run)' if results['quick'] else ''}"
+        + "".join(f" ({section}: {n} round{'s' if n > 1 else ''})" for section, n in
+                  results.get("sections_rounds", {}).items() if n != results["rounds"])
+        + "; "
         f"CSX default compiler: `{results.get('default_compiler')}`; 1-minute load average "
         f"at the children's launches {load_range(results)} (this machine is shared).",
         "",
