@@ -182,10 +182,6 @@ class WaferDriver:
             state = self.store.in_order(state_order)
         batch = [torch.zeros(s, dtype=d, device=self.device) for s, d in batch_metas]
         example = (state, batch, [c.to(self.device) for c in consts])
-        entry = None
-        if self.compile_dir is not None:
-            entry = CacheEntry(self.compile_dir, cache_key(graph_code or graph.code,
-                                                           input_spec(example), str(self.device)))
         if self._cpus is not None:
             flops = matmul_flops(graph) if matmul_flops_per_step is None \
                 else matmul_flops_per_step
@@ -193,6 +189,11 @@ class WaferDriver:
             torch.set_num_threads(self.num_threads)
             self.threads_chosen = {"matmul_flops_per_step": flops, "node_cpus": self._cpus,
                                    "num_threads": self.num_threads}
+        entry = None
+        if self.compile_dir is not None:  # after the thread count is chosen: it is in the key
+            entry = CacheEntry(self.compile_dir, cache_key(
+                graph_code or graph.code, input_spec(example), str(self.device),
+                torch.get_num_threads() if self.device.type == "cpu" else None))
         compiler = self.compiler
         if compile_only and compiler == "auto":
             compiler = "inductor"

@@ -259,6 +259,16 @@ def warm_cache(tmp_path_factory):
     return cc
 
 
+def test_the_cache_key_holds_the_thread_count():
+    from executor.engine.compiler import cache_key
+
+    spec = [((4, 8), "torch.float32")]
+    keys = {cache_key("graph", spec, "cpu", n) for n in (1, 2)}
+    assert len(keys) == 2
+    assert cache_key("graph", spec, "cpu", 2) == cache_key("graph", spec, "cpu", 2)
+    assert cache_key("graph", spec, "cuda:0") != cache_key("graph", spec, "cpu", 2)
+
+
 def test_a_cache_hit_compiles_nothing(warm_cache, monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("the compile function was called on a cache hit")
@@ -365,9 +375,11 @@ def test_a_short_run_stays_on_fx_and_says_why(tmp_path):
 
 def test_a_ray_driver_reuses_the_artifact_an_in_process_run_compiled(warm_cache, ray_session):
     """The cache key is the captured graph's own code: the Ray driver receives the graph
-    pickled, its code generated anew, yet finds what an in-process run compiled."""
+    pickled, its code generated anew, yet finds what an in-process run on as many threads
+    compiled (the thread count is part of the key: inductor's kernels are generated for it)."""
     entries = sorted(p.name for p in warm_cache.iterdir())
-    ray_losses, ex = _train("CSX", compiler="inductor", compile_dir=warm_cache)
+    ray_losses, ex = _train("CSX", compiler="inductor", compile_dir=warm_cache,
+                            num_threads=torch.get_num_threads())
     cstorch.current_backend().shutdown()
     assert ex.summary["compile"]["cache_hit"] is True
     assert ex.summary["compile"]["active"] == "inductor"

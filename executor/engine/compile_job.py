@@ -23,6 +23,7 @@ def main(job_path: str) -> int:
     device = job["device"]
     example = tuple([torch.zeros(s, dtype=d, device=device) for s, d in part]
                     for part in job["metas"])
+    torch.set_num_threads(job["num_threads"])  # inductor generates kernels for this many threads
     graph = job["graph"]
     if device != "cpu":
         graph = graph.to(device)  # tensors the graph holds, where its inputs are (as fx_step)

@@ -43,9 +43,15 @@ COMPILERS = ("auto", "fx", "inductor")
 CSTREAM_VERSION = "0.1.0"
 
 
-def cache_key(graph_code: str, input_spec: list, device: str) -> str:
+def cache_key(graph_code: str, input_spec: list, device: str,
+              num_threads: Optional[int] = None) -> str:
+    """The compile cache's key of a captured step. ``num_threads``: on a CPU, the threads its
+    ops run on, which inductor bakes into the kernels it generates (a kernel generated for 1
+    thread has no parallel loop), so artifacts for different thread counts are kept apart."""
     h = hashlib.sha256()
-    for part in (graph_code, repr(input_spec), device, torch.__version__, CSTREAM_VERSION):
+    threads = "" if num_threads is None else f"threads={num_threads}"
+    for part in (graph_code, repr(input_spec), device, threads, torch.__version__,
+                 CSTREAM_VERSION):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:24]
@@ -417,11 +423,15 @@ def start_inductor_compile(gm: torch.fx.GraphModule, example: tuple,
     entry.dir.mkdir(parents=True, exist_ok=True)
     job = entry.dir / f"job.{os.getpid()}.pkl"
     metas = tuple([(tuple(t.shape), t.dtype) for t in part] for part in example)
+    threads = torch.get_num_threads()
     with open(job, "wb") as f:
         pickle.dump({"graph": gm, "metas": metas, "device": str(example[0][0].device)
                      if example[0] else "cpu", "compile_dir": str(entry.compile_dir),
-                     "key": entry.key}, f)
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(entry.inductor_cache))
+                     "key": entry.key, "num_threads": threads}, f)
+    # the kernels are generated for the caller's thread count, not the job's environment's
+    # (a Ray actor's OMP_NUM_THREADS is its num_cpus, 1 by default)
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(entry.inductor_cache),
+               OMP_NUM_THREADS=str(threads))
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     log_file = open(entry.dir / "compile.log", "ab")
