@@ -63,6 +63,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
+# the steady window, its rate and the loss: the same as the CPU training benchmark's
+from train_throughput import loss_fn, rate, steady_window  # noqa: E402
+
 RESULT_TAG = "GPU_BENCH_RESULT "
 DOCS_BEGIN = "<!-- gpu.py: begin generated block -->"
 DOCS_END = "<!-- gpu.py: end generated block -->"
@@ -88,7 +91,6 @@ VARIANTS = ["eager", "eager_compile", "eager_workers", "gpu_backend", "csx_in_pr
 CSX_OPTIONS = {"csx_in_process": {"in_process": True, "cuda_graph": False},
                "csx_graph_in_process": {"in_process": True, "cuda_graph": "auto"},
                "csx_ray": {"cuda_graph": False}, "csx_graph_ray": {"cuda_graph": "auto"}}
-STEADY_FROM, STEADY_TO = 0.2, 0.95
 CHILD_TIMEOUT_S = 150
 
 
@@ -168,26 +170,6 @@ def loader(spec: dict, workers: int = 0, pin: bool = False, sharded: bool = Fals
 
 def input_fn(model: str, dry: bool):
     return loader(model_spec(model, dry), sharded=True)
-
-
-def loss_fn(out, y):
-    import torch
-
-    return torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
-
-
-def steady_window(n: int) -> tuple[int, int]:
-    """``[lo, hi)``: the steps of a run of ``n`` whose timestamps give its steady rate."""
-    return max(int(n * STEADY_FROM), 1), max(int(n * STEADY_TO), 2)
-
-
-def rate(times: list, lo: int, hi: int):
-    """Steps/s between timestamps ``lo`` and ``hi - 1`` (None when too few). Over the whole
-    window, not chunks of it: on the CSX backend the closures of up to ``lookahead`` steps the
-    wafer finished run back to back, so only a window much longer than that gives the rate."""
-    if hi - lo < 3 or times[hi - 1] <= times[lo]:
-        return None
-    return (hi - 1 - lo) / (times[hi - 1] - times[lo])
 
 
 def child(spec: dict) -> dict:
