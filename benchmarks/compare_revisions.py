@@ -94,9 +94,8 @@ def checkout(rev: str, where: Path) -> str:
 def run_one(tree: Path, name: str, timeout_s: float) -> dict:
     script, args, writes = BENCHMARKS[name]
     out = tree / "benchmarks" / "results" / f"{name}.json"
-    cmd = [sys.executable, str(tree / "benchmarks" / script), *args]
-    if writes == "out" or name == "input_scaling":
-        cmd += ["--out", str(out)]
+    # every benchmark takes --out; input_scaling --quick writes its file beside it
+    cmd = [sys.executable, str(tree / "benchmarks" / script), *args, "--out", str(out)]
     target = out if writes == "out" else out.with_name(writes)
     target.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": str(tree)}
