@@ -14,6 +14,7 @@ for the step's ops.
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import threading
 import time
@@ -26,6 +27,7 @@ import torch
 from executor.engine.compiler import CacheEntry, cache_key, input_spec
 from executor.engine.devices import DeviceBoundError, check_device_clean
 from executor.wafer import cuda_graph as cuda_graphs
+from executor.wafer.compute_thread import ComputeThread
 from executor.wafer.feed import BatchSpecError, InputFeed
 from executor.wafer.loop import Collected, DriverError, Phase, RunPlan, WaferLoop
 from executor.wafer.program import Program
@@ -118,8 +120,11 @@ class WaferDriver:
         self._cpus = cpus if num_threads is None else None  # choose per program
         if num_threads is None and cpus is not None:
             num_threads = threads_for_step(0, cpus)  # until a program says how heavy it is
+        # the state, the program and the steps are computed on one thread (see
+        # executor.wafer.compute_thread); the loop of a run holds it until the run ends
+        self._compute = ComputeThread()
         if num_threads is not None:
-            torch.set_num_threads(num_threads)
+            self._compute.call(lambda: torch.set_num_threads(num_threads), "setting threads")
         self.num_threads = torch.get_num_threads()
         self.threads_chosen: Optional[dict] = None
         self.store = StateStore(self.device)
@@ -130,18 +135,24 @@ class WaferDriver:
         self._lock = threading.Lock()
         self._feed: Optional[InputFeed] = None
         self._loop: Optional[WaferLoop] = None
-        self._thread: Optional[threading.Thread] = None
+        self._run_done: Optional[concurrent.futures.Future] = None  # the loop's end
         self.cs_config = None
         self.policy: Optional[FlowPolicy] = None
         self._duplicates: Optional[dict] = None
 
     # -- state ---------------------------------------------------------------------------------
+    def _computed(self, fn, what: str):
+        """``fn()`` on the compute thread, or here while a run's loop holds that thread."""
+        return fn() if self._alive() else self._compute.call(fn, what)
+
     def put_state(self, items: dict) -> int:
-        return self.store.put(items)
+        return self._computed(lambda: self.store.put(items), "storing the state it was sent")
 
     def get_state(self, keys: list) -> dict:
-        with self._loop.cond if self._loop is not None else self._lock:
-            return self.store.get(keys)
+        def read():
+            with self._loop.cond if self._loop is not None else self._lock:
+                return self.store.get(keys)
+        return self._computed(read, "reading the state")
 
     # -- program -------------------------------------------------------------------------------
     def load_program(self, graph, state_order: list, consts: list, batch_metas: list,
@@ -160,6 +171,14 @@ class WaferDriver:
         graph: keyed on it, a Ray driver and an in-process one would not share artifacts);
         None: ``graph.code``. ``retrace``: the client traces the step every iteration
         (``retrace_every_iteration``); a CUDA graph is then not recorded."""
+        return self._compute.call(lambda: self._load_program(
+            graph, state_order, consts, batch_metas, state_metas, compile_only, num_steps,
+            matmul_flops_per_step, graph_code, retrace), "compiling the step")
+
+    def _load_program(self, graph, state_order: list, consts: list, batch_metas: list,
+                      state_metas: Optional[list], compile_only: bool, num_steps: Optional[int],
+                      matmul_flops_per_step: Optional[int], graph_code: Optional[str],
+                      retrace: bool) -> dict:
         self._state_order = list(state_order)
         self._graph_plan = None
         if graph is None:
@@ -294,12 +313,10 @@ class WaferDriver:
                                                 self._program.report.setdefault("cuda_graph", {}))
         self._loop = WaferLoop(self.store, self._feed, self._program, self._state_order, plan,
                                self.policy, self.device, rng=self.rng, runner=runner)
-        thread = threading.Thread(target=self._loop.run, name="wafer", daemon=True)
-        thread.start()
-        self._thread = thread  # only a started thread is joined, even after a Ctrl-C in start()
+        self._run_done = self._compute.submit(self._loop.run)
 
     def _alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._run_done is not None and not self._run_done.done()
 
     def _running(self) -> WaferLoop:
         if self._loop is None:
@@ -363,10 +380,10 @@ class WaferDriver:
         if loop is None:
             self._close_run()
             return {"steps": 0, "stats": [], "workers": []}
-        if self._thread is not None:
+        if self._run_done is not None:
             if not wait:
                 loop.stop()
-            self._thread.join(timeout=None if wait else 30)
+            concurrent.futures.wait([self._run_done], timeout=None if wait else 30)
         loop.stop()
         summary = {"steps": loop.done + 1, "stats": loop.take_stats(),
                    "wafer_wall_s": time.perf_counter() - loop.t_start,
@@ -380,11 +397,19 @@ class WaferDriver:
             loop.raise_if_failed()
         return summary
 
+    def close(self) -> None:
+        """End the run, if one is on, and the compute thread (a driver in the client's
+        process; a Ray actor's thread ends with its process)."""
+        try:
+            self.finish(wait=False)
+        finally:
+            self._compute.close()
+
     def _close_run(self) -> list:
         stats = self._feed.close() if self._feed is not None else []
         self._feed = None
         self._loop = None
-        self._thread = None
+        self._run_done = None
         return stats
 
     def ping(self) -> dict:

@@ -386,3 +386,46 @@ def test_a_ray_driver_reuses_the_artifact_an_in_process_run_compiled(warm_cache,
     assert sorted(p.name for p in warm_cache.iterdir()) == entries  # no entry of its own
     fx, _ = _train("CSX", in_process=True, compiler="fx")
     assert ray_losses == pytest.approx(fx, rel=1e-4)
+
+
+# -- the compute thread ---------------------------------------------------------------------------
+def test_the_compute_thread_runs_calls_in_order_raises_their_errors_and_ends_when_closed():
+    from executor.wafer.compute_thread import ComputeThread, ComputeThreadDied
+
+    compute = ComputeThread(name="compute-test")
+    order = []
+    assert compute.call(lambda: threading.current_thread().name, "naming") == "compute-test"
+    first = compute.submit(lambda: order.append(1))
+    assert compute.call(lambda: order.append(2) or len(order), "appending") == 2
+    assert first.done() and order == [1, 2]
+    # a call made on the thread itself runs at once (no wait for itself)
+    assert compute.call(lambda: compute.call(lambda: "inner", "nesting"), "outer") == "inner"
+    with pytest.raises(ZeroDivisionError):
+        compute.call(lambda: 1 / 0, "dividing")
+    compute.close()
+    compute._thread.join(timeout=5)
+    assert not compute._thread.is_alive()
+    with pytest.raises(ComputeThreadDied, match="before it finished storing the state"):
+        compute.call(lambda: None, "storing the state")
+
+
+def test_the_driver_runs_a_run_s_loop_on_its_one_compute_thread_which_ends_with_it():
+    """libgomp slows every thread's parallel ops once two threads of a process keep pools of
+    OpenMP threads: the state, the program and each run's steps are computed on one thread."""
+    import traceback
+
+    seen = []
+
+    def on_closure(i):
+        thread = cstorch.current_executor().run.driver.driver._compute._thread
+        stack = traceback.extract_stack(sys._current_frames()[thread.ident])
+        seen.append((thread.name, [f.name for f in stack if f.filename.endswith("loop.py")]))
+
+    _train("CSX", in_process=True, compiler="fx", steps=8, lookahead=2, on_closure=on_closure)
+    # the wafer is at most 2 steps ahead: until its last steps, the loop holds the thread
+    assert [name for name, _ in seen] == ["wafer"] * 8
+    assert all("run" in frames for _, frames in seen[:5]), seen
+    thread = cstorch.current_backend().driver().driver._compute._thread
+    cstorch.current_backend().shutdown()
+    thread.join(timeout=10)
+    assert not thread.is_alive()

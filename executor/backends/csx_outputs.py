@@ -41,13 +41,13 @@ class WaferOutputs:
         has nothing to collect: the wafer stays between half and all of the look-ahead in
         front of the client, for a fraction of the calls."""
         self._values.pop(step, None)
-        if self._ack is not None and self._ack.ready():
+        if step - self.reported_done < self.policy.ack_every_steps \
+                and step != self.context.num_steps - 1:
+            return
+        if self._ack is not None:  # sent an ack's interval ago: its reply is back long since
             self.wafer_done = max(self.wafer_done, self._ack.result())  # raises a wafer failure
-            self._ack = None
-        if step - self.reported_done >= self.policy.ack_every_steps \
-                or step == self.context.num_steps - 1:
-            self._ack = self.driver.ack_async(step)
-            self.reported_done = step
+        self._ack = self.driver.ack_async(step)
+        self.reported_done = step
 
     def collect(self, until: int, more: int = 0) -> None:
         """One round trip: the streamed outputs of every step the wafer finished since the

@@ -36,7 +36,7 @@ from executor.engine.handles import SlotKind, StateHandle, StepOutput
 from executor.wafer import cuda_graph as cuda_graphs
 from workers.errors import UnshardedInputWarning
 from workers.flow import FlowPolicy
-from workers.torch_compat import tree_flatten, tree_map_only, tree_unflatten
+from workers.torch_compat import tree_flatten, tree_unflatten
 
 log = logging.getLogger("cstream")
 
@@ -263,25 +263,19 @@ class CSXRun:
         return self.outputs.stats
 
     def materialize(self, obj, step: int):
-        wanted = {}
-
-        def collect(h):
-            if h.slot.kind is SlotKind.OUTPUT:
-                wanted.setdefault(h.slot.output.step, []).append(h.slot.output.index)
-            return h
-
-        tree_map_only(StateHandle, collect, obj)
+        leaves, spec = tree_flatten(obj)
+        wanted: dict[int, list] = {}
+        for x in leaves:
+            if isinstance(x, StateHandle) and x.slot.kind is SlotKind.OUTPUT:
+                wanted.setdefault(x.slot.output.step, []).append(x.slot.output.index)
+        if not wanted:
+            return obj
         fetched = {}
         for s, idx in wanted.items():
             idx = sorted(set(idx))
             fetched.update({StepOutput(s, i): v for i, v in zip(idx, self.outputs.outputs_of(s, idx))})
-
-        def replace(h):
-            if h.slot.kind is SlotKind.OUTPUT:
-                return fetched[h.slot.output]
-            return h
-
-        return tree_map_only(StateHandle, replace, obj)
+        return tree_unflatten([fetched[x.slot.output] if isinstance(x, StateHandle)
+                               and x.slot.kind is SlotKind.OUTPUT else x for x in leaves], spec)
 
     @contextlib.contextmanager
     def closure_reads(self, step: int):

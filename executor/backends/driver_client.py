@@ -187,7 +187,7 @@ class LocalDriverClient(DriverClient):
 
     def close(self):
         with contextlib.suppress(Exception):
-            self.driver.finish(wait=False)
+            self.driver.close()
 
 
 def default_num_threads() -> int:

@@ -130,6 +130,10 @@ class WaferLoop:
         self.error: Optional[BaseException] = None
         self.error_text: Optional[str] = None
         self.cond = threading.Condition()
+        # the steps that threads blocked in wait_done/collect wait for: a finished step wakes
+        # them only when it is one of these (not every step, which on a fast step would wake
+        # them thousands of times a second for nothing)
+        self._awaited: list[int] = []
         self._stop = False
         self._wait_t0: Optional[float] = None
         self._client_t0: Optional[float] = None  # since when the look-ahead is used up
@@ -247,7 +251,8 @@ class WaferLoop:
             self.done = step
             self.next_step = step + 1
             self._client_wait_s = 0.0
-            self.cond.notify_all()
+            if any(step >= s for s in self._awaited) or self.next_step >= self.plan.num_steps:
+                self.cond.notify_all()
 
     # -- the client's side -------------------------------------------------------------------------
     def stop(self) -> None:
@@ -301,8 +306,18 @@ class WaferLoop:
                         raise DriverError(f"the wafer stopped before step {step + 1}.")
                 if deadline is not None and time.perf_counter() > deadline:
                     break
-                self.cond.wait(0.2)
+                self._wait_for_step(step, 0.2)
             return self.done
+
+    def _wait_for_step(self, step: int, timeout: float) -> None:
+        """Wait (holding :attr:`cond`) until ``step`` is finished, the loop ends or fails, or
+        ``timeout`` seconds pass; the loop wakes this thread when it finishes ``step``."""
+        self._awaited.append(step)
+        try:
+            self.cond.wait_for(lambda: self.done >= step or self.phase.terminal
+                               or self.error is not None or self._stop, timeout=timeout)
+        finally:
+            self._awaited.remove(step)
 
     def take_stats(self) -> list:
         new = self.stats[self._stats_sent:]
@@ -322,8 +337,7 @@ class WaferLoop:
             target = min(until + more, self.acked + self.policy.lookahead_steps,
                          self.plan.num_steps - 1)
             if self.done < target:
-                self.cond.wait_for(lambda: self.done >= target or self.phase.terminal
-                                   or self.error is not None, timeout=self.policy.collect_more_s)
+                self._wait_for_step(target, self.policy.collect_more_s)
             first = max(since, self.acked + 1)
             steps = range(first, self.done + 1)
             values = [torch.stack([self.outputs[s][i] for s in steps]).to("cpu")
