@@ -123,9 +123,12 @@ class WaferDriver:
         # the state, the program and the steps are computed on one thread (see
         # executor.wafer.compute_thread); the loop of a run holds it until the run ends
         self._compute = ComputeThread()
-        if num_threads is not None:
-            self._compute.call(lambda: torch.set_num_threads(num_threads), "setting threads")
-        self.num_threads = torch.get_num_threads()
+
+        def set_threads() -> int:
+            if num_threads is not None:
+                torch.set_num_threads(num_threads)
+            return torch.get_num_threads()  # as the compute thread sees it
+        self.num_threads = self._compute.call(set_threads, "setting its threads")
         self.threads_chosen: Optional[dict] = None
         self.store = StateStore(self.device)
         self._graph = None

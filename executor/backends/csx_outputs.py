@@ -44,7 +44,9 @@ class WaferOutputs:
         if step - self.reported_done < self.policy.ack_every_steps \
                 and step != self.context.num_steps - 1:
             return
-        if self._ack is not None:  # sent an ack's interval ago: its reply is back long since
+        # the previous ack, sent an ack's interval ago, is read only if its reply is back:
+        # nothing here waits for the wafer
+        if self._ack is not None and self._ack.ready():
             self.wafer_done = max(self.wafer_done, self._ack.result())  # raises a wafer failure
         self._ack = self.driver.ack_async(step)
         self.reported_done = step
