@@ -210,6 +210,9 @@ class DataExecutor:
                               ("listeners", [type(x).__name__ for x in listeners or ()]),
                               ("micro_batch_size", micro_batch_size)) if v not in (None, [])}
         self.profiler = Profiler(profiler_activities)
+        # unix time (the wafer's step ends) to the profiler's clock, one offset for the run so
+        # that intervals between the wafer's times stay exact
+        self._perf_minus_unix = time.perf_counter() - time.time()
         self.checkpoint_schedule: Optional[Schedule] = normalize_checkpoint_steps(checkpoint_steps)
         self.checkpoint_steps = checkpoint_steps
         self.num_steps = _num_steps(num_steps, dataloader, runtime.current_backend())
@@ -298,6 +301,7 @@ class DataExecutor:
                 dataloader=self.dataloader, cs_config=self.cs_config, num_steps=self.num_steps,
                 checkpoint_steps=frozenset(self.checkpoint_iterations()),
                 closures=self.closures, iteration=lambda: self.iteration))
+            self.profiler.time_steps_by(self._wafer_end_of(self._run))
             for step in range(self.num_steps):
                 self.iteration = step
                 self._step_start_unix = time.time()
@@ -343,9 +347,23 @@ class DataExecutor:
         """When the wafer ended the last step, on the profiler's clock (None: no wafer figure;
         the client queues steps ahead of the wafer, which ends them later)."""
         end_unix = self.step_records[-1].get("end_unix") if self.step_records else None
-        if end_unix is None:
+        return self._on_profiler_clock(end_unix)
+
+    def _on_profiler_clock(self, t_unix: Optional[float]) -> Optional[float]:
+        """Unix time ``t_unix`` on the profiler's clock, ``time.perf_counter`` (None: None)."""
+        return None if t_unix is None else t_unix + self._perf_minus_unix
+
+    def _wafer_end_of(self, run):
+        """The profiler's lookup of when the wafer ended a step (counted from 1): from the
+        figures that came back so far; None where the run has no wafer."""
+        if run.wafer_stats() is None:
             return None
-        return time.perf_counter() - (time.time() - end_unix)
+
+        def wafer_end(step: int) -> Optional[float]:
+            record = run.wafer_stats().get(step)
+            return None if record is None else self._on_profiler_clock(record.get("end_unix"))
+
+        return wafer_end
 
     def _run_initial_closures(self, backend) -> None:
         """Checkpoint closures called before this run: they run now, before the first step,
@@ -390,6 +408,10 @@ class DataExecutor:
     def _end_step(self, step: int) -> None:
         run = self._run
         metrics = run.end_step(step) or {}
+        samples = metrics.pop("samples", None)
+        if samples is None:
+            samples = run.samples_in_step(step)
+        self.profiler.step_done(samples)  # before the step's closures, which may read rates
         for closure in self.closures.take_all():
             t0 = time.time()
             if closure.checkpoint:
@@ -401,10 +423,6 @@ class DataExecutor:
                     closure.fn(*margs, **mkwargs)
             self._record_span(closure, step + 1, t0)
         run.step_done(step)
-        samples = metrics.pop("samples", None)
-        if samples is None:
-            samples = run.samples_in_step(step)
-        self.profiler.step_done(samples)
         if self.dataloader.batch_size is None:
             self.dataloader.batch_size = samples
         record = {"step": step + 1, "samples": samples, "time": time.perf_counter(),

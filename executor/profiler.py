@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Callable, Optional
 
 SUPPORTED_ACTIVITIES = ("rate", "global_rate")
 
@@ -17,6 +18,16 @@ class Profiler:
       the *first step ended*: start-up, tracing and compile time are left out, and so is the
       first step, whose samples were produced before that clock started (0.0 until a second
       step ended).
+
+    A step's samples count from the end of its step on the client (:meth:`step_done`, before
+    its step closures run, as Cerebras's client counts them). Where the wafer's end of a step
+    is known (``wafer_end``: its figures came back with the step's outputs), the figures are
+    timed by the wafer's step ends: read at the newest counted step the wafer is known to have
+    ended, with the samples up to it. One call brings the outputs of several steps and their
+    closures then run back to back, so the client's clock would time the client's burst, not
+    the wafer's pace. Where no wafer end is known since the last query (an eager run; a loop
+    whose closures read no output), they are read at the client's clock with every counted
+    step's samples.
 
     Once the run is over (:meth:`finish`), both read the clock as it stood when the wafer
     ended the last step: the steps the client had queued ahead of the wafer are counted until
@@ -40,12 +51,21 @@ class Profiler:
         self.samples = 0
         self.started = clock()
         self.first_step_end = None
+        """The client's clock when it counted the first step."""
         self.last_step_end = None
-        self._window_start = None
-        self._window_samples = 0
+        """The client's clock when it counted the newest step."""
+        self._through: list[int] = []  # samples of steps 1..k, at index k - 1
+        self._wafer_end: Optional[Callable[[int], Optional[float]]] = None
+        self._first_wafer_end = None
+        # the previous rate() query's window end: (steps counted in it, time)
+        self._window: Optional[tuple[int, float]] = None
         self._prev_rate = None
-        self._first_samples = 0
         self._finished_at = None
+
+    def time_steps_by(self, wafer_end: Optional[Callable[[int], Optional[float]]]) -> None:
+        """Time steps by ``wafer_end(step)``: when the wafer ended ``step`` (counted from 1),
+        on this clock, or None while unknown. None: by the client's clock alone."""
+        self._wafer_end = wafer_end
 
     def _require(self, name):
         if name not in self.activities:
@@ -54,57 +74,87 @@ class Profiler:
                 f"profiler_activities=[..., {name!r}] to DataExecutor."
             )
 
-    def step_done(self, num_samples: int, t: float | None = None) -> None:
-        t = self._clock() if t is None else t
+    def step_done(self, num_samples: int) -> None:
+        """The client counted a step of ``num_samples`` samples."""
+        t = self._clock()
         self.samples += num_samples
+        self._through.append(self.samples)
         self.last_step_end = t
-        if self.first_step_end is None:  # the first step opens the windows; its samples
-            self.first_step_end = t        # were produced before them
-            self._first_samples = num_samples
-            self._window_start = t
-            return
-        self._window_samples += num_samples
+        if self.first_step_end is None:
+            self.first_step_end = t
 
     def finish(self, last_step_ran: float | None = None) -> None:
         """The run is over: from now on the figures are read at ``last_step_ran`` (this clock's
-        time when the wafer ended the last step), or, where that is unknown or earlier, when
-        the client ended it (at this call where no step ended). Only the first call counts."""
+        time when the wafer ended the last step), or, where that is unknown, when the client
+        counted it (at this call where no step ended). Only the first call counts."""
         if self._finished_at is not None:
             return
-        ends = [t for t in (last_step_ran, self.last_step_end) if t is not None]
-        self._finished_at = max(ends) if ends else self._clock()
+        self._first_start()  # resolved while the wafer's figures are at hand
+        self._finished_at = last_step_ran if last_step_ran is not None else \
+            self.last_step_end if self.last_step_end is not None else self._clock()
+        self._wafer_end = None
 
-    def _now(self) -> float:
-        return self._clock() if self._finished_at is None else self._finished_at
+    def _first_start(self) -> Optional[float]:
+        """When the first step ended: on the wafer where known, else on the client."""
+        if self._first_wafer_end is None and self._wafer_end is not None and self._through:
+            self._first_wafer_end = self._wafer_end(1)
+        return self._first_wafer_end if self._first_wafer_end is not None \
+            else self.first_step_end
+
+    def _reading(self, after: int) -> tuple[int, float]:
+        """(steps counted, time) the figures are read at: the newest counted step after step
+        ``after`` whose wafer end is known, and that end; else every counted step and the
+        client's clock now (once the run is over: at its end)."""
+        if self._finished_at is not None:
+            return len(self._through), self._finished_at
+        if self._wafer_end is not None:
+            for k in range(len(self._through), after, -1):
+                t = self._wafer_end(k)
+                if t is not None:
+                    return k, t
+        return len(self._through), self._clock()
+
+    def _samples_through(self, steps: int) -> int:
+        return self._through[steps - 1] if steps > 0 else 0
 
     def rate(self) -> float:
         """Smoothed samples/s since the previous query (0.0 before two steps have ended)."""
         self._require("rate")
-        now = self._now()
-        if self._window_start is None or now <= self._window_start:
+        if not self._through:
+            return 0.0
+        if self._window is None:
+            self._window = (1, self._first_start())
+        after, start = self._window
+        steps, now = self._reading(after)
+        if steps <= after or now <= start:
             return 0.0 if self._prev_rate is None else self._prev_rate
-        current = self._window_samples / (now - self._window_start)
+        current = (self._samples_through(steps) - self._samples_through(after)) / (now - start)
         smoothed = current if self._prev_rate is None else 0.6 * current + 0.4 * self._prev_rate
         self._prev_rate = smoothed
-        self._window_start = now
-        self._window_samples = 0
+        self._window = (steps, now)
         return smoothed
 
     def global_rate(self) -> float:
         """Samples of the steps after the first / seconds since the first step ended."""
         self._require("global_rate")
-        return self._global_rate(self._now())
+        if not self._through:
+            return 0.0
+        steps, now = self._reading(1)
+        return self._global_rate(steps, now)
 
     def global_rate_at_end(self) -> float:
         """:meth:`global_rate` at the end of the last step (0.0 before two steps ended); once
         the run is over, at the wafer's end of it."""
-        end = self._finished_at if self._finished_at is not None else self.last_step_end
-        return 0.0 if end is None else self._global_rate(end)
-
-    def _global_rate(self, now: float) -> float:
-        if self.first_step_end is None or now <= self.first_step_end:
+        if not self._through:
             return 0.0
-        return (self.samples - self._first_samples) / (now - self.first_step_end)
+        end = self._finished_at if self._finished_at is not None else self.last_step_end
+        return self._global_rate(len(self._through), end)
+
+    def _global_rate(self, steps: int, now: float) -> float:
+        first = self._first_start()
+        if steps < 2 or now <= first:
+            return 0.0
+        return (self._samples_through(steps) - self._samples_through(1)) / (now - first)
 
     def total_samples(self) -> int:
         """Samples of all the steps that have ended."""

@@ -91,6 +91,50 @@ def test_training_on_ray_equals_the_cpu_backend_on_the_same_global_batches(
         assert torch.allclose(final[k], ref_final[k], atol=1e-5), k
 
 
+def test_rate_read_in_closures_is_timed_by_the_wafers_step_ends(ray_session):
+    # one collect brings the outputs of several steps and their closures then run back to back:
+    # rate() and global_rate() read in them measure the wafer's pace, from its step ends
+    torch.manual_seed(0)
+    backend = cstorch.backend("CSX", in_process=True)
+    with backend.device:
+        model = torch.nn.Linear(6, 3)
+    compiled = cstorch.compile(model, backend)
+    optimizer = cstorch.optim.SGD(model.parameters(), lr=0.1)
+    read = []
+
+    @cstorch.step_closure
+    def record(loss):
+        loss.item()
+        read.append((executor.profiler.rate(), executor.profiler.global_rate()))
+
+    @cstorch.trace
+    def step(batch):
+        x, y = batch
+        loss = torch.nn.functional.cross_entropy(compiled(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    executor = cstorch.utils.data.DataExecutor(
+        cstorch.utils.data.DataLoader(global_batches_input_fn), num_steps=12,
+        cs_config=cstorch.utils.CSConfig(num_workers_per_csx=1, wafer_seconds_per_step=0.004))
+    for batch in executor:
+        record(step(batch))
+    backend.shutdown()
+    ends = [r["end_unix"] for r in executor.step_records]
+    assert len(read) == len(ends) == 12
+    # the expected figures from the wafer's step ends (unix seconds, ~2.4e-7 s apart as
+    # doubles, against steps held >= 4 ms: 1e-3 of a figure covers the rounding)
+    assert read[0] == (0.0, 0.0)
+    previous = None
+    for k in range(1, 12):
+        current = 8 / (ends[k] - ends[k - 1])
+        previous = current if previous is None else 0.6 * current + 0.4 * previous
+        assert read[k][0] == pytest.approx(previous, rel=1e-3), k
+        assert read[k][1] == pytest.approx(8 * k / (ends[k] - ends[0]), rel=1e-3), k
+
+
 def _cstream_actors(ray):
     return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
                   if a["name"].startswith("cstream"))

@@ -307,6 +307,41 @@ def test_without_a_wafer_figure_the_run_ends_when_the_client_ended_its_last_step
     assert p.global_rate() == pytest.approx(40 / 2.0)
 
 
+def test_where_the_wafer_ended_the_steps_the_figures_are_read_at_its_step_ends():
+    clock = Clock()
+    p = Profiler(clock=clock)
+    wafer = {}                      # step -> when the wafer ended it
+    p.time_steps_by(wafer.get)
+    for _ in range(4):              # the client counts steps 1-4 as it queues them
+        p.step_done(10)
+    wafer.update({1: 1.0, 2: 1.5, 3: 2.0})              # one collect brings steps 1-3
+    clock.t = 9.0                   # the client's closures run late: not the wafer's pace
+    assert p.global_rate() == pytest.approx(20 / 1.0)   # steps 2-3 over 1.0 s to step 3's end
+    assert p.rate() == pytest.approx(20 / (2.0 - 1.0))  # the window: step 1's end to step 3's
+    wafer[4] = 3.0
+    assert p.rate() == pytest.approx(0.6 * 10 / 1.0 + 0.4 * 20)  # step 4 in 1.0 s, smoothed
+    assert p.rate() == pytest.approx(0.6 * 10 + 0.4 * 20)   # nothing new: the last figure
+    p.step_done(10)                 # step 5's end is not back: read at step 4's
+    clock.t = 11.0
+    assert p.global_rate() == pytest.approx(30 / (3.0 - 1.0))
+    p.finish(last_step_ran=12.0)
+    clock.t = 20.0
+    assert p.global_rate() == pytest.approx(40 / (12.0 - 1.0))
+
+
+def test_where_no_wafer_end_comes_back_the_figures_are_read_on_the_clients_clock():
+    clock = Clock()
+    p = Profiler(clock=clock)
+    p.time_steps_by(lambda step: None)   # closures that read no output: nothing collected
+    p.step_done(10)
+    clock.t = 2.0
+    p.step_done(10)
+    p.step_done(10)
+    clock.t = 4.0
+    assert p.rate() == pytest.approx(20 / 4.0)
+    assert p.global_rate() == pytest.approx(20 / 4.0)
+
+
 def test_unknown_profiler_activities_are_refused():
     with pytest.raises(ValueError, match="unknown activity 'flops'"):
         Profiler(["rate", "flops"])

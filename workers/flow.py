@@ -135,19 +135,20 @@ class FlowPolicy:
     def collect_more_steps(self) -> int:
         """When the client must wait for a step's outputs, it also waits for up to this many
         steps after it (or ``collect_more_s``, or the end of the run), so a client ahead of the
-        wafer makes one call per this many steps rather than one per step."""
-        return max(0, self.lookahead_steps // 4)
+        wafer makes one call per this many steps rather than one per step. Half the look-ahead:
+        the wafer can run that far past the step the client waits for."""
+        return max(0, self.lookahead_steps // 2)
 
     @property
     def collect_more_s(self) -> float:
         """The most time a collect waits for those further steps once the step it needs is
-        done: closures lag the wafer by at most this much more. Longer waits make fewer
-        calls (on 2 cores a 10 ms step ran up to 10-15% faster with one call every 9 steps than
-        every 2), but the closures of one call run back to back, and ``rate()`` queried in them
-        measures the client's time between them: queried every 20 steps of a 100-step run of
-        a small model, it read 265,000-694,000 samples/s with calls of up to 32 steps or 0.1 s,
-        11,000-62,000 with these."""
-        return 0.02
+        done: closures lag the wafer by at most this much more. Each call wakes threads in
+        the client and the driver, which on a machine whose cores the step's threads fill
+        delays the step: on 2 cores a 10 ms step ran 10-15% slower with one call every 2 steps
+        than with one every 9. The closures of one call then run back to back; ``rate()`` read
+        in them is timed by the wafer's step ends, not by the client's clock
+        (:class:`executor.profiler.Profiler`)."""
+        return 0.1
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
