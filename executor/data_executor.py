@@ -301,7 +301,7 @@ class DataExecutor:
                 dataloader=self.dataloader, cs_config=self.cs_config, num_steps=self.num_steps,
                 checkpoint_steps=frozenset(self.checkpoint_iterations()),
                 closures=self.closures, iteration=lambda: self.iteration))
-            self.profiler.time_steps_by(self._wafer_end_of(self._run))
+            self.profiler.time_steps_by(_wafer_end_lookup(self._run, self._perf_minus_unix))
             for step in range(self.num_steps):
                 self.iteration = step
                 self._step_start_unix = time.time()
@@ -347,23 +347,7 @@ class DataExecutor:
         """When the wafer ended the last step, on the profiler's clock (None: no wafer figure;
         the client queues steps ahead of the wafer, which ends them later)."""
         end_unix = self.step_records[-1].get("end_unix") if self.step_records else None
-        return self._on_profiler_clock(end_unix)
-
-    def _on_profiler_clock(self, t_unix: Optional[float]) -> Optional[float]:
-        """Unix time ``t_unix`` on the profiler's clock, ``time.perf_counter`` (None: None)."""
-        return None if t_unix is None else t_unix + self._perf_minus_unix
-
-    def _wafer_end_of(self, run):
-        """The profiler's lookup of when the wafer ended a step (counted from 1): from the
-        figures that came back so far; None where the run has no wafer."""
-        if run.wafer_stats() is None:
-            return None
-
-        def wafer_end(step: int) -> Optional[float]:
-            record = run.wafer_stats().get(step)
-            return None if record is None else self._on_profiler_clock(record.get("end_unix"))
-
-        return wafer_end
+        return None if end_unix is None else end_unix + self._perf_minus_unix
 
     def _run_initial_closures(self, backend) -> None:
         """Checkpoint closures called before this run: they run now, before the first step,
@@ -532,6 +516,20 @@ def new_run_dir(root: Path) -> Path:
     except OSError:  # a file system without symbolic links: no "latest"
         pass
     return run_dir
+
+
+def _wafer_end_lookup(run, perf_minus_unix: float):
+    """The profiler's lookup of when the wafer ended a step (counted from 1), on the profiler's
+    clock (unix time + ``perf_minus_unix``), from the figures that came back so far; None where
+    the run has no wafer."""
+    if run.wafer_stats() is None:
+        return None
+
+    def wafer_end(step: int) -> Optional[float]:
+        end_unix = (run.wafer_stats().get(step) or {}).get("end_unix")
+        return None if end_unix is None else end_unix + perf_minus_unix
+
+    return wafer_end
 
 
 def _machine_cpus() -> int:
