@@ -429,3 +429,18 @@ def test_the_driver_runs_a_run_s_loop_on_its_one_compute_thread_which_ends_with_
     cstorch.current_backend().shutdown()
     thread.join(timeout=10)
     assert not thread.is_alive()
+
+
+def test_the_objects_a_run_starts_with_are_frozen_for_the_collector_until_it_ends():
+    # a full collection on the driver scans every object of the process; those the run starts
+    # with live through it, so they are frozen while it runs, and thawed after
+    import gc
+
+    assert gc.get_freeze_count() == 0
+    during = []
+    _train("CSX", in_process=True, compiler="fx", steps=8, lookahead=2,
+           on_closure=lambda i: during.append(gc.get_freeze_count()))
+    # the wafer is at most 2 steps ahead: until its last steps, its loop runs
+    assert len(during) == 8 and min(during[:5]) > 1000, during
+    cstorch.current_backend().shutdown()
+    assert gc.get_freeze_count() == 0
