@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import time
@@ -519,17 +520,26 @@ def new_run_dir(root: Path) -> Path:
 
 
 def _wafer_end_lookup(run, perf_minus_unix: float):
-    """The profiler's lookup of when the wafer ended a step (counted from 1), on the profiler's
-    clock (unix time + ``perf_minus_unix``), from the figures that came back so far; None where
-    the run has no wafer."""
+    """The profiler's lookup of the newest step in ``(after, step]`` (counted from 1) the wafer
+    is known to have ended, and when, on the profiler's clock (unix time + ``perf_minus_unix``),
+    from the figures that came back so far; None where the run has no wafer. It looks from the
+    newest step the figures hold down, so a query costs the steps between, not the run's."""
     if run.wafer_stats() is None:
         return None
+    seen = [0, 0]  # figures looked at so far (in arrival order), the newest step among them
 
-    def wafer_end(step: int) -> Optional[float]:
-        end_unix = (run.wafer_stats().get(step) or {}).get("end_unix")
-        return None if end_unix is None else end_unix + perf_minus_unix
+    def wafer_ends(step: int, after: int) -> Optional[tuple[int, float]]:
+        stats = run.wafer_stats()
+        if len(stats) > seen[0]:
+            seen[1] = max(seen[1], *itertools.islice(stats, seen[0], None))
+            seen[0] = len(stats)
+        for k in range(min(step, seen[1]), after, -1):
+            end_unix = (stats.get(k) or {}).get("end_unix")
+            if end_unix is not None:
+                return k, end_unix + perf_minus_unix
+        return None
 
-    return wafer_end
+    return wafer_ends
 
 
 def _machine_cpus() -> int:

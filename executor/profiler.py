@@ -7,6 +7,10 @@ from typing import Callable, Optional
 
 SUPPORTED_ACTIVITIES = ("rate", "global_rate")
 
+WaferEnds = Callable[[int, int], Optional[tuple[int, float]]]
+"""``(step, after)`` -> the newest step in ``(after, step]`` the wafer is known to have ended
+and when, or None (see :meth:`Profiler.time_steps_by`)."""
+
 
 class Profiler:
     """Samples/s of a run.
@@ -21,7 +25,7 @@ class Profiler:
 
     A step's samples count from the end of its step on the client (:meth:`step_done`, before
     its step closures run, as Cerebras's client counts them). Where the wafer's end of a step
-    is known (``wafer_end``: its figures came back with the step's outputs), the figures are
+    is known (``time_steps_by``: its figures came back with the step's outputs), the figures are
     timed by the wafer's step ends: read at the newest counted step the wafer is known to have
     ended, with the samples up to it. One call brings the outputs of several steps and their
     closures then run back to back, so the client's clock would time the client's burst, not
@@ -48,24 +52,29 @@ class Profiler:
             )
         self.activities = activities
         self._clock = clock
-        self.samples = 0
         self.started = clock()
         self.first_step_end = None
         """The client's clock when it counted the first step."""
         self.last_step_end = None
         """The client's clock when it counted the newest step."""
         self._through: list[int] = []  # samples of steps 1..k, at index k - 1
-        self._wafer_end: Optional[Callable[[int], Optional[float]]] = None
+        self._wafer_ends: Optional[WaferEnds] = None
         self._first_wafer_end = None
         # the previous rate() query's window end: (steps counted in it, time)
         self._window: Optional[tuple[int, float]] = None
         self._prev_rate = None
         self._finished_at = None
 
-    def time_steps_by(self, wafer_end: Optional[Callable[[int], Optional[float]]]) -> None:
-        """Time steps by ``wafer_end(step)``: when the wafer ended ``step`` (counted from 1),
-        on this clock, or None while unknown. None: by the client's clock alone."""
-        self._wafer_end = wafer_end
+    def time_steps_by(self, wafer_ends: Optional[WaferEnds]) -> None:
+        """Time steps by ``wafer_ends(step, after)``: the newest step in ``(after, step]``
+        (counted from 1) the wafer is known to have ended, and when, on this clock; None where
+        it knows of none. None: by the client's clock alone."""
+        self._wafer_ends = wafer_ends
+
+    @property
+    def samples(self) -> int:
+        """Samples of the steps counted so far."""
+        return self._through[-1] if self._through else 0
 
     def _require(self, name):
         if name not in self.activities:
@@ -77,8 +86,7 @@ class Profiler:
     def step_done(self, num_samples: int) -> None:
         """The client counted a step of ``num_samples`` samples."""
         t = self._clock()
-        self.samples += num_samples
-        self._through.append(self.samples)
+        self._through.append(self.samples + num_samples)
         self.last_step_end = t
         if self.first_step_end is None:
             self.first_step_end = t
@@ -92,12 +100,13 @@ class Profiler:
         self._first_start()  # resolved while the wafer's figures are at hand
         self._finished_at = last_step_ran if last_step_ran is not None else \
             self.last_step_end if self.last_step_end is not None else self._clock()
-        self._wafer_end = None
+        self._wafer_ends = None
 
     def _first_start(self) -> Optional[float]:
         """When the first step ended: on the wafer where known, else on the client."""
-        if self._first_wafer_end is None and self._wafer_end is not None and self._through:
-            self._first_wafer_end = self._wafer_end(1)
+        if self._first_wafer_end is None and self._wafer_ends is not None and self._through:
+            first = self._wafer_ends(1, 0)
+            self._first_wafer_end = None if first is None else first[1]
         return self._first_wafer_end if self._first_wafer_end is not None \
             else self.first_step_end
 
@@ -107,11 +116,10 @@ class Profiler:
         client's clock now (once the run is over: at its end)."""
         if self._finished_at is not None:
             return len(self._through), self._finished_at
-        if self._wafer_end is not None:
-            for k in range(len(self._through), after, -1):
-                t = self._wafer_end(k)
-                if t is not None:
-                    return k, t
+        if self._wafer_ends is not None:
+            known = self._wafer_ends(len(self._through), after)
+            if known is not None:
+                return known
         return len(self._through), self._clock()
 
     def _samples_through(self, steps: int) -> int:

@@ -311,7 +311,8 @@ def test_where_the_wafer_ended_the_steps_the_figures_are_read_at_its_step_ends()
     clock = Clock()
     p = Profiler(clock=clock)
     wafer = {}                      # step -> when the wafer ended it
-    p.time_steps_by(wafer.get)
+    p.time_steps_by(lambda step, after: next(
+        ((k, wafer[k]) for k in range(step, after, -1) if k in wafer), None))
     for _ in range(4):              # the client counts steps 1-4 as it queues them
         p.step_done(10)
     wafer.update({1: 1.0, 2: 1.5, 3: 2.0})              # one collect brings steps 1-3
@@ -332,7 +333,7 @@ def test_where_the_wafer_ended_the_steps_the_figures_are_read_at_its_step_ends()
 def test_where_no_wafer_end_comes_back_the_figures_are_read_on_the_clients_clock():
     clock = Clock()
     p = Profiler(clock=clock)
-    p.time_steps_by(lambda step: None)   # closures that read no output: nothing collected
+    p.time_steps_by(lambda step, after: None)  # closures that read no output: nothing back
     p.step_done(10)
     clock.t = 2.0
     p.step_done(10)
