@@ -24,6 +24,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
     ("torch.utils.data.dataloader", "_SingleProcessDataLoaderIter"),
     ("torch.autograd", "_profiler_enabled"),
     ("torch.utils.data._utils.pin_memory", "pin_memory"),
+    ("torch.utils.data._utils.fetch", "_MapDatasetFetcher"),
 ])
 def test_the_torch_names_exist(module, name):
     assert hasattr(importlib.import_module(module), name), \
@@ -53,6 +54,61 @@ def test_the_lean_iterator_yields_what_the_loader_yields_and_keeps_the_indices()
         indices.append(list(it.last_index))
     assert got == expected
     assert [[data[i].item() for i in ix] for ix in indices] == [[x[0] for x in b] for b in got]
+
+
+class _Rows(torch.utils.data.TensorDataset):
+    def __getitem__(self, i):
+        return tuple(t[i] + 1 for t in self.tensors)
+
+
+def _tensor_data():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 40, generator=g).t()  # not contiguous: each row is a strided view
+    tokens = torch.randint(0, 50, (40, 9), generator=g)
+    return x, tokens[:, :-1], torch.arange(40) % 7, torch.rand(40, generator=g) > 0.5
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*_tensor_data()),
+                                        batch_size=8, shuffle=True,
+                                        generator=torch.Generator().manual_seed(1)),
+    lambda: torch.utils.data.DataLoader(torch.utils.data.TensorDataset(_tensor_data()[2]),
+                                        batch_size=5, drop_last=False),
+    lambda: torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(*_tensor_data()),
+        batch_sampler=torch.utils.data.BatchSampler(
+            torch.utils.data.RandomSampler(range(40), generator=torch.Generator().manual_seed(2)),
+            batch_size=7, drop_last=False)),
+], ids=["shuffled-4-tensors", "one-tensor-short-last-batch", "batch-sampler"])
+def test_a_tensor_datasets_batches_are_gathered_as_torch_collates_them(make):
+    it = torch_compat.LeanLoaderIter(iter(make()))
+    assert it.rows_of is not None
+    expected = list(make())
+    got = list(it)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert type(g) is type(e) is list and len(g) == len(e)
+        for a, b in zip(g, e):
+            assert a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+            assert torch.equal(a, b)
+
+
+def test_other_datasets_and_collates_take_torchs_own_fetch():
+    x = _tensor_data()[0]
+    custom = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=4,
+                                         collate_fn=lambda b: torch.stack([r[0] for r in b]))
+    subclass = torch.utils.data.DataLoader(_Rows(x), batch_size=4)
+    unbatched = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=None)
+    grads = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x.clone().requires_grad_()), batch_size=4)
+    for loader in (custom, subclass, unbatched, grads):
+        it = torch_compat.LeanLoaderIter(iter(loader))
+        assert it.rows_of is None
+        got, expected = list(it), list(loader)
+        assert len(got) == len(expected)
+        assert all(torch.equal(torch.as_tensor(g[0] if isinstance(g, list) else g),
+                               torch.as_tensor(e[0] if isinstance(e, list) else e))
+                   for g, e in zip(got, expected))
 
 
 def test_the_actor_name_in_use_error_is_recognised(ray_session):

