@@ -30,6 +30,7 @@ from executor.wafer import cuda_graph as cuda_graphs
 from executor.wafer.compute_thread import ComputeThread
 from executor.wafer.feed import BatchSpecError, InputFeed
 from executor.wafer.loop import Collected, DriverError, Phase, RunPlan, WaferLoop
+from executor.wafer.heap import keep_freed_memory
 from executor.wafer.program import Program
 from executor.wafer.state import StateStore
 from workers.duplicates import check_streams
@@ -107,8 +108,10 @@ class WaferDriver:
                  compiler: str = "auto", use_ray_workers: bool = False,
                  num_threads: Optional[int] = None, cpus: Optional[int] = None,
                  cuda_graph="auto"):
+        self.heap = "unchanged: the wafer runs in the client's process"
         if use_ray_workers:  # an actor: captured graphs arrive pickled, and unpickling needs it
             import_for_unpickling_graphs()
+            self.heap = keep_freed_memory()  # the actor's process is cstream's own
         self.device = torch.device(device)
         # the wafer's own random stream: the client seeds it (set_rng_state) before each run
         self.rng = torch.Generator(device=self.device)
@@ -391,7 +394,7 @@ class WaferDriver:
         summary = {"steps": loop.done + 1, "stats": loop.take_stats(),
                    "wafer_wall_s": time.perf_counter() - loop.t_start,
                    "wafer_phase": loop.phase.value, "num_threads": self.num_threads,
-                   "rng_state": self.rng.get_state(),
+                   "heap": self.heap, "rng_state": self.rng.get_state(),
                    "flow_policy": self.policy.to_dict()}
         if self._program is not None:
             summary["program"] = dict(self._program.report)
@@ -430,7 +433,7 @@ class WaferDriver:
         loop = self._loop
         return {"device": str(self.device), "state_tensors": len(self.store),
                 "state_bytes": self.store.nbytes(), "rss_bytes": rss_bytes(),
-                "num_threads": self.num_threads,
+                "num_threads": self.num_threads, "heap": self.heap,
                 "outputs_kept": len(loop.outputs) if loop else 0,
                 "snapshots_kept": len(loop.snapshots) if loop else 0,
                 "done": loop.done if loop else -1,

