@@ -6,8 +6,13 @@ the name."""
 from __future__ import annotations
 
 import importlib
+import json
+import os
 import pathlib
 import re
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -80,17 +85,61 @@ def _tensor_data():
             torch.utils.data.RandomSampler(range(40), generator=torch.Generator().manual_seed(2)),
             batch_size=7, drop_last=False)),
 ], ids=["shuffled-4-tensors", "one-tensor-short-last-batch", "batch-sampler"])
-def test_a_tensor_datasets_batches_are_gathered_as_torch_collates_them(make):
-    it = torch_compat.LeanLoaderIter(iter(make()))
-    assert it.rows_of is not None
+def test_a_tensor_datasets_batches_are_gathered_as_torch_collates_them(make, monkeypatch):
     expected = list(make())
-    got = list(it)
+    items = []
+    item = torch.utils.data.TensorDataset.__getitem__
+    monkeypatch.setattr(torch.utils.data.TensorDataset, "__getitem__",
+                        lambda self, i: items.append(i) or item(self, i))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in an input worker
+    try:
+        it = torch_compat.LeanLoaderIter(iter(make()))
+        assert it.rows_of is not None
+        got = list(it)
+    finally:
+        torch.set_num_threads(before)
+    assert items == []  # gathered, not fetched a sample at a time
     assert len(got) == len(expected)
     for g, e in zip(got, expected):
         assert type(g) is type(e) is list and len(g) == len(e)
         for a, b in zip(g, e):
             assert a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
             assert torch.equal(a, b)
+
+
+_POOLS = textwrap.dedent("""
+    import json, os, threading
+    import torch
+    from workers.torch_compat import LeanLoaderIter
+    torch.set_num_threads(2)
+    torch.randn(1 << 20).add_(1)  # the main thread's OpenMP pool, as a wafer's
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(2048, 784)), batch_size=64)
+    out = {}
+    def run(threads):
+        torch.set_num_threads(threads)
+        before = len(os.listdir("/proc/self/task"))
+        it = LeanLoaderIter(iter(loader))
+        for _ in range(4):
+            next(it)
+        out[threads] = len(os.listdir("/proc/self/task")) - before
+    for threads in (2, 1):
+        t = threading.Thread(target=run, args=(threads,))
+        t.start()
+        t.join()
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+def test_the_gather_starts_no_thread_pool_beside_a_wafers():
+    done = subprocess.run([sys.executable, "-c", _POOLS], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode == 0, done.stderr
+    # new threads while a loader thread took 4 batches of 64 x 784: a gather there would
+    # start an OpenMP pool (one more thread) on a thread running ops on 2 threads
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"2": 0, "1": 0}
 
 
 def test_other_datasets_and_collates_take_torchs_own_fetch():
