@@ -5,8 +5,8 @@ A step allocates the same buffers every time it runs (activations, gradients, th
 temporaries) and frees them when it ends. By default glibc gives a block over 128 KiB pages of
 its own (``mmap``) and hands the free top of a thread's heap back to the kernel, so every step
 faults its buffers' pages in again and the kernel zeroes them. Measured with ``perf`` on the
-MLP 784-512-512-10 (batch 64, Adam) on the Ray driver: 11.8% of the compute threads' samples
-were in the kernel (page faults, unmapping), 1.9% with the settings below.
+MLP 784-512-512-10 (batch 64, Adam) on the Ray driver: the compute threads were in the kernel
+(page faults, unmapping) for 11.8% of the machine's samples, 1.9% with the settings below.
 
 :func:`keep_freed_memory` serves blocks up to 32 MiB (the largest a thread's heap takes) from
 the heap and never trims it. The driver's resident memory then stays at its peak instead of
