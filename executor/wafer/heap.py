@@ -8,8 +8,8 @@ faults its buffers' pages in again and the kernel zeroes them. Measured with ``p
 MLP 784-512-512-10 (batch 64, Adam) on the Ray driver: the compute threads were in the kernel
 (page faults, unmapping) for 11.8% of the machine's samples, 1.9% with the settings below.
 
-:func:`keep_freed_memory` serves blocks up to 32 MiB (the largest a thread's heap takes) from
-the heap and never trims it. The driver's resident memory then stays at its peak instead of
+:func:`keep_freed_memory` serves blocks up to 32 MiB (the largest threshold glibc accepts)
+from the heap and never trims it. The driver's resident memory then stays at its peak instead of
 falling between steps. It is called once in the Ray driver actor's process, which is
 cstream's own; an in-process wafer leaves the user's process as it is.
 """
@@ -22,7 +22,8 @@ import platform
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 32 << 20
-"""Blocks up to this size come from the heap (glibc's limit for a thread's heap)."""
+"""Blocks up to this size come from the heap: the largest threshold glibc accepts (half the
+64 MiB of a thread's heap on a 64-bit machine)."""
 TRIM_THRESHOLD_BYTES = (1 << 31) - 1
 """Free memory at the top of a heap kept up to this size (a C int's largest): never trimmed."""
 
