@@ -99,8 +99,8 @@ def role_of(pid: int, root: int, cmd: str, comm: str) -> str:
     if pid == root:
         return "client"
     if "WaferDriver" in cmd:
-        return "wafer compute" if comm.startswith("cstream-wa") or "cstream-wa" in comm \
-            else "driver, other threads"
+        # the compute thread and its OpenMP threads (comm "ray::cstream-wa", cut at 15 chars)
+        return "wafer compute" if "cstream-wa" in comm else "driver, other threads"
     if "InputWorker" in cmd:
         return "input workers"
     if "raylet" in cmd or "gcs_server" in cmd:

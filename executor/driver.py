@@ -29,8 +29,8 @@ from executor.engine.devices import DeviceBoundError, check_device_clean
 from executor.wafer import cuda_graph as cuda_graphs
 from executor.wafer.compute_thread import ComputeThread
 from executor.wafer.feed import BatchSpecError, InputFeed
-from executor.wafer.loop import Collected, DriverError, Phase, RunPlan, WaferLoop
 from executor.wafer.heap import keep_freed_memory
+from executor.wafer.loop import Collected, DriverError, Phase, RunPlan, WaferLoop
 from executor.wafer.program import Program
 from executor.wafer.state import StateStore
 from workers.duplicates import check_streams
