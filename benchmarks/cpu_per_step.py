@@ -17,8 +17,13 @@ steps/s) each role's CPU time is divided by the steps run:
 Where the CPUs are all busy, a millisecond of CPU taken by anything but the wafer's compute
 threads lengthens the step by about a millisecond (the compute threads wait for each other
 at every parallel region), so these figures say what the default path pays beside the step.
+Each role's wakeups a step (its threads' voluntary context switches) are counted over the
+same window: a thread that wakes takes a core from a compute thread, however little it does.
+The CSX runs also give the wafer's own compute time a step (the median of the run summary's
+``compute_s``), the part of the wall time a step that the wafer spent computing.
 
-Writes ``benchmarks/results/cpu_per_step.json`` and prints a table (medians over rounds).
+Writes ``benchmarks/results/cpu_per_step_<model>.json`` and prints a table (medians over
+rounds).
 
     python benchmarks/cpu_per_step.py [--rounds 3] [--model mlp_784_512_512_10_b64]
 """
@@ -57,8 +62,16 @@ def _stat(pid: str, tid: str) -> tuple[str, int, int]:
     return comm, int(fields[1]), int(fields[11]) + int(fields[12])
 
 
+def _wakeups(pid: str, tid: str) -> int:
+    """How many times one thread gave up its CPU to wait (voluntary context switches)."""
+    for line in open(f"/proc/{pid}/task/{tid}/status"):
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    return 0
+
+
 def snapshot(root: int) -> dict:
-    """Every thread of ``root`` and its descendants: ``(pid, tid) -> (role, ticks)``."""
+    """Every thread of ``root`` and its descendants: ``(pid, tid) -> (role, ticks, wakeups)``."""
     procs = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -89,9 +102,10 @@ def snapshot(root: int) -> dict:
         for tid in tids:
             try:
                 comm, _, ticks = _stat(str(pid), tid)
+                wakeups = _wakeups(str(pid), tid)
             except OSError:
                 continue
-            out[(pid, int(tid))] = (role_of(pid, root, cmd, comm), ticks)
+            out[(pid, int(tid))] = (role_of(pid, root, cmd, comm), ticks, wakeups)
     return out
 
 
@@ -109,15 +123,16 @@ def role_of(pid: int, root: int, cmd: str, comm: str) -> str:
 
 
 def cpu_between(snaps: list, t0: float, t1: float) -> dict:
-    """Each role's CPU seconds between the snapshots nearest ``t0`` and ``t1``, and the
-    snapshots' own times."""
+    """Each role's CPU seconds and wakeups between the snapshots nearest ``t0`` and ``t1``,
+    and the snapshots' own times."""
     a = min(snaps, key=lambda s: abs(s[0] - t0))
     b = min(snaps, key=lambda s: abs(s[0] - t1))
-    roles = dict.fromkeys(ROLES, 0.0)
-    for key, (role, ticks) in b[1].items():
-        before = a[1].get(key, (role, 0))[1]
-        roles[role] += (ticks - before) * TICK_S
-    return {"t0": a[0], "t1": b[0], "cpu_s": roles}
+    cpu, wakeups = dict.fromkeys(ROLES, 0.0), dict.fromkeys(ROLES, 0)
+    for key, (role, ticks, woke) in b[1].items():
+        _, ticks0, woke0 = a[1].get(key, (role, 0, 0))
+        cpu[role] += (ticks - ticks0) * TICK_S
+        wakeups[role] += woke - woke0
+    return {"t0": a[0], "t1": b[0], "cpu_s": cpu, "wakeups": wakeups}
 
 
 def run_one(model: str, variant: str, steps: int, work: Path, compile_dir: Path) -> dict:
@@ -148,9 +163,12 @@ def run_one(model: str, variant: str, steps: int, work: Path, compile_dir: Path)
                          first + STEADY[1] * steps / rate)
     n = rate * (window["t1"] - window["t0"])
     per_step = {r: 1e3 * s / n for r, s in window["cpu_s"].items()}
+    wakeups = {r: w / n for r, w in window["wakeups"].items()}
     return {"steps_per_s": rate, "window_s": window["t1"] - window["t0"], "steps_in_window": n,
             "cpu_ms_per_step": per_step, "total_cpu_ms_per_step": sum(per_step.values()),
-            "wall_ms_per_step": 1e3 / rate}
+            "wakeups_per_step": wakeups, "total_wakeups_per_step": sum(wakeups.values()),
+            "wall_ms_per_step": 1e3 / rate,
+            "wafer_compute_ms": result.get("engine", {}).get("wafer_compute_ms_median")}
 
 
 def main(argv=None) -> None:
@@ -159,8 +177,9 @@ def main(argv=None) -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--model", default="mlp_784_512_512_10_b64", choices=list(TRAIN_MODELS))
     p.add_argument("--steps", type=int, default=4000)
-    p.add_argument("--out", default=str(HERE / "results" / "cpu_per_step.json"))
+    p.add_argument("--out", help="default: benchmarks/results/cpu_per_step_<model>.json")
     args = p.parse_args(argv)
+    args.out = args.out or str(HERE / "results" / f"cpu_per_step_{args.model}.json")
     from train_throughput import machine_info
 
     runs = {v: [] for v in VARIANTS}
@@ -176,30 +195,49 @@ def main(argv=None) -> None:
                 runs[v].append(res)
                 print(f"round {r + 1} {v}: {res['steps_per_s']:.1f} steps/s, "
                       + ", ".join(f"{k} {x:.3f}" for k, x in res["cpu_ms_per_step"].items()
-                                  if x) + " ms CPU a step", flush=True)
-    median = {v: {"steps_per_s": statistics.median(x["steps_per_s"] for x in rs),
-                  "wall_ms_per_step": statistics.median(x["wall_ms_per_step"] for x in rs),
-                  "total_cpu_ms_per_step": statistics.median(
-                      x["total_cpu_ms_per_step"] for x in rs),
+                                  if x) + " ms CPU a step; "
+                      + f"{res['total_wakeups_per_step']:.1f} wakeups a step", flush=True)
+
+    def med(rs, key):
+        xs = [x[key] for x in rs if x.get(key) is not None]
+        return statistics.median(xs) if xs else None
+
+    median = {v: {"steps_per_s": med(rs, "steps_per_s"),
+                  "wall_ms_per_step": med(rs, "wall_ms_per_step"),
+                  "wafer_compute_ms": med(rs, "wafer_compute_ms"),
+                  "total_cpu_ms_per_step": med(rs, "total_cpu_ms_per_step"),
+                  "total_wakeups_per_step": med(rs, "total_wakeups_per_step"),
                   "cpu_ms_per_step": {role: statistics.median(x["cpu_ms_per_step"][role]
-                                                              for x in rs) for role in ROLES}}
+                                                              for x in rs) for role in ROLES},
+                  "wakeups_per_step": {role: statistics.median(x["wakeups_per_step"][role]
+                                                               for x in rs) for role in ROLES}}
               for v, rs in runs.items()}
     out = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_info(),
            "model": args.model, "steps": args.steps, "rounds": args.rounds, "steady": STEADY,
            "median": median, "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
-    print(f"\n{args.model}, medians of {args.rounds} rounds, CPU ms a step:\n")
-    print("| role | " + " | ".join(VARIANTS) + " |")
-    print("| --- |" + " --- |" * len(VARIANTS))
-    for row in ["steps/s", "wall ms a step", *ROLES, "all"]:
+    print(f"\n{args.model}, medians of {args.rounds} rounds, CPU ms and wakeups a step:\n")
+    print("| role | " + " | ".join(f"{v} CPU ms | {v} wakeups" for v in VARIANTS) + " |")
+    print("| --- |" + " --- | --- |" * len(VARIANTS))
+
+    def cell(x, fmt):
+        return "—" if x is None else format(x, fmt)
+
+    for row in ["steps/s", "wall ms a step", "wafer compute_s median, ms"]:
+        key = {"steps/s": "steps_per_s", "wall ms a step": "wall_ms_per_step",
+               "wafer compute_s median, ms": "wafer_compute_ms"}[row]
+        fmt = ".0f" if row == "steps/s" else ".3f"
+        print(f"| {row} | " + " | ".join(f"{cell(median[v][key], fmt)} | " for v in VARIANTS)
+              + " |")
+    for role in [*ROLES, "all"]:
         cells = []
         for v in VARIANTS:
             m = median[v]
-            x = {"steps/s": m["steps_per_s"], "wall ms a step": m["wall_ms_per_step"],
-                 "all": m["total_cpu_ms_per_step"]}.get(row, m["cpu_ms_per_step"].get(row))
-            cells.append(f"{x:.3f}" if row != "steps/s" else f"{x:.0f}")
-        print(f"| {row} | " + " | ".join(cells) + " |")
+            cpu = m["total_cpu_ms_per_step"] if role == "all" else m["cpu_ms_per_step"][role]
+            woke = m["total_wakeups_per_step"] if role == "all" else m["wakeups_per_step"][role]
+            cells.append(f"{cell(cpu, '.3f')} | {cell(woke, '.1f')}")
+        print(f"| {role} | " + " | ".join(cells) + " |")
     print(f"\nwrote {args.out}")
 
 
