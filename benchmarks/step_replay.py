@@ -12,9 +12,10 @@ A fourth case is the full training step of Cerebras' porting guide on the small 
 AdamW, dynamic loss scaling and gradient clipping (``cstream.amp.optimizer_step``); eager is the
 same with ``torch.amp.GradScaler`` and ``torch.nn.utils.clip_grad_norm_``.
 
-Each case runs in a process of its own (``--case NAME``), so no case times its ops beside the
-threads and OpenMP pools an earlier case left in the process: run one after another in one
-process, the compute-bound MLP's eager step measured 2.86 ms against 2.16 ms alone. Within a
+Each case runs in a process of its own (``--case NAME``), so no case is timed beside what an
+earlier case left in the process (its threads, among them OpenMP pools): run after the others
+in one process, the compute-bound MLP's eager step measured 2.86 ms, against 2.16 ms in a
+process of its own minutes later. Within a
 case the variants are interleaved (A B C A B C ...) and the medians reported, because this
 machine is noisy. Writes ``benchmarks/results/step_replay.json``.
 
