@@ -45,6 +45,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from bench_data import TRAIN_MODELS  # noqa: E402
+from train_throughput import RESULT_TAG, machine_info  # noqa: E402
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 SAMPLE_S = 0.25
@@ -135,7 +136,10 @@ def cpu_between(snaps: list, t0: float, t1: float) -> dict:
     return {"t0": a[0], "t1": b[0], "cpu_s": cpu, "wakeups": wakeups}
 
 
-def run_one(model: str, variant: str, steps: int, work: Path, compile_dir: Path) -> dict:
+def run_one(model: str, variant: str, steps: int, work: Path, compile_dir: Path,
+            measure: bool = True) -> dict:
+    """One training run in its own process; with ``measure``, its CPU and wakeups a step
+    over the steady steps, else only the run's own result (a warm-up)."""
     spec = {"kind": "train", "model": model, "variant": variant, "closure": True,
             "steps": steps, "artifact_dir": str(work / "artifacts"),
             "compile_dir": str(compile_dir), "launch_time": time.time()}
@@ -153,14 +157,21 @@ def run_one(model: str, variant: str, steps: int, work: Path, compile_dir: Path)
         snaps.append((time.time(), snapshot(proc.pid)))
         time.sleep(SAMPLE_S)
     out = proc.stdout.read()
-    line = next((x for x in out.splitlines() if x.startswith("TRAIN_THROUGHPUT_RESULT ")), None)
+    line = next((x for x in out.splitlines() if x.startswith(RESULT_TAG)), None)
     if line is None:
         raise RuntimeError(f"{variant}: the run printed no result (exit {proc.returncode})")
-    result = json.loads(line.split(" ", 1)[1])
+    result = json.loads(line[len(RESULT_TAG):])
+    if not measure:
+        return result
     rate = result["steps_per_s"]
     first = spec["launch_time"] + result["time_to_first_step_s"]
     window = cpu_between(snaps, first + STEADY[0] * steps / rate,
                          first + STEADY[1] * steps / rate)
+    if window["t1"] <= window["t0"]:
+        raise RuntimeError(
+            f"{variant}: its steady steps ({STEADY[0]:.0%}-{STEADY[1]:.0%} of {steps}, "
+            f"{(STEADY[1] - STEADY[0]) * steps / rate:.2f} s at {rate:.0f} steps/s) fell between "
+            f"two of the /proc readings taken every {SAMPLE_S} s: run more steps (--steps)")
     n = rate * (window["t1"] - window["t0"])
     per_step = {r: 1e3 * s / n for r, s in window["cpu_s"].items()}
     wakeups = {r: w / n for r, w in window["wakeups"].items()}
@@ -180,15 +191,13 @@ def main(argv=None) -> None:
     p.add_argument("--out", help="default: benchmarks/results/cpu_per_step_<model>.json")
     args = p.parse_args(argv)
     args.out = args.out or str(HERE / "results" / f"cpu_per_step_{args.model}.json")
-    from train_throughput import machine_info
-
     runs = {v: [] for v in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="cpu_per_step_") as tmp:
         work = Path(tmp)
         compile_dir = work / "compile"
         # the inductor artifact in the cache, as train_throughput.py's csx_inductor runs leave
         # it for its csx_default runs (the default path then tiers up to it within ~40 steps)
-        run_one(args.model, "csx_inductor", 200, work, compile_dir)
+        run_one(args.model, "csx_inductor", 200, work, compile_dir, measure=False)
         for r in range(args.rounds):
             for v in VARIANTS:
                 res = run_one(args.model, v, args.steps, work, compile_dir)
