@@ -712,9 +712,12 @@ def markdown(results: dict) -> str:
                   f"(`num_workers=0`) and {_num(c['torch_dataloader_2'])} (`num_workers=2`).", ""]
     startup = results.get("time_to_first_step")
     if startup:
+        def ray_part(v: dict) -> str:
+            ray_s = (v.get("startup") or {}).get("summary.startup.ray_start_s")
+            return f" (Ray's start {ray_s:.1f} s)" if isinstance(ray_s, (int, float)) else ""
         lines += ["Time from launching the script to the first step closure (MLP 784-512-512-10, "
-                  "embedded Ray, 2 input workers): "
-                  + ", ".join(f"{k} {_num(v['time_to_first_step_s'], '.1f')} s"
+                  "embedded Ray, 2 input workers; medians, Ray's start the median of its own): "
+                  + ", ".join(f"{k} {_num(v['time_to_first_step_s'], '.1f')} s{ray_part(v)}"
                               for k, v in startup.items()) + ".", ""]
         parts = startup.get("fx cold", {}).get("startup", {})
         if parts:
