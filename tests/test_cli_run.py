@@ -41,6 +41,26 @@ def cstream(*args, cwd, timeout=240):
                           env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.fixture
+def cstream_here(capsys, monkeypatch):
+    """``cstream ARGS`` through :func:`cstream.cli.main` in this process (no interpreter to
+    start): ``(exit status, stdout, stderr)``. For what fails before any run starts; the
+    subprocess of :func:`cstream` checks the command as installed."""
+    from cstream.cli import main
+
+    monkeypatch.setenv("COLUMNS", "100")
+
+    def call(*args, cwd):
+        monkeypatch.chdir(cwd)
+        try:
+            rc = main([str(a) for a in args])
+        except SystemExit as e:  # argparse's errors and --help
+            rc = e.code
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, rc, out, err)
+    return call
+
+
 def table_rows(text):
     """{label: value} of the lines of a summary table."""
     rows = {}
@@ -73,8 +93,10 @@ def small_config(tmp_path):
                "sweep.png", "95%"]),
     ("report", ["RUN_DIR", "report.png", "sweep.json", "--json"]),
 ])
-def test_help_of_each_command_lists_its_arguments(tmp_path, command, expected):
-    out = cstream(command, "--help", cwd=tmp_path)
+def test_help_of_each_command_lists_its_arguments(tmp_path, cstream_here, command, expected):
+    # `run --help` as installed (a new interpreter), the others through main()
+    out = cstream(command, "--help", cwd=tmp_path) if command == "run" \
+        else cstream_here(command, "--help", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     for text in expected:
         assert text in out.stdout, (command, text)
@@ -210,8 +232,11 @@ def test_sweep_on_ray_prints_a_table_writes_the_plot_and_report_reprints_it(
      "artifact_dir/executors/NNNNNN/profile.json when its DataExecutor finishes)."),
 ])
 def test_bad_arguments_give_one_line_errors_and_exit_status_2(tmp_path, small_config, args,
-                                                              message):
-    out = cstream(*[a.format(cfg=small_config.name) for a in args], cwd=tmp_path)
+                                                              message, cstream_here):
+    args = [a.format(cfg=small_config.name) for a in args]
+    # the first as installed (a new interpreter's exit status), the others through main()
+    run = cstream if args[:2] == ["sweep", small_config.name] and "0,2" in args else cstream_here
+    out = run(*args, cwd=tmp_path)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1] == message
     assert "Traceback" not in out.stderr
@@ -219,9 +244,9 @@ def test_bad_arguments_give_one_line_errors_and_exit_status_2(tmp_path, small_co
 
 
 def test_a_wrong_key_in_the_experiment_file_is_one_line_naming_the_key_and_the_valid_keys(
-        tmp_path):
+        tmp_path, cstream_here):
     (tmp_path / "bad.yaml").write_text(SMALL.replace("num_workers_per_csx", "num_worker_per_csx"))
-    out = cstream("run", "bad.yaml", cwd=tmp_path)
+    out = cstream_here("run", "bad.yaml", cwd=tmp_path)
     assert out.returncode == 2
     valid = ", ".join(f.name for f in dataclasses.fields(CSConfig) if f.init)
     assert out.stderr == (
