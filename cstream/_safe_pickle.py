@@ -93,6 +93,20 @@ class _SpecUnpickler(_Unpickler):
         return super().find_class(module, name)
 
 
+def _load(unpickler: pickle.Unpickler):
+    """``unpickler.load()``; a damaged pickle raises :class:`pickle.UnpicklingError` whatever the
+    unpickler met (a length past the end, one too large for memory or for a string's size, a
+    missing memo entry, a wrong argument to a constructor: ``EOFError``, ``MemoryError``,
+    ``OverflowError``, ``KeyError``, ``TypeError`` ...), and a refused global
+    :class:`UnsafePickleError`."""
+    try:
+        return unpickler.load()
+    except pickle.UnpicklingError:
+        raise
+    except Exception as e:  # noqa: BLE001 (the file's bytes decide which; the caller says which file)
+        raise pickle.UnpicklingError(f"{type(e).__name__}: {e}") from e
+
+
 def loads_spec(data: bytes) -> SpecNode:
     """Unpickle the tree spec of a ``cerebras.pytorch`` 2.0 checkpoint (layout 0.4 and earlier).
 
@@ -101,7 +115,7 @@ def loads_spec(data: bytes) -> SpecNode:
     Those classes become :class:`SpecNode` / :class:`LeafNode`; anything else is refused as in
     :func:`loads`.
     """
-    node = _SpecUnpickler(io.BytesIO(data)).load()
+    node = _load(_SpecUnpickler(io.BytesIO(data)))
     if not isinstance(node, SpecNode):
         raise pickle.UnpicklingError(f"the spec is a {type(node).__name__}, not a TreeSpec")
     return node
@@ -117,8 +131,12 @@ def loads(data: bytes):
     Traceback (most recent call last):
     ...
     cstream._safe_pickle.UnsafePickleError: posix.system
+    >>> loads(b"\\x80\\x04X\\xff\\xff\\xff\\xff")  # a string's length past the end
+    Traceback (most recent call last):
+    ...
+    _pickle.UnpicklingError: pickle data was truncated
     """
-    return _Unpickler(io.BytesIO(data)).load()
+    return _load(_Unpickler(io.BytesIO(data)))
 
 
 def dumps(value) -> bytes:

@@ -487,8 +487,7 @@ class H5Checkpoint:
                 f"cstream refuses to load: it unpickles only {_safe_pickle.ADMITTED}, so that "
                 "loading a file never runs code from it. If you trust the file, load it with "
                 "cerebras.pytorch.load and save the value as a tensor, number or string.") from e
-        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError,
-                MemoryError) as e:  # MemoryError: a damaged length in the pickle
+        except pickle.UnpicklingError as e:  # any damage (see _safe_pickle._load)
             raise self.error(f"the pickled entry {where} is malformed ({type(e).__name__}: {e})") from e
 
     def leaf_value(self, key: str, where: str, device, links: dict):

@@ -62,8 +62,7 @@ class LegacyH5Checkpoint(H5Checkpoint):
                 f"{self.path}: its tree spec (__spec__) is a pickle that names {e.name}, which "
                 "cstream refuses to load: a spec holds only torch.utils._pytree.TreeSpec, LeafSpec "
                 "and container types, and loading a file never runs code from it.") from e
-        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError,
-                AttributeError, MemoryError) as e:  # MemoryError: a damaged length in the pickle
+        except pickle.UnpicklingError as e:  # any damage (see _safe_pickle._load)
             raise self.error(f"its tree spec cannot be unpickled ({type(e).__name__}: {e})") from e
         return self._node(spec, "/")
 

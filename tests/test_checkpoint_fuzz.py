@@ -260,6 +260,20 @@ def test_random_mutations_of_every_kind_of_file_load_or_are_refused_within_the_b
     print(f"{DRAWS} draws {replay}: {counts}")
 
 
+def test_a_legacy_spec_whose_string_length_overflows_is_refused_naming_the_spec(tmp_path, reader):
+    # found by the random mutations (seed 772430476): one hex digit of the 0.4 layout's pickled
+    # tree spec changed makes a string's 8-byte length larger than any size, and the unpickler
+    # raised OverflowError, which no reader of a damaged file expects
+    data = bytearray((FIXTURES / "ckpt_legacy_0_4.h5").read_bytes())
+    data[2255] = 100
+    path = tmp_path / "mutated.h5"
+    path.write_bytes(data)
+    assert reader.read(path) == {"refused": (
+        f"{path} is not a readable checkpoint: its tree spec cannot be unpickled "
+        "(UnpicklingError: OverflowError: BINUNICODE exceeds system's maximum size of "
+        f"{sys.maxsize} bytes).")}
+
+
 def test_every_single_byte_change_outside_the_values_of_an_unsealed_file_loads_or_is_refused(
         tmp_path, bases, reader):
     """Without the seal only HDF5's own checks and cstream's heap walk stand between a damaged byte
