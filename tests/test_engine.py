@@ -390,3 +390,15 @@ def test_random_ops_are_found_in_a_captured_graph():
     assert not compilers.has_random_ops(plain)
     assert compilers.has_random_ops(dropout)
     assert compilers.has_random_ops(noise)
+
+
+def test_the_background_trace_warm_up_traces_a_backward_pass_as_the_capture_does():
+    # it ran make_fx on fake inputs without their mode active, so the step's own target
+    # tensor was real and the trace failed (silently) at the loss; on torch 2.11 a later
+    # backward pass in the process then crashed in the autograd engine's start-up
+    from executor.engine import warmup
+
+    graph = warmup.trace_once()
+    ops = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+    assert ops.count("aten.mm.default") == 2  # x @ w, and w's gradient
+    assert "aten.nll_loss_backward.default" in ops

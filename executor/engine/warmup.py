@@ -15,7 +15,9 @@ from typing import Optional
 _thread: Optional[threading.Thread] = None
 
 
-def _trace_once() -> None:
+def trace_once():
+    """A two-op step with a backward pass, traced as :mod:`executor.engine.capture` traces a
+    step (fake placeholders, their mode active); returns the graph."""
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -27,9 +29,15 @@ def _trace_once() -> None:
         loss.backward()
         return loss, w.grad
 
+    mode = FakeTensorMode()
+    x, w = mode.from_tensor(torch.zeros(2, 3)), mode.from_tensor(torch.zeros(3, 4))
+    with mode:  # the step's own tensors (the target) are fake too
+        return make_fx(step, tracing_mode="real")(x, w)
+
+
+def _trace_in_background() -> None:
     try:
-        mode = FakeTensorMode()
-        make_fx(step)(mode.from_tensor(torch.zeros(2, 3)), mode.from_tensor(torch.zeros(3, 4)))
+        trace_once()
     except Exception:  # only a warm-up: the real capture reports its own errors
         pass
 
@@ -37,7 +45,8 @@ def _trace_once() -> None:
 def start() -> None:
     global _thread
     if _thread is None:
-        thread = threading.Thread(target=_trace_once, name="cstream-trace-warmup", daemon=True)
+        thread = threading.Thread(target=_trace_in_background, name="cstream-trace-warmup",
+                                  daemon=True)
         thread.start()
         _thread = thread  # wait() joins only a started thread, even after a Ctrl-C in start()
 
