@@ -33,6 +33,7 @@ from executor.wafer.heap import keep_freed_memory
 from executor.wafer.loop import Collected, DriverError, Phase, RunPlan, WaferLoop
 from executor.wafer.program import Program
 from executor.wafer.state import StateStore
+from workers import torch_compat
 from workers.duplicates import check_streams
 from workers.flow import FlowPolicy
 from workers.torch_compat import import_for_unpickling_graphs
@@ -108,6 +109,8 @@ class WaferDriver:
                  compiler: str = "auto", use_ray_workers: bool = False,
                  num_threads: Optional[int] = None, cpus: Optional[int] = None,
                  cuda_graph="auto"):
+        # before the compute and tier-up threads enter fake modes (inductor compiles in them)
+        torch_compat.install_fake_cuda_guard_here()
         self.heap = "unchanged: the wafer runs in the client's process"
         if use_ray_workers:  # an actor: captured graphs arrive pickled, and unpickling needs it
             import_for_unpickling_graphs()

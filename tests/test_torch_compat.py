@@ -210,3 +210,40 @@ def test_a_name_torch_no_longer_has_fails_the_import_naming_it():
     assert last.startswith(f"ImportError: torch {torch.__version__} lacks 2 private name(s)"), last
     assert "torch:_foreach_neg (multi-tensor arithmetic" in last
     assert "torch._subclasses.fake_tensor:FakeTensor (the placeholders' type" in last
+
+
+def test_the_fake_cuda_guard_is_installed_from_the_main_thread_only_where_torch_needs_one():
+    needed = torch.backends.cuda.is_built() and not torch.cuda.is_available()
+    assert tc.install_fake_cuda_guard_here() is needed
+    in_thread = []
+    t = threading.Thread(target=lambda: in_thread.append(tc.install_fake_cuda_guard_here()))
+    t.start()
+    t.join(timeout=60)
+    assert in_thread == [False]
+
+
+def test_a_backend_then_fake_modes_and_a_backward_pass_after_the_warm_up_thread_ended():
+    """With torch 2.11+cu130 on a machine without a GPU, the warm-up thread's fake mode left
+    the process's CUDA device guard freed when the thread ended: the next backward pass or
+    fake mode was a segmentation fault. (A CPU-only torch has no CUDA guard to free.)"""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import torch, cstream\n"
+            "from executor.engine import warmup\n"
+            "from workers.torch_compat import FakeTensorMode\n"
+            "b = cstream.backend('CSX', in_process=True)\n"
+            "warmup.wait()\n"
+            "x = torch.ones(3, requires_grad=True)\n"
+            "(2 * x).sum().backward()\n"
+            "with FakeTensorMode():\n"
+            "    pass\n"
+            "b.shutdown()\n"
+            "print(x.grad.tolist())\n")
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                          timeout=180, env={"PYTHONPATH": str(root), "PATH": "",
+                                            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[2.0, 2.0, 2.0]"

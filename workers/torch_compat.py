@@ -61,6 +61,28 @@ DataDependentOutputException = _private(
     "torch._subclasses.fake_tensor:DataDependentOutputException",
     "a captured op whose result depends on values (torch.equal)")
 
+# On a torch built with CUDA where no GPU is available, entering a FakeTensorMode installs a
+# stand-in CUDA device guard (the first entry only, process-wide) that torch keeps in the
+# entering thread's thread-local storage: once that thread ends, the process's guard registry
+# points at freed memory, and the next fake mode or the process's first backward pass crashes
+# (torch 2.11+cu130 on a CPU-only machine: a trace in a background thread, then a segmentation
+# fault). Installed first from a thread that lives as long as the process, later entries find
+# it and leave it.
+_ensure_cuda_guard = _private("torch._C:_ensureCUDADeviceGuardSet",
+                              "a fake mode's stand-in CUDA device guard where no GPU is")
+
+
+def install_fake_cuda_guard_here() -> bool:
+    """Install fake modes' stand-in CUDA device guard from the calling thread if it is the
+    main thread and torch is built with CUDA but has no GPU (elsewhere there is nothing to
+    install); call it before another thread enters a fake mode. Whether it asked torch to."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if not torch.backends.cuda.is_built() or torch.cuda.is_available():
+        return False
+    _ensure_cuda_guard()
+    return True
+
 
 # -- error texts of a capture: torch raises these as plain TypeError / AssertionError, and
 #    their text is all that tells them from other errors of the same type

@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 from typing import Optional
 
+from workers import torch_compat
+
 _thread: Optional[threading.Thread] = None
 
 
@@ -21,15 +23,13 @@ def trace_once():
     import torch
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from workers.torch_compat import FakeTensorMode
-
     def step(x, w):
         w = w.detach().requires_grad_(True)
         loss = torch.nn.functional.cross_entropy(x @ w, torch.zeros(2, dtype=torch.long))
         loss.backward()
         return loss, w.grad
 
-    mode = FakeTensorMode()
+    mode = torch_compat.FakeTensorMode()
     x, w = mode.from_tensor(torch.zeros(2, 3)), mode.from_tensor(torch.zeros(3, 4))
     with mode:  # the step's own tensors (the target) are fake too
         return make_fx(step, tracing_mode="real")(x, w)
@@ -45,6 +45,7 @@ def _trace_in_background() -> None:
 def start() -> None:
     global _thread
     if _thread is None:
+        torch_compat.install_fake_cuda_guard_here()  # before the thread enters a fake mode
         thread = threading.Thread(target=_trace_in_background, name="cstream-trace-warmup",
                                   daemon=True)
         thread.start()
