@@ -61,13 +61,13 @@ DataDependentOutputException = _private(
     "torch._subclasses.fake_tensor:DataDependentOutputException",
     "a captured op whose result depends on values (torch.equal)")
 
-# On a torch built with CUDA where no GPU is available, entering a FakeTensorMode installs a
-# stand-in CUDA device guard (the first entry only, process-wide) that torch keeps in the
-# entering thread's thread-local storage: once that thread ends, the process's guard registry
-# points at freed memory, and the next fake mode or the process's first backward pass crashes
-# (torch 2.11+cu130 on a CPU-only machine: a trace in a background thread, then a segmentation
-# fault). Installed first from a thread that lives as long as the process, later entries find
-# it and leave it.
+# -- fake modes on a torch built with CUDA where no GPU is available: entering one installs a
+#    stand-in CUDA device guard (the first entry only, process-wide) that torch keeps in the
+#    entering thread's thread-local storage; once that thread ends, the process's guard
+#    registry points at freed memory, and the next fake mode or the process's first backward
+#    pass crashes (torch 2.11+cu130 on a CPU-only machine: a trace in a background thread, then
+#    a segmentation fault). Installed first from a thread that lives as long as the process,
+#    later entries find it and leave it (executor.engine.warmup, executor.driver)
 _ensure_cuda_guard = _private("torch._C:_ensureCUDADeviceGuardSet",
                               "a fake mode's stand-in CUDA device guard where no GPU is")
 
