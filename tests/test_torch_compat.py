@@ -7,7 +7,10 @@ adapt.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +23,16 @@ INSTANCES = {
     "torch._ops:OpOverload": lambda: torch.ops.aten.add.Tensor,
     "torch.fx:Graph": lambda: torch.fx.Graph(),
 }
+
+
+def _run_python(code: str, env: dict | None = None, timeout: float = 120
+                ) -> subprocess.CompletedProcess:
+    """``code`` in a new interpreter with the repository on its path (its own process: what it
+    breaks in torch stays there)."""
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
+                          text=True, timeout=timeout,
+                          env={"PYTHONPATH": str(root), "PATH": "", **(env or {})})
 
 
 def _lookup(path: str):
@@ -195,16 +208,9 @@ def test_pytree_flattens_as_cstream_expects():
 
 def test_a_name_torch_no_longer_has_fails_the_import_naming_it():
     """As a torch without ``_foreach_neg`` and ``_subclasses.fake_tensor.FakeTensor`` would."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    code = ("import torch, torch._subclasses.fake_tensor as f\n"
-            "del torch._foreach_neg, f.FakeTensor\n"
-            "import workers.torch_compat\n")
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
-                          timeout=120, env={"PYTHONPATH": str(root), "PATH": ""})
+    proc = _run_python("import torch, torch._subclasses.fake_tensor as f\n"
+                       "del torch._foreach_neg, f.FakeTensor\n"
+                       "import workers.torch_compat\n")
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"ImportError: torch {torch.__version__} lacks 2 private name(s)"), last
@@ -226,24 +232,17 @@ def test_a_backend_then_fake_modes_and_a_backward_pass_after_the_warm_up_thread_
     """With torch 2.11+cu130 on a machine without a GPU, the warm-up thread's fake mode left
     the process's CUDA device guard freed when the thread ended: the next backward pass or
     fake mode was a segmentation fault. (A CPU-only torch has no CUDA guard to free.)"""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    code = ("import torch, cstream\n"
-            "from executor.engine import warmup\n"
-            "from workers.torch_compat import FakeTensorMode\n"
-            "b = cstream.backend('CSX', in_process=True)\n"
-            "warmup.wait()\n"
-            "x = torch.ones(3, requires_grad=True)\n"
-            "(2 * x).sum().backward()\n"
-            "with FakeTensorMode():\n"
-            "    pass\n"
-            "b.shutdown()\n"
-            "print(x.grad.tolist())\n")
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
-                          timeout=180, env={"PYTHONPATH": str(root), "PATH": "",
-                                            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
+    proc = _run_python("import torch, cstream\n"
+                       "from executor.engine import warmup\n"
+                       "from workers.torch_compat import FakeTensorMode\n"
+                       "b = cstream.backend('CSX', in_process=True)\n"
+                       "warmup.wait()\n"
+                       "x = torch.ones(3, requires_grad=True)\n"
+                       "(2 * x).sum().backward()\n"
+                       "with FakeTensorMode():\n"
+                       "    pass\n"
+                       "b.shutdown()\n"
+                       "print(x.grad.tolist())\n",
+                       env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "[2.0, 2.0, 2.0]"

@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 from typing import Optional
 
+import torch
+
 from workers import torch_compat
 
 _thread: Optional[threading.Thread] = None
@@ -20,7 +22,6 @@ _thread: Optional[threading.Thread] = None
 def trace_once():
     """A two-op step with a backward pass, traced as :mod:`executor.engine.capture` traces a
     step (fake placeholders, their mode active); returns the graph."""
-    import torch
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def step(x, w):
