@@ -224,10 +224,13 @@ def child_train(spec: dict) -> dict:
     else:
         import cstream as cstorch
 
-        variant_options = spec.get("csx_options", CSX_VARIANTS.get(spec["variant"]))
-        options = {"artifact_dir": spec["artifact_dir"], "compile_dir": spec["compile_dir"],
-                   **variant_options}
-        backend = cstorch.backend("CSX", **options)
+        if spec["variant"] == "cpu_backend":  # eager in this process (benchmarks/heap.py)
+            backend = cstorch.backend("CPU", artifact_dir=spec["artifact_dir"])
+        else:
+            variant_options = spec.get("csx_options", CSX_VARIANTS.get(spec["variant"]))
+            options = {"artifact_dir": spec["artifact_dir"], "compile_dir": spec["compile_dir"],
+                       **variant_options}
+            backend = cstorch.backend("CSX", **options)
         torch.manual_seed(0)
         model = make_model(spec["model"])
         compiled_model = cstorch.compile(model, backend)

@@ -29,7 +29,7 @@ from executor.engine.devices import DeviceBoundError, check_device_clean
 from executor.wafer import cuda_graph as cuda_graphs
 from executor.wafer.compute_thread import ComputeThread
 from executor.wafer.feed import BatchSpecError, InputFeed
-from executor.wafer.heap import keep_freed_memory
+from executor.wafer.heap import keep_freed_memory, keep_freed_memory_here
 from executor.wafer.loop import Collected, DriverError, Phase, RunPlan, WaferLoop
 from executor.wafer.program import Program
 from executor.wafer.state import StateStore
@@ -111,10 +111,11 @@ class WaferDriver:
                  cuda_graph="auto"):
         # before the compute and tier-up threads enter fake modes (inductor compiles in them)
         torch_compat.install_fake_cuda_guard_here()
-        self.heap = "unchanged: the wafer runs in the client's process"
         if use_ray_workers:  # an actor: captured graphs arrive pickled, and unpickling needs it
             import_for_unpickling_graphs()
             self.heap = keep_freed_memory()  # the actor's process is cstream's own
+        else:  # in the client's process
+            self.heap = keep_freed_memory_here()
         self.device = torch.device(device)
         # the wafer's own random stream: the client seeds it (set_rng_state) before each run
         self.rng = torch.Generator(device=self.device)

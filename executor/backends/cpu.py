@@ -15,6 +15,7 @@ import torch
 from executor.backends.base import Backend, RunContext
 from executor.backends.options import CPUOptions, GPUOptions
 from executor.data_executor import batch_size_of
+from executor.wafer.heap import keep_freed_memory_here
 from workers.context import DataLoaderCheckpoint, WorkerInfo
 from workers.resume import Source, check_position, start_position
 
@@ -115,7 +116,7 @@ class EagerRun:
 
     def close(self, ok: bool) -> dict:
         self._source.close()
-        return {}
+        return {"heap": self.backend.heap}
 
 
 class EagerBackend(Backend):
@@ -127,6 +128,7 @@ class EagerBackend(Backend):
     def __init__(self, options, torch_device: str = "cpu", mixed_precision: Optional[bool] = None):
         self.name = options.backend_name
         super().__init__(options, torch_device=torch_device, mixed_precision=mixed_precision)
+        self.heap = keep_freed_memory_here()  # the step runs in this process
 
     def compile(self, model):
         if self.device.torch_device.type != "cpu":
