@@ -464,8 +464,11 @@ class H5Checkpoint:
         plist = ds.id.get_create_plist()
         filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
         if filters == [_lz4.FILTER_ID] and not _hdf5_has_lz4():
-            return _lz4.read_dataset(ds)
-        return np.array(ds[...], order="C")  # [...] keeps a 0-d dataset an array
+            values = _lz4.read_dataset(ds)
+        else:
+            values = np.array(ds[...], order="C")  # [...] keeps a 0-d dataset an array
+        # HDF5 stores numbers in either byte order; torch reads this machine's
+        return values if values.dtype.isnative else values.astype(values.dtype.newbyteorder("="))
 
     def read_object(self, meta: dict, key: str, where: str):
         ds = self.dataset(meta, key, where)

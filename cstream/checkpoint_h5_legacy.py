@@ -131,6 +131,7 @@ class LegacyH5Checkpoint(H5Checkpoint):
 
 def _torch_dtype(np_dtype: np.dtype):
     try:
-        return torch.from_numpy(np.empty(0, dtype=np_dtype)).dtype
+        # the values are read in this machine's byte order (checkpoint_h5.H5Checkpoint._values)
+        return torch.from_numpy(np.empty(0, dtype=np_dtype.newbyteorder("="))).dtype
     except TypeError:
         return None
