@@ -51,6 +51,13 @@ def heap_env(variant: str, heap: str) -> dict:
     return {OPT_OUT: "0"} if heap == "default" else {}
 
 
+def train_spec(tmp: str, model: str, variant: str, steps: int, options: dict) -> dict:
+    """One ``train_throughput.py --child`` run: a closure every step, the model's compile cache."""
+    return {"kind": "train", "model": model, "variant": variant, "closure": True, "steps": steps,
+            "artifact_dir": f"{tmp}/art", "compile_dir": f"{tmp}/compile_{model}",
+            "csx_options": options}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3)
@@ -62,17 +69,17 @@ def main() -> None:
     runs: dict = {m: {v: {h: [] for h in HEAPS} for v in VARIANTS} for m in MODELS}
     with tempfile.TemporaryDirectory() as tmp:
         for m in MODELS:  # inductor's program compiled ahead: the in-process runs tier up to it
-            tt.launch({"kind": "train", "model": m, "variant": "csx_inductor", "closure": True,
-                       "steps": 20, "artifact_dir": f"{tmp}/art", "compile_dir": f"{tmp}/compile_{m}",
-                       "csx_options": {"in_process": True, "compiler": "inductor"}}, 600.0)
+            warm = tt.launch(train_spec(tmp, m, "csx_inductor", 20,
+                                        {"in_process": True, "compiler": "inductor"}), 600.0)
+            if "error" in warm:
+                print(f"compiling inductor's program for {m} failed ({warm['error']}): its "
+                      "in-process runs may stay on fx", flush=True)
         for r in range(rounds):
             for m in MODELS:
                 for v, options in VARIANTS.items():
                     for h in HEAPS:
-                        spec = {"kind": "train", "model": m, "variant": v, "closure": True,
-                                "steps": steps[m], "artifact_dir": f"{tmp}/art",
-                                "compile_dir": f"{tmp}/compile_{m}", "csx_options": options}
-                        res = tt.launch(spec, 600.0, env=heap_env(v, h))
+                        res = tt.launch(train_spec(tmp, m, v, steps[m], options), 600.0,
+                                        env=heap_env(v, h))
                         runs[m][v][h].append(res)
                         figure = res.get("steps_per_s")
                         print(f"round {r + 1} {m} {v} heap {h}: "
