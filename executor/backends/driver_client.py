@@ -110,6 +110,7 @@ class DriverClient:
     def input_checks(self) -> dict: ...
     def feed_consts_async(self, step: int, values) -> Future: ...
     def worker_states(self, step: int) -> list: ...
+    def autoscale_state(self, step: int) -> Optional[dict]: ...
     def finish(self, wait: bool) -> dict: ...
     def describe(self) -> dict: ...
 
@@ -178,6 +179,9 @@ class LocalDriverClient(DriverClient):
 
     def worker_states(self, step):
         return self.driver.worker_states(step)
+
+    def autoscale_state(self, step):
+        return self.driver.autoscale_state(step)
 
     def finish(self, wait):
         return self.driver.finish(wait=wait)
@@ -340,6 +344,9 @@ class RayDriverClient(DriverClient):
 
     def worker_states(self, step):
         return self._get(self._actor().worker_states.remote(step), "worker_states")
+
+    def autoscale_state(self, step):
+        return self._get(self._actor().autoscale_state.remote(step), "autoscale_state")
 
     def finish(self, wait):
         return self._get(self._actor().finish.remote(wait=wait), "finish")
