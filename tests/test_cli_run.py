@@ -37,16 +37,16 @@ backend:
 
 def cstream(*args, cwd, timeout=240):
     env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="100")
-    return subprocess.run([sys.executable, "-m", "cstream.cli", *map(str, args)], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "cstream_tools.cli", *map(str, args)], cwd=cwd,
                           env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture
 def cstream_here(capsys, monkeypatch):
-    """``cstream ARGS`` through :func:`cstream.cli.main` in this process (no interpreter to
+    """``cstream ARGS`` through :func:`cstream_tools.cli.main` in this process (no interpreter to
     start): ``(exit status, stdout, stderr)``. For what fails before any run starts; the
     subprocess of :func:`cstream` checks the command as installed."""
-    from cstream.cli import main
+    from cstream_tools.cli import main
 
     monkeypatch.setenv("COLUMNS", "100")
 
@@ -383,7 +383,7 @@ def _communicate(proc, timeout):
 
 def _popen(*args, cwd):
     env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="100", PYTHONUNBUFFERED="1")
-    return subprocess.Popen([sys.executable, "-m", "cstream.cli", *map(str, args)], cwd=cwd,
+    return subprocess.Popen([sys.executable, "-m", "cstream_tools.cli", *map(str, args)], cwd=cwd,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=deliverable_ctrl_c)
 

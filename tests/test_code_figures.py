@@ -12,7 +12,7 @@ sys.path.insert(0, str(REPO / "tools"))
 
 import code_figures  # noqa: E402
 
-PACKAGES = ("cstream", "executor", "workers")
+PACKAGES = ("cstream", "cstream_tools", "executor", "workers")
 
 
 @pytest.mark.parametrize("package", PACKAGES)

@@ -118,7 +118,7 @@ def load_params(path: Path) -> dict:
     try:
         params = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
-        from cstream.experiment import yaml_error_where
+        from cstream_tools.experiment import yaml_error_where
 
         where, problem = yaml_error_where(e)
         raise ModelZooError(f"{path.name}:{where}{':' if where else ''} not valid YAML: "
@@ -405,9 +405,9 @@ def add_arguments(p) -> None:
 def experiment(args, command: str):
     """The experiment that runs the Model Zoo section of ``args.modelzoo`` (checked first).
 
-    Sets ``args.wafer_speed`` to how the wafer's speed was chosen (see :mod:`cstream.sweep_answer`).
+    Sets ``args.wafer_speed`` to how the wafer's speed was chosen (see :mod:`cstream_tools.sweep_answer`).
     """
-    from cstream.experiment import Experiment, ExperimentError, InputConfig, with_layout
+    from cstream_tools.experiment import Experiment, ExperimentError, InputConfig, with_layout
 
     if args.config is not None:
         raise ExperimentError(f"give CONFIG ({args.config}) or --modelzoo, not both")
@@ -429,7 +429,7 @@ def experiment(args, command: str):
         "(it counts the input worker's producing thread); set num_workers: 0 to measure all of "
         "it in the input worker"]
     name = f"{program.model_name}-{program.section}"
-    exp = Experiment(name=name, input=InputConfig(fn="cstream.modelzoo_input:modelzoo_input_fn",
+    exp = Experiment(name=name, input=InputConfig(fn="cstream_tools.modelzoo_input:modelzoo_input_fn",
                                                   kwargs={"program": program.worker_spec()}),
                      model=None, steps=DEFAULT_STEPS)
     if speed is not None and args.wafer_samples_per_sec is None and speed.samples_per_s:
@@ -438,7 +438,7 @@ def experiment(args, command: str):
 
 
 def _wafer_speed(args, program: ModelZooProgram):
-    from cstream.sweep_answer import WaferSpeed, measured_rate, rate_from_table
+    from cstream_tools.sweep_answer import WaferSpeed, measured_rate, rate_from_table
 
     given = [n for n, v in (("--wafer-samples-per-sec", args.wafer_samples_per_sec),
                             ("--wafer-seconds-per-step", args.wafer_seconds_per_step),

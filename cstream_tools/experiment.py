@@ -74,7 +74,7 @@ def _builtin_linear(in_features: int = 64, out_features: int = 10) -> torch.nn.M
 
 BUILTIN_MODELS: dict[str, Callable[..., torch.nn.Module]] = {
     "mlp": _builtin_mlp, "linear": _builtin_linear}
-BUILTIN_INPUTS = {"synthetic": "cstream.synthetic:synthetic_input_fn"}
+BUILTIN_INPUTS = {"synthetic": "cstream_tools.synthetic:synthetic_input_fn"}
 LOSSES = {"cross_entropy": torch.nn.functional.cross_entropy, "mse": torch.nn.functional.mse_loss}
 
 
@@ -106,7 +106,7 @@ class InputConfig:
 
     fn: str
     """Import path ``"package.module:function"``, or ``"synthetic"`` (batches of a known
-    per-batch cost: :func:`cstream.synthetic.synthetic_input_fn`)."""
+    per-batch cost: :func:`cstream_tools.synthetic.synthetic_input_fn`)."""
     kwargs: dict = field(default_factory=dict)
     """Keyword arguments of the input function."""
 
@@ -329,7 +329,7 @@ def load_experiment(path) -> Experiment:
     >>> load_experiment(f)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    cstream.experiment.ExperimentError: bad.yaml: cs_config.num_workers_per_csx: expected a ...
+    cstream_tools.experiment.ExperimentError: bad.yaml: cs_config.num_workers_per_csx: expected a ...
     """
     import yaml
 

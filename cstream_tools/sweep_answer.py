@@ -55,7 +55,7 @@ def rate_from_table(path: Path, program) -> WaferSpeed:
     (``model.name``, else its folder: ``gpt2``)."""
     import yaml
 
-    from cstream.modelzoo_input import ModelZooError
+    from cstream_tools.modelzoo_input import ModelZooError
 
     if not path.is_file():
         raise ModelZooError(f"--wafer-rates {path}: no such file.")
@@ -88,7 +88,7 @@ def measured_rate(program, steps: int = MEASURE_STEPS, timeout_s: float = 900) -
     the wafer's compute time per step after its warm-up."""
     import yaml
 
-    from cstream.modelzoo_input import ModelZooError
+    from cstream_tools.modelzoo_input import ModelZooError
     from executor.report import summarize_profile
     from executor.report_writers import load_run
 
