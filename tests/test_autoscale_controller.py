@@ -228,3 +228,26 @@ def test_a_start_outside_the_bounds_is_refused():
     with pytest.raises(ValueError, match=r"num_workers_per_csx=5 is where the autoscaled run "
                                          r"starts, and it lies outside autoscale's bounds \[1, 4\]"):
         CSConfig(num_workers_per_csx=5, autoscale=Autoscale(max_workers_per_csx=4))
+
+
+def test_yaml_auto_and_the_cli_flag_fill_the_same_config(tmp_path, monkeypatch):
+    from cstream_tools.cli import build_parser
+    from cstream_tools.cli_run import _experiment
+    from cstream_tools.experiment import load_experiment
+
+    f = tmp_path / "exp.yaml"
+    f.write_text("input: synthetic\nsteps: 5\ncs_config:\n  num_workers_per_csx: auto\n"
+                 "  autoscale: {max_workers_per_csx: 8}\n")
+    cs = load_experiment(f).cs_config
+    assert (cs.autoscaling, cs.num_workers_per_csx, cs.autoscale.max_workers_per_csx) == (
+        True, 1, 8)
+    monkeypatch.chdir(tmp_path)
+    fixed = tmp_path / "fixed.yaml"
+    fixed.write_text("input: synthetic\nsteps: 5\ncs_config: {num_workers_per_csx: 2}\n")
+    args = build_parser().parse_args(["run", str(fixed), "--num-workers-per-csx", "auto"])
+    assert _experiment(args, "run").cs_config.autoscale == Autoscale()
+    args = build_parser().parse_args(["run", str(f), "--num-workers-per-csx", "3"])
+    cs = _experiment(args, "run").cs_config
+    assert (cs.autoscaling, cs.num_workers_per_csx) == (False, 3)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", str(f), "--num-workers-per-csx", "some"])
