@@ -251,3 +251,70 @@ def test_yaml_auto_and_the_cli_flag_fill_the_same_config(tmp_path, monkeypatch):
     assert (cs.autoscaling, cs.num_workers_per_csx) == (False, 3)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", str(f), "--num-workers-per-csx", "some"])
+
+
+# -- what the user sees, from a recorded profile -------------------------------------------
+def _recorded_profile():
+    """An autoscaled run's profile as the executor writes it: 1 worker to step 40, 2 after."""
+    steps = []
+    for s in range(1, 121):
+        n = 1 if s <= 40 else 2
+        w = 0 if n == 1 else s % 2
+        end = 100.0 + 0.01 * s
+        steps.append({"step": s, "samples": 4, "compute_s": 0.0097, "input_wait_s": 0.0003,
+                      "wafer_t": 0.01 * s, "end_unix": end, "workers": [w],
+                      "buffer_occupancy": 2.0, "num_workers": [n],
+                      "produce_start_unix": [end - 0.03], "produce_end_unix": [end - 0.01]})
+    decision = {"action": "add", "csx": 0, "step": 40, "count": 1, "workers": [],
+                "reason": "wafer 50.0% busy ...", "decided_unix": 100.4}
+    settled = [{"csx": 0, "workers": 2, "phase": "settled", "changed_at": 40,
+                "settled_since": 61, "ceiling": None,
+                "reason": "wafer 97.0% busy (target 95.0%): 2 workers keep it fed"}]
+    return {"steps": steps, "summary": {"autoscale": {
+        "config": Autoscale().to_dict(), "settled": settled, "decisions": [decision],
+        "history": [{"batch": 0, "workers": [1]}, {"batch": 40, "workers": [2]}]}}}
+
+
+def test_the_report_says_where_each_csx_settled_and_the_figures_it_rests_on():
+    from executor.report import summarize_profile
+    from executor.report_text import summary_lines
+
+    report = summarize_profile(_recorded_profile())
+    a = report["autoscale"]["csx"][0]
+    assert a["sentence"] == ("settled at 2 workers per CS-X after 40 steps; wafer 97.0% busy "
+                             "since step 61")
+    rows = dict(summary_lines(report))
+    assert rows["CS-X 0 input workers"] == a["sentence"]
+    assert rows["CS-X 0 autoscale figures"] == ("wafer 97.0% busy (target 95.0%): 2 workers "
+                                                "keep it fed")
+    assert rows["autoscale decisions"].startswith("1 (each logged with its reason")
+
+
+def test_the_timeline_shows_each_workers_life_the_count_and_the_decisions():
+    from executor.timeline import WORKERS_PID, build_trace
+
+    events = build_trace(_recorded_profile())["traceEvents"]
+    lives = [e for e in events if e.get("name") == "alive"]
+    assert [(e["pid"], e["tid"]) for e in lives] == [(WORKERS_PID, 0), (WORKERS_PID, 2)]
+    w1 = lives[1]  # worker 1 produced from step 41 (its first batch, made 30 ms before)
+    assert round(w1["dur"] / 1e3) == round((100.0 + 1.20 - 0.01 - (100.0 + 0.42 - 0.03)) * 1e3)
+    counts = [e["args"]["CS-X 0"] for e in events if e.get("name") == "input workers"]
+    assert counts[:40] == [1] * 40 and counts[40:] == [2] * 80
+    marks = [e for e in events if e["ph"] == "i"]
+    assert [(m["name"], m["args"]["step"]) for m in marks] == [("autoscale CS-X 0: add 1", 40)]
+
+
+def test_tensorboard_gets_the_worker_count_per_csx_every_step(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    from executor.report_writers import StepScalars
+
+    writer = SummaryWriter(str(tmp_path))
+    StepScalars(CSConfig(num_workers_per_csx="auto")).write_ready(
+        writer, _recorded_profile()["steps"], None, final=True)
+    writer.close()
+    counts = EventAccumulator(str(tmp_path)).Reload().Scalars("workers/csx0_count")
+    assert [(e.step, e.value) for e in counts][38:42] == [(39, 1.0), (40, 1.0), (41, 2.0),
+                                                          (42, 2.0)]
+    assert len(counts) == 120
