@@ -196,6 +196,11 @@ class CsxState:
                    floor=d.get("floor"), last_reason=d.get("last_reason", ""))
 
 
+def _newest(w: CsxWindow, k: int) -> tuple:
+    """The ``k`` workers of the window started last (the highest local ids)."""
+    return tuple(sorted(x.worker for x in w.workers)[-k:])
+
+
 def _pct(x: float) -> str:
     return f"{math.floor(1000 * x + 1e-9) / 10:.1f}%"
 
@@ -301,7 +306,7 @@ class Controller:
             return None
         s.ceiling = a["from"]
         s.phase = Phase.LIMITED
-        retire = tuple(range(a["from"], s.workers))
+        retire = _newest(w, s.workers - a["from"])
         return Decision(
             Action.RETIRE, w.csx, w.last_step,
             f"the machine's cores are the limit: from {a['from']} to {a['to']} workers "
@@ -367,7 +372,7 @@ class Controller:
                 Action.RETIRE, w.csx, w.last_step,
                 f"{figures}: the buffer stayed full and {_w(n - 1)} produce {rest:.1f} "
                 f"batches/s against the wafer's {w.demand:.1f} (+{_pct(cfg.retire_margin)} "
-                f"margin: {needed:.1f}); {_w(n)} -> {n - 1}", workers=(n - 1,))
+                f"margin: {needed:.1f}); {_w(n)} -> {n - 1}", workers=_newest(w, 1))
         if s.settled_since is None:
             s.settled_since = w.first_step
         why = ""

@@ -304,7 +304,8 @@ class WaferDriver:
             if cs_config.autoscaling:
                 autoscale.check_reformable(streams, dataloader.input_fn_name)
                 self._autoscaler = RunAutoscaler(
-                    cs_config, [s.num_workers for s in streams], self.policy.input_buffer_batches,
+                    cs_config, [s.active_workers() for s in streams],
+                    self.policy.input_buffer_batches,
                     cluster_cpus=autoscale.cluster_cpus(), state=autoscale_state)
                 self._feed.autoscaler = self._autoscaler
         except BaseException:

@@ -272,7 +272,7 @@ def _recorded_profile():
                 "reason": "wafer 97.0% busy (target 95.0%): 2 workers keep it fed"}]
     return {"steps": steps, "summary": {"autoscale": {
         "config": Autoscale().to_dict(), "settled": settled, "decisions": [decision],
-        "history": [{"batch": 0, "workers": [1]}, {"batch": 40, "workers": [2]}]}}}
+        "history": [{"from_step": 1, "workers": [1]}, {"from_step": 41, "workers": [2]}]}}}
 
 
 def test_the_report_says_where_each_csx_settled_and_the_figures_it_rests_on():

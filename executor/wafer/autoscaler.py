@@ -65,8 +65,8 @@ def start_layouts(cs_config, resume_states) -> list[tuple]:
 def check_reformable(streams: list, input_fn_name: str) -> None:
     """Refuse autoscaling where a stream cannot take or give up workers exactly."""
     for c, s in enumerate(streams):
-        why = s.cannot_reform()
-        if why:
+        ok, why = s.can_change_workers()
+        if not ok:
             raise AutoscaleError(
                 f"CSConfig.num_workers_per_csx='auto': the loader {input_fn_name} builds in "
                 f"CS-X {c}'s input workers cannot be re-formed exactly with another worker "
@@ -90,43 +90,48 @@ def cluster_cpus() -> Optional[float]:
 class RunAutoscaler:
     """Args:
         cs_config: the run's layout (``autoscale``: the bounds and target).
-        counts: each CS-X's worker count as its stream starts.
+        live: each CS-X's workers as its stream starts (their local ids).
         buffer_capacity: batches each CS-X's input buffer holds.
         cluster_cpus: the cluster's CPUs (None: unknown: no cluster limit).
         state: a :meth:`state_dict` of an earlier run to continue from (what it learnt).
     """
 
-    def __init__(self, cs_config, counts: list[int], buffer_capacity: int,
+    def __init__(self, cs_config, live: list[list[int]], buffer_capacity: int,
                  cluster_cpus: Optional[float] = None, state: Optional[dict] = None):
         self.config = cs_config.autoscale
         self.controller = Controller(self.config, num_csx=cs_config.num_csx)
         if state is not None:
             self.controller.load_state_dict(state)
-        for s, n in zip(self.controller.csx, counts):
-            s.workers = n  # the streams' counts are where the run starts
-        self.applied = list(counts)
-        """Each CS-X's workers as its stream has them now."""
+        for s, ids in zip(self.controller.csx, live):
+            s.workers = len(ids)  # the streams' counts are where the run starts
+        self.live = [list(ids) for ids in live]
+        """Each CS-X's workers taking part, as its stream has them now (local ids)."""
         self.buffer_capacity = buffer_capacity
         self.cluster_cpus = cluster_cpus
         self._window: deque = deque(maxlen=self.config.window_steps + 1)
-        self._pending: list[deque] = [deque() for _ in counts]
+        self._pending: list[deque] = [deque() for _ in live]
         self._lock = threading.Lock()
         self.events: list[dict] = []
         """Every decision that changed a count, with when it was made and carried out."""
-        self.history: list[tuple[int, list[int]]] = [(0, list(counts))]
-        """(step, per-CS-X counts) at the start and after every change the feeders made."""
+        self.history: list[tuple[int, list[int]]] = [(1, self.counts())]
+        """(the first step of a count, per-CS-X counts): the start and every change the feeders
+        made."""
+
+    def counts(self) -> list[int]:
+        """Each CS-X's workers taking part now."""
+        return [len(ids) for ids in self.live]
 
     # -- the wafer loop's side ---------------------------------------------------------------
     def after_step(self, record: dict) -> list[Decision]:
         """Note a step's record; at a window's end step the controller. Returns its
         decisions (none between windows)."""
         with self._lock:
-            record["num_workers"] = list(self.applied)
+            record["num_workers"] = self.counts()
+            live = [list(ids) for ids in self.live]
         self._window.append(record)
         if record["step"] % self.config.window_steps or len(self._window) < 2:
             return []
-        obs = observe(list(self._window), [list(range(n)) for n in self.controller.counts()],
-                      self.buffer_capacity, self.cluster_cpus)
+        obs = observe(list(self._window), live, self.buffer_capacity, self.cluster_cpus)
         decisions = self.controller.step(obs)
         for d in decisions:
             if d.action is Action.HOLD:
@@ -147,16 +152,16 @@ class RunAutoscaler:
                     return
                 d = self._pending[c].popleft()
             if d.action is Action.ADD:
-                stream.add_workers(d.count)
+                ids = stream.add_workers(d.count)
             else:
-                stream.retire_workers(list(d.workers))
+                ids = stream.retire_workers(list(d.workers))
             with self._lock:
-                self.applied[c] = stream.num_workers
-                self.history.append((position, list(self.applied)))
+                self.live[c] = list(ids)
+                self.history.append((position + 1, self.counts()))
                 for e in reversed(self.events):
                     if e["csx"] == c and e["step"] == d.step and "applied_unix" not in e:
                         e.update(applied_unix=time.time(), applied_at_batch=position + 1,
-                                 workers_after=stream.num_workers)
+                                 workers_after=list(ids))
                         break
 
     # -- the run's record ----------------------------------------------------------------------
@@ -170,5 +175,5 @@ class RunAutoscaler:
         with self._lock:
             return {"config": self.config.to_dict(), "settled": self.controller.settled(),
                     "decisions": [dict(e) for e in self.events],
-                    "history": [{"batch": b, "workers": list(n)} for b, n in self.history],
+                    "history": [{"from_step": s, "workers": list(n)} for s, n in self.history],
                     "state": self.controller.state_dict()}
