@@ -306,7 +306,7 @@ class WaferDriver:
                 self._autoscaler = RunAutoscaler(
                     cs_config, [s.active_workers() for s in streams],
                     self.policy.input_buffer_batches,
-                    cluster_cpus=autoscale.cluster_cpus(), state=autoscale_state)
+                    cluster_cpus=autoscale.cluster_cpus, state=autoscale_state)
                 self._feed.autoscaler = self._autoscaler
         except BaseException:
             for s in streams:

@@ -92,12 +92,13 @@ class RunAutoscaler:
         cs_config: the run's layout (``autoscale``: the bounds and target).
         live: each CS-X's workers as its stream starts (their local ids).
         buffer_capacity: batches each CS-X's input buffer holds.
-        cluster_cpus: the cluster's CPUs (None: unknown: no cluster limit).
+        cluster_cpus: asked once a window: the cluster's CPUs now (None: unknown: no cluster
+            limit); a node lost or joined changes the answer.
         state: a :meth:`state_dict` of an earlier run to continue from (what it learnt).
     """
 
     def __init__(self, cs_config, live: list[list[int]], buffer_capacity: int,
-                 cluster_cpus: Optional[float] = None, state: Optional[dict] = None):
+                 cluster_cpus=lambda: None, state: Optional[dict] = None):
         self.config = cs_config.autoscale
         self.controller = Controller(self.config, num_csx=cs_config.num_csx)
         if state is not None:
@@ -131,7 +132,7 @@ class RunAutoscaler:
         self._window.append(record)
         if record["step"] % self.config.window_steps or len(self._window) < 2:
             return []
-        obs = observe(list(self._window), live, self.buffer_capacity, self.cluster_cpus)
+        obs = observe(list(self._window), live, self.buffer_capacity, self.cluster_cpus())
         decisions = self.controller.step(obs)
         for d in decisions:
             if d.action is Action.HOLD:
