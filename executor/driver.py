@@ -357,14 +357,14 @@ class WaferDriver:
     # (a torch tensor would go through torch.save and torch.load, ~0.1 ms each way per tensor)
     def collect_packed(self, since: int, until: int, indices: list, ack: int = -1,
                        more: int = 0) -> Collected:
-        from workers.input_worker import pack_tensor
+        from workers.wire import pack_tensor
 
         got = self.collect(since, until, indices, ack, more)
         got.values = [pack_tensor(v) for v in got.values]
         return got
 
     def fetch_packed(self, step: int, indices: list) -> tuple[list, list]:
-        from workers.input_worker import pack_tensor
+        from workers.wire import pack_tensor
 
         values, stats = self.fetch(step, indices)
         return [pack_tensor(v) for v in values], stats

@@ -311,7 +311,7 @@ class WorkerLink:
     def min_batches(self) -> int:
         """The batches a multi-batch fetch waits for: 1, never delaying a batch that is ready;
         where :attr:`many_per_reply`, every number the worker holds (at most a reply's worth,
-        and at most ``input_worker._REPLY_WAIT_S``), so one reply carries them all."""
+        and at most ``workers.input_worker._REPLY_WAIT_S``), so one reply carries them all."""
         if not self.many_per_reply:
             return 1
         held = len(self.numbers) - self.received_waiting()

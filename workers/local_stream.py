@@ -19,9 +19,9 @@ from workers.torch_compat import tree_map_only
 from workers.config import CSConfig
 from workers.context import DataLoaderCheckpoint, WorkerInfo, worker_context
 from workers.dataloader import DataLoader, EmptyDataLoaderError
-from workers.duplicates import WorkerKeys, content_digest, sample_keys
+from workers.duplicates import WorkerKeys, sample_keys
 from workers.errors import InputWorkerError, user_traceback
-from workers.input_worker import batch_nbytes, pack_batch
+from workers.wire import batch_nbytes, content_digest, pack_batch
 from workers.resume import ResumeError, Source, check_position, start_position
 from workers.stall import thread_stacks
 

@@ -1,6 +1,6 @@
 """What an input worker's ``fetch`` brings back, as the consumer's side reads it.
 
-On the wire a reply is the worker's dict (:func:`workers.input_worker.unpack_reply` rebuilds its
+On the wire a reply is the worker's dict (:func:`workers.wire.unpack_reply` rebuilds its
 batches); :func:`replies_of` turns it into :class:`WorkerReply` items, one per batch, error or
 request for numbers, and nothing past that point reads a key or a kind string.
 
@@ -18,7 +18,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from workers.input_worker import unpack_reply
+from workers.wire import unpack_reply
 
 __all__ = ["ReplyKind", "WorkerReply", "replies_of"]
 
@@ -94,6 +94,6 @@ class WorkerReply:
 
 
 def replies_of(wire: dict, copy: bool) -> list[WorkerReply]:
-    """The items of a ``fetch`` reply's body (see :func:`workers.input_worker.unpack_reply`
+    """The items of a ``fetch`` reply's body (see :func:`workers.wire.unpack_reply`
     for ``copy``)."""
     return [WorkerReply.of(item) for item in unpack_reply(wire, copy=copy)]
