@@ -418,13 +418,13 @@ class Controller:
 
 
 # -- the observation, from the wafer's per-step records ----------------------------------------
-def observe(records: list[dict], live: list[list[int]], buffer_capacity: int,
-            cluster_cpus: Optional[float] = None) -> Observation:
+def observe(window: list[dict], live: list[list[int]], buffer_capacity: int,
+            cluster_cpus: Optional[float] = None, before: Optional[dict] = None) -> Observation:
     """The :class:`Observation` of a window from the wafer's per-step records
     (:class:`executor.wafer.loop.WaferLoop`'s ``stats``: ``compute_s``, ``input_wait_s``,
     ``wafer_t``, per CS-X ``workers``, ``buffer_occupancy_per_csx``, ``produce_start_unix``,
-    ``produce_end_unix``, ``produce_cpu_s``), the records' steps in order; the record before
-    the window first (its end starts the window's wall time; without it the first step's
+    ``produce_end_unix``, ``produce_cpu_s``), in step order; ``before``: the record of the
+    step before the window (its end starts the window's wall time; None: the first step's
     start does). ``live``: per CS-X the local ids of its workers now.
 
     The free CPUs are ``cluster_cpus`` less what the window used: every worker's CPU seconds
@@ -435,14 +435,16 @@ def observe(records: list[dict], live: list[list[int]], buffer_capacity: int,
     ...          "workers": [0], "buffer_occupancy_per_csx": [3.0],
     ...          "produce_start_unix": [0.0], "produce_end_unix": [0.005],
     ...          "produce_cpu_s": [0.001]} for s in range(1, 6)]
-    >>> w, = observe(recs, [[0]], 4).csx
+    >>> w, = observe(recs[1:], [[0]], 4, before=recs[0]).csx
     >>> (w.first_step, w.last_step, round(w.busy, 3), w.workers[0].batches)
     (2, 5, 1.0, 4)
     """
-    before, window = records[0], records[1:]
     if not window:
-        raise ValueError("observe: a window needs the record before it and at least one step")
-    wall = window[-1]["wafer_t"] - before["wafer_t"]
+        raise ValueError("observe: a window needs at least one step")
+    first = window[0]
+    start = before["wafer_t"] if before is not None else \
+        first["wafer_t"] - first["compute_s"] - first.get("input_wait_s", 0.0)
+    wall = window[-1]["wafer_t"] - start
     compute = sum(r["compute_s"] for r in window)
     wait = sum(r.get("input_wait_s", 0.0) for r in window)
     windows, cpu_used = [], 0.0

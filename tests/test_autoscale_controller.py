@@ -173,7 +173,7 @@ def test_the_observation_is_built_from_the_wafers_step_records():
              "workers": [s % 2], "buffer_occupancy_per_csx": [float(s % 3)],
              "produce_start_unix": [0.0], "produce_end_unix": [0.02 if s % 2 else 0.04],
              "produce_cpu_s": [0.001]} for s in range(10, 31)]
-    obs = observe(recs, [[0, 1, 2]], 4, cluster_cpus=2.0)
+    obs = observe(recs[1:], [[0, 1, 2]], 4, cluster_cpus=2.0, before=recs[0])
     w, = obs.csx
     assert (obs.step, w.first_step, w.last_step, w.steps) == (30, 11, 30, 20)
     assert [(x.worker, x.batches) for x in w.workers] == [(0, 10), (1, 10), (2, 0)]

@@ -130,9 +130,11 @@ class RunAutoscaler:
             record["num_workers"] = self.counts()
             live = [list(ids) for ids in self.live]
         self._window.append(record)
-        if record["step"] % self.config.window_steps or len(self._window) < 2:
+        if record["step"] % self.config.window_steps:
             return []
-        obs = observe(list(self._window), live, self.buffer_capacity, self.cluster_cpus())
+        records = list(self._window)
+        before = records.pop(0) if len(records) > self.config.window_steps else None
+        obs = observe(records, live, self.buffer_capacity, self.cluster_cpus(), before=before)
         decisions = self.controller.step(obs)
         for d in decisions:
             if d.action is Action.HOLD:
@@ -152,6 +154,7 @@ class RunAutoscaler:
                 if not self._pending[c]:
                     return
                 d = self._pending[c].popleft()
+            t0 = time.perf_counter()
             if d.action is Action.ADD:
                 ids = stream.add_workers(d.count)
             else:
@@ -162,7 +165,8 @@ class RunAutoscaler:
                 for e in reversed(self.events):
                     if e["csx"] == c and e["step"] == d.step and "applied_unix" not in e:
                         e.update(applied_unix=time.time(), applied_at_batch=position + 1,
-                                 workers_after=list(ids))
+                                 workers_after=list(ids),
+                                 apply_s=time.perf_counter() - t0)
                         break
 
     # -- the run's record ----------------------------------------------------------------------
