@@ -106,6 +106,7 @@ LOADERS = {
 }
 
 
+@pytest.mark.timeout(900)  # four start-ups of new workers on a loaded machine
 @pytest.mark.parametrize("loader_kind", sorted(LOADERS))
 def test_workers_added_and_retired_under_round_robin_keep_the_sequence(
         ray_session, parquet_paths, loader_kind):
@@ -123,6 +124,7 @@ def test_workers_added_and_retired_under_round_robin_keep_the_sequence(
     assert stats["batches"] == 30  # the re-formed workers' deliveries are counted once
 
 
+@pytest.mark.timeout(900)  # four start-ups of new workers on a loaded machine
 @pytest.mark.parametrize("loader_kind", sorted(LOADERS))
 def test_workers_added_and_retired_under_dynamic_assignment_keep_the_sequence(
         ray_session, parquet_paths, loader_kind):
@@ -148,6 +150,7 @@ def test_workers_added_and_retired_under_dynamic_assignment_keep_the_sequence(
     assert {w for (w,) in workers[5:]} >= {2}
 
 
+@pytest.mark.timeout(900)  # four start-ups of new workers on a loaded machine
 @pytest.mark.slow  # ~4 minutes here: every re-forming forks the loader's processes again
 def test_workers_added_and_retired_from_a_dataloader_with_worker_processes_keep_the_sequence(
         ray_session):
