@@ -6,9 +6,24 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
 
 from workers.dataloader import DataLoader
 from workers.resume import Source
+
+
+class SampleIds(torch.utils.data.Dataset):
+    """``n`` samples whose values are their ids, ``first`` onward: a batch shows which
+    samples it holds."""
+
+    def __init__(self, n: int, first: int = 1000):
+        self.ids = torch.arange(first, first + n)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return self.ids[i]
 
 
 READ_TIMEOUT_S = 300.0  # far beyond what a loaded machine needs; a deadlock never ends

@@ -26,7 +26,7 @@ from workers.loaders import draws_ahead, dynamic_assignment_support
 from workers.sharding import ShardedSampler
 from workers.stream import configured_stream
 
-from input_helpers import client_sequence, read_steps
+from input_helpers import SampleIds, client_sequence, read_steps
 
 N, BATCH = 24, 4  # 6 global batches an epoch
 EPOCH = N // BATCH
@@ -56,15 +56,6 @@ class ReadAhead:
 def ids_fn(num_workers=2, prefetch_factor=None, persistent_workers=False, pin_memory=False,
            read_ahead=0, in_order=True):
     """Global batches of sample ids, reshuffled every epoch by the sampler's own generator."""
-    ids = torch.arange(1000, 1000 + N)
-
-    class Ids(torch.utils.data.Dataset):
-        def __len__(self):
-            return N
-
-        def __getitem__(self, i):
-            return ids[i]
-
     order = RandomSampler(range(N), generator=torch.Generator().manual_seed(11))
     sampler = ShardedSampler(BatchSampler(order, batch_size=BATCH, drop_last=True))
     if read_ahead:
@@ -73,7 +64,7 @@ def ids_fn(num_workers=2, prefetch_factor=None, persistent_workers=False, pin_me
     if num_workers:
         options = dict(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                        in_order=in_order)
-    return torch.utils.data.DataLoader(Ids(), batch_sampler=sampler, num_workers=num_workers,
+    return torch.utils.data.DataLoader(SampleIds(N), batch_sampler=sampler, num_workers=num_workers,
                                        pin_memory=pin_memory, **options)
 
 

@@ -19,7 +19,7 @@ from workers.parquet import ParquetDataset
 from workers.sharding import DistributedSampler, ShardedSampler, shard_iterable
 from workers.stream import configured_stream
 
-from input_helpers import client_sequence, read_steps
+from input_helpers import SampleIds, client_sequence, read_steps
 
 N, BATCH = 24, 2  # 12 global batches an epoch: the changes fall in an epoch and across one
 
@@ -27,20 +27,11 @@ N, BATCH = 24, 2  # 12 global batches an epoch: the changes fall in an epoch and
 def ids_fn(num_workers=0):
     """Global batches of sample ids from a ShardedSampler, reshuffled every epoch by its own
     seeded generator; ``num_workers``: read by a torch DataLoader with worker processes."""
-    ids = torch.arange(1000, 1000 + N)
-
-    class Ids(torch.utils.data.Dataset):
-        def __len__(self):
-            return N
-
-        def __getitem__(self, i):
-            return ids[i]
-
     order = RandomSampler(range(N), generator=torch.Generator().manual_seed(5))
     sampler = ShardedSampler(BatchSampler(order, batch_size=BATCH, drop_last=True))
     options = dict(num_workers=num_workers, multiprocessing_context="fork") if num_workers \
         else {}
-    return torch.utils.data.DataLoader(Ids(), batch_sampler=sampler, **options)
+    return torch.utils.data.DataLoader(SampleIds(N), batch_sampler=sampler, **options)
 
 
 def parquet_fn(paths):
