@@ -189,3 +189,13 @@ def test_a_change_that_would_leave_no_worker_or_names_a_stranger_is_refused(ray_
                            r"workers taking part are \[0, 1\]; name each one once"):
             stream.retire_workers([5])
         assert stream.active_workers() == [0, 1]
+
+
+def test_an_in_process_stream_says_it_cannot_change_its_workers():
+    from workers.local_stream import LocalInputStream
+
+    stream = LocalInputStream(DataLoader(ids_fn), CSConfig(num_workers_per_csx=2), 0)
+    assert stream.can_change_workers() == (
+        False, "the stream runs its workers in this process, one after another "
+        "(in_process=True): run the input workers on Ray to change them")
+    assert stream.active_workers() == [0, 1]

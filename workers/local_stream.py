@@ -191,6 +191,16 @@ class LocalInputStream:
                                "reason": "the in-process input side produces every batch in "
                                          "step order in one thread (round-robin)"}}
 
+    def can_change_workers(self) -> tuple[bool, str]:
+        """An in-process stream cannot change its workers (see
+        :meth:`workers.stream.CsxInputStream.can_change_workers` for one that can)."""
+        return False, ("the stream runs its workers in this process, one after another "
+                       "(in_process=True): run the input workers on Ray to change them")
+
+    def active_workers(self) -> list[int]:
+        """The local ids of the workers taking part: all of them."""
+        return list(range(self.num_workers))
+
     def ready_count(self) -> int:
         return 0
 
