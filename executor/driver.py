@@ -277,7 +277,7 @@ class WaferDriver:
     def _open_input(self, dataloader, cs_config, resume_states, policy, workers_ahead):
         self._close_run()
         if self.use_ray_workers:
-            from workers.coordinator import CoordinatedInputStream as Stream
+            from workers.stream import configured_stream as Stream
         else:
             workers_ahead = None  # in-process streams start no workers
             from workers.local_stream import LocalInputStream as Stream

@@ -765,7 +765,7 @@ def test_parquet_in_torch_processes_resumes_by_batch_count(parquet_files):
 
 
 def test_which_parquet_loaders_can_be_assigned_dynamically(parquet_files):
-    from workers.sharding import dynamic_assignment_support
+    from workers.loaders import dynamic_assignment_support
 
     ds = ParquetDataset(parquet_files, columns=["x"], batch_size=2)
     assert dynamic_assignment_support(ds) == (

@@ -8,6 +8,7 @@ import pickle
 import pytest
 import torch
 
+from workers.positions import WorkerPosition
 from workers.wire import Reply, chunk_reply, unpack_reply
 
 Pair = collections.namedtuple("Pair", "x y")
@@ -15,7 +16,7 @@ Pair = collections.namedtuple("Pair", "x y")
 
 def _items(batches, position=None):
     return [{"kind": "batch", "index": i, "batch": b, "nbytes": 0,
-             "after": {"worker_step": i + 1, "user_state_dict": position}}
+             "after": WorkerPosition(i + 1, 0, position)}
             for i, b in enumerate(batches)]
 
 
@@ -112,4 +113,4 @@ def test_a_value_every_position_shares_is_sent_once():
     reply = chunk_reply(0, _items([torch.zeros(4)] * 32, position={"rng": shared_rng_state}))
     assert len(pickle.dumps(Reply(reply), protocol=5)) < 6000 + 32 * 400
     got = _travel(reply, copy=True)
-    assert all(it["after"]["user_state_dict"]["rng"] == shared_rng_state for it in got)
+    assert all(it["after"].loader["rng"] == shared_rng_state for it in got)

@@ -24,12 +24,12 @@ import ray
 import torch
 
 from workers import environ
-from workers.context import (BatchAssignment, DataLoaderCheckpoint, WorkerInfo, batch_assignment,
-                             streamer_context, worker_context)
+from workers.context import DataLoaderCheckpoint, WorkerInfo, streamer_context, worker_context
 from workers.dataloader import DataLoader
 from workers.duplicates import sample_keys
-from workers.resume import Source, check_position, start_position
-from workers.sharding import draws_ahead, dynamic_assignment_support, global_batches_per_epoch
+from workers.positions import RoundRobinOrder, WorkerPosition
+from workers.resume import Source, check_position
+from workers.shares import FailedShare, share_for
 from workers.stall import thread_stacks
 from workers.wire import Reply, batch_nbytes, chunk_reply, error_reply, leading_dim, packed_item
 
@@ -43,8 +43,8 @@ class InputWorkerImpl:
     Args:
         dataloader: the :class:`workers.dataloader.DataLoader` recipe.
         info: which worker of which CS-X this is.
-        start: where to start: ``worker_step`` (batches this worker delivered before),
-            ``samples_streamed`` and ``position`` (see :mod:`workers.resume`).
+        start: where to start (a :class:`~workers.positions.WorkerPosition`; None: at the
+            beginning).
         capacity: the most batches produced but not yet fetched.
         capacity_bytes: the most bytes of batches produced but not yet fetched (at least one
             batch is always allowed); None: bounded in batches only.
@@ -53,12 +53,12 @@ class InputWorkerImpl:
         owns_global_rng: the process runs nothing but this worker (a Ray actor), so torch's
             global RNG is the input pipeline's (see :class:`workers.resume.Source`).
         dynamic: ask for dynamic assignment: if the loader can take part
-            (:func:`workers.sharding.dynamic_assignment_support`), the worker produces the
+            (:func:`workers.loaders.dynamic_assignment_support`), the worker produces the
             global batches whose numbers :meth:`assign` gives it, starting from
-            ``dynamic_start`` (a position as in ``start``; None: ``start``'s), and every batch
+            ``dynamic_start`` (a loader position; None: ``start``'s), and every batch
             carries its number as ``"step"``; otherwise it runs as without (round-robin).
             :meth:`assignment_mode` tells which, and how many numbers the loader draws ahead
-            of the batch it yields (:func:`workers.sharding.draws_ahead`). Where it draws more
+            of the batch it yields (:func:`workers.loaders.draws_ahead`). Where it draws more
             than that (a prefetching sampler wrapper), a ``fetch`` that waits while the loader
             waits for a number with batches drawn and not yet produced replies
             ``{"kind": "need_numbers", "index": i, "drawn_ahead": n}`` instead of the batch
@@ -66,27 +66,26 @@ class InputWorkerImpl:
             and asks for batch ``i`` again.
     """
 
-    def __init__(self, dataloader: DataLoader, info: WorkerInfo, start: dict | None = None,
-                 capacity: int = 2, capacity_bytes: int | None = None, keys_until: int = 0,
+    def __init__(self, dataloader: DataLoader, info: WorkerInfo,
+                 start: WorkerPosition | None = None, capacity: int = 2,
+                 capacity_bytes: int | None = None, keys_until: int = 0,
                  owns_global_rng: bool = False, dynamic: bool = False,
                  dynamic_start: dict | None = None):
-        start = dict(start or {})
-        self.dynamic_requested = bool(dynamic)
-        self._dynamic_start = dynamic_start
-        self._assignment = BatchAssignment(self._wake) if dynamic else None
+        start = start or WorkerPosition()
+        w, W = info.local_worker_id, info.num_workers_per_csx
+        # what the worker produces under its assignment (workers.shares), decided once the
+        # loader is built
+        self._share = share_for(bool(dynamic), w, W, self._wake, dynamic_start)
+        self._share_known = threading.Event()
         self._reported_ahead = 0  # the largest drawn_ahead a need_numbers reply sent
-        self._draws_ahead = 0
-        self._mode: tuple[str, str] | None = None
-        self._mode_known = threading.Event()
-        self._batches_per_epoch: int | None = None  # dynamic: global batches of an epoch
         self.info = info
         self.dataloader = dataloader
         self.capacity = max(1, int(capacity))
         self.capacity_bytes = capacity_bytes
         self.keys_until = int(keys_until)
         self.owns_global_rng = owns_global_rng
-        self.first_index = int(start.get("worker_step", 0))
-        self._position = check_position(dict(start.get("position") or start_position()))
+        self.first_index = start.worker_step
+        self._position = check_position(dict(start.loader))
         self._cond = threading.Condition()
         self._buffer: dict[int, dict] = {}
         self._buffer_bytes = 0
@@ -97,20 +96,14 @@ class InputWorkerImpl:
         self.state = DataLoaderCheckpoint(
             local_worker_id=info.local_worker_id, num_workers_per_csx=info.num_workers_per_csx,
             num_csx=info.num_csx, wse_id=info.wse_id,
-            appliance_step=self._appliance_step(self.first_index),
-            worker_step=self.first_index, samples_streamed=int(start.get("samples_streamed", 0)),
+            appliance_step=RoundRobinOrder(W).steps_after(w, self.first_index),
+            worker_step=self.first_index, samples_streamed=start.samples_streamed,
             user_state_dict=self._position,
         )
         self._thread = threading.Thread(
             target=self._run, daemon=True,
             name=f"input-worker-csx{info.wse_id}-w{info.local_worker_id}")
         self._thread.start()
-
-    def _appliance_step(self, worker_step: int) -> int:
-        """The CS-X step count once this worker's ``worker_step`` batches were consumed."""
-        if worker_step == 0:
-            return 0
-        return (worker_step - 1) * self.info.num_workers_per_csx + self.info.local_worker_id + 1
 
     # -- the producer thread ------------------------------------------------------------------
     def _full(self, nbytes: int) -> bool:
@@ -145,20 +138,14 @@ class InputWorkerImpl:
             self._error = error_reply(self._next_index, exc, during)
             self._cond.notify_all()
 
-    def _decide_mode(self, loader) -> None:
-        """Dynamic assignment where asked for and the loader can take part, else static."""
-        ok, why = dynamic_assignment_support(loader) if self.dynamic_requested else \
-            (False, "static assignment was asked for")
-        self._mode = ("dynamic" if ok else "static", why)
-        if ok:
-            self._draws_ahead = draws_ahead(loader)
-            self._batches_per_epoch = global_batches_per_epoch(loader)
-            if self._dynamic_start is not None:
-                self._position = check_position(dict(self._dynamic_start))
-                self.state.user_state_dict = self._position
-        else:
-            self._assignment = None
-        self._mode_known.set()
+    def _decide_share(self, loader) -> None:
+        """What the worker produces: numbered batches where dynamic assignment was asked for
+        and the loader can take part, else its round-robin shard."""
+        self._share = self._share.decide(loader, self.info.local_worker_id,
+                                         self.info.num_workers_per_csx)
+        self._position = check_position(dict(self._share.start(self._position)))
+        self.state.user_state_dict = self._position
+        self._share_known.set()
 
     def _run(self) -> None:
         info = self.info
@@ -166,38 +153,37 @@ class InputWorkerImpl:
         if self.owns_global_rng and self.dataloader.client_rng_state is not None:
             torch.set_rng_state(self.dataloader.client_rng_state)
         with worker_context(info, self.state), streamer_context():
+            decided = False
             try:
                 loader = self.dataloader.build(info)
-                self._decide_mode(loader)
+                self._decide_share(loader)
+                decided = True
                 source = Source(self.dataloader, loader, self._position,
                                 owns_global_rng=self.owns_global_rng)
             except BaseException as e:  # noqa: BLE001 (sent to the consumer)
-                if self._mode is None:
-                    self._mode = ("failed", "")
-                self._mode_known.set()
+                if not decided:
+                    self._share.close()
+                    self._share = FailedShare(info.local_worker_id, info.num_workers_per_csx, "")
+                self._share_known.set()
                 self._fail(e, "while building its dataloader")
                 return
-            with batch_assignment(self._assignment):
+            with self._share.producing():
                 self._produce(source)
 
     def _produce(self, source: Source) -> None:
-        assignment = self._assignment
+        share = self._share
         while not self._stop:
             index = self._next_index
             try:
                 t0, t0_unix, t0_cpu = time.perf_counter(), time.time(), time.thread_time()
-                idle0 = assignment.idle_s if assignment is not None else 0.0
+                idle0 = share.idle_s()
                 batch = next(source)
-                if assignment is not None:  # waiting for a number is no part of the cost
-                    idle = assignment.idle_s - idle0
-                    t0 += idle
-                    t0_unix += idle
+                idle = share.idle_s() - idle0  # waiting for a number is no part of the cost
+                t0 += idle
+                t0_unix += idle
                 self.produced += 1
                 st = self.state
                 st.worker_step = index + 1
-                number = assignment.pop_taken() if assignment is not None else None
-                st.appliance_step = self._appliance_step(index + 1) if number is None \
-                    else number + 1
                 st.samples_streamed += leading_dim(batch)
                 # a fresh dict each batch, never changed after: the reply and the worker's
                 # state share it
@@ -209,19 +195,13 @@ class InputWorkerImpl:
                     "index": index,
                     "batch": batch,
                     "nbytes": batch_nbytes(batch),
-                    "after": {
-                        "worker_step": st.worker_step,
-                        "samples_streamed": st.samples_streamed,
-                        "user_state_dict": position,
-                    },
+                    "after": WorkerPosition(st.worker_step, st.samples_streamed, position),
                     "produce_s": time.perf_counter() - t0,
                     # wall-clock span of the production, for the run's timeline
                     "produced_unix": (t0_unix, time.time()),
                     "produce_cpu_s": time.thread_time() - t0_cpu,
                 }
-                if assignment is not None:
-                    item["step"] = number
-                    item["idle_s"] = idle  # waited for this batch's number
+                st.appliance_step = share.stamp(item, idle)
                 if index < self.keys_until:
                     item["keys"] = sample_keys(batch, source.epoch,
                                                source.last_sample_ids())
@@ -299,7 +279,7 @@ class InputWorkerImpl:
                     return item
                 if self._error is not None and index >= self._error["index"]:
                     return self._error
-                ahead = self._assignment.waiting_ahead if self._assignment is not None else 0
+                ahead = self._share.waiting_ahead()
                 if ahead > self._reported_ahead:
                     self._reported_ahead = ahead
                     return {"kind": "need_numbers", "index": index, "drawn_ahead": ahead}
@@ -312,22 +292,29 @@ class InputWorkerImpl:
     def assign(self, send: int, numbers: list) -> None:
         """Global batch numbers for this worker to produce, in increasing order (dynamic
         assignment); ``send`` numbers the calls 0, 1, 2, ... so they apply in order."""
-        if self._assignment is not None:
-            self._assignment.extend(send, numbers)
+        self._share.assign(send, numbers)
 
     def assignment_mode(self, timeout_s: float = 600.0) -> tuple[str, str, int]:
         """``(mode, why, draws_ahead)`` once the dataloader is built: ``"dynamic"`` or
         ``"static"`` (or ``"failed"``: building it raised, and ``fetch`` replies with the
         error), and the index batches the loader draws ahead of the one it yields."""
-        if not self._mode_known.wait(timeout_s):
+        if not self._share_known.wait(timeout_s):
             return ("failed", f"the dataloader was not built within {timeout_s:.0f} s", 0)
-        return (*(self._mode or ("failed", "")), self._draws_ahead)
+        share = self._share
+        return (share.mode, share.why, share.draws_ahead)
+
+    def worker_change_support(self, timeout_s: float = 600.0) -> tuple[bool, str]:
+        """Once the dataloader is built: whether a round-robin stream can re-form its workers
+        from the exact position (:func:`workers.loaders.worker_change_support`), and why."""
+        if not self._share_known.wait(timeout_s):
+            return (False, f"the dataloader was not built within {timeout_s:.0f} s")
+        return self._share.change_support
 
     def batches_per_epoch(self, timeout_s: float = 600.0) -> int | None:
         """Under dynamic assignment, the global batches of an epoch (numbers ``e * n`` to
         ``e * n + n - 1`` are epoch ``e``'s), once the dataloader is built; else None."""
-        self._mode_known.wait(timeout_s)
-        return self._batches_per_epoch
+        self._share_known.wait(timeout_s)
+        return self._share.batches_per_epoch
 
     def dump_stack(self) -> str:
         """The Python stacks of this worker's threads, producer first."""
@@ -363,8 +350,7 @@ class InputWorkerImpl:
         with self._cond:
             self._stop = True
             self._cond.notify_all()
-        if self._assignment is not None:
-            self._assignment.close()
+        self._share.close()
         if join_s > 0:
             self._thread.join(join_s)
         return not self._thread.is_alive()
@@ -432,6 +418,10 @@ class InputWorker(InputWorkerImpl):
     @ray.method(concurrency_group=_CONTROL)
     def assignment_mode(self, timeout_s: float = 600.0) -> tuple:
         return InputWorkerImpl.assignment_mode(self, timeout_s)
+
+    @ray.method(concurrency_group=_CONTROL)
+    def worker_change_support(self, timeout_s: float = 600.0) -> tuple:
+        return InputWorkerImpl.worker_change_support(self, timeout_s)
 
     @ray.method(concurrency_group=_CONTROL)
     def batches_per_epoch(self, timeout_s: float = 600.0) -> int | None:

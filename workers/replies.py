@@ -5,7 +5,7 @@ batches); :func:`replies_of` turns it into :class:`WorkerReply` items, one per b
 request for numbers, and nothing past that point reads a key or a kind string.
 
 >>> r = WorkerReply.of({"kind": "batch", "index": 3, "batch": 7, "nbytes": 8,
-...                     "after": {"worker_step": 4}})
+...                     "after": WorkerPosition(4)})
 >>> r.kind is ReplyKind.BATCH, r.index, r.nbytes
 (True, 3, 8)
 >>> WorkerReply.failure("RuntimeError", "lost", "in transport").kind
@@ -18,6 +18,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from workers.positions import WorkerPosition
 from workers.wire import unpack_reply
 
 __all__ = ["ReplyKind", "WorkerReply", "replies_of"]
@@ -43,9 +44,8 @@ class WorkerReply:
     """The worker's own batch count of this item (batch ``index`` of the worker)."""
     batch: Any = None
     nbytes: int = 0
-    after: Optional[dict] = None
-    """The worker's position after this batch (``worker_step``, ``samples_streamed``,
-    ``user_state_dict``)."""
+    after: Optional[WorkerPosition] = None
+    """The worker's position after this batch."""
     produce_s: Optional[float] = None
     produced_unix: Optional[tuple] = None
     produce_cpu_s: Optional[float] = None
