@@ -15,10 +15,10 @@ The rules, per CS-X (``n`` workers, the bounds and target of :class:`workers.con
   ``window_steps``, or in which a worker delivered nothing (still starting) decides nothing;
 * the wafer *starves* when it computed less than ``target_utilisation`` of the window and its
   input wait is most of the shortfall (a wafer held back by the client gets no workers). It
-  then gets the workers that produce what it takes: ``ceil(demand / rate per worker)``, at most
-  doubling ``n`` per decision, within ``max_workers_per_csx``, within the CPUs the cluster has
-  free (each new worker needs what one uses now), and never past a count where adding gained
-  nothing;
+  then gets the workers that produce what it takes: ``ceil(demand / rate per worker)`` in one
+  decision (a new worker's process takes seconds to start: one start-up, not several),
+  within ``max_workers_per_csx``, within the CPUs the cluster has free (each new worker needs
+  what one uses now), and never past a count where adding gained nothing;
 * after an add, the next window checks the gain: production that rose by less than ``min_gain``
   of what the added workers should produce means the machine's cores are the limit; the
   controller retires them again and adds no more there;
@@ -336,7 +336,7 @@ class Controller:
                               f"{_w(s.ceiling)} did not raise production")
         r = w.rate_per_worker or 0.0
         need = math.ceil(w.demand / r) if r > 0 and math.isfinite(w.demand) else n + 1
-        k = max(1, min(need - n, n, cfg.max_workers_per_csx - n))
+        k = max(1, min(need - n, cfg.max_workers_per_csx - n))
         if s.ceiling is not None:
             k = min(k, s.ceiling - n)
         per = w.cpu_per_worker

@@ -36,37 +36,38 @@ def one(c, first, workers, cpus=None, free=None, **kw):
     return d
 
 
-def test_a_starving_wafer_gets_the_workers_that_produce_what_it_takes_at_most_doubling():
+def test_a_starving_wafer_gets_the_workers_that_produce_what_it_takes_in_one_decision():
     c = Controller(CFG, num_csx=1)
     # the wafer takes 1/0.007 = 142.9 batches/s, a worker makes 50/s: 3 are needed
     d = one(c, 1, 1, step_s=0.007, wait_s=0.013)
-    assert (d.action, d.count, c.counts(), c.csx[0].phase) == (Action.ADD, 1, [2],
+    assert (d.action, d.count, c.counts(), c.csx[0].phase) == (Action.ADD, 2, [3],
                                                                 Phase.GROWING)
     assert d.reason == (
         "wafer 35.0% busy (target 95.0%), input wait 65.0%, buffer 0.0 of 4 batches over steps "
         "1-20: the wafer takes 142.9 batches/s and each worker produces 50.0/s, so 3 are "
-        "needed; 1 worker -> 2")
-    assert d.line().startswith("autoscale CS-X 0 at step 20: add 1 worker: wafer 35.0% busy")
-    d = one(c, 41, 2, step_s=0.007, wait_s=0.003)
-    assert (d.action, d.count, c.counts()) == (Action.ADD, 1, [3])
+        "needed; 1 worker -> 3")
+    assert d.line().startswith("autoscale CS-X 0 at step 20: add 2 workers: wafer 35.0% busy")
+    # 3 workers whose rate fell to 40/s each: 4 are needed
+    d = one(c, 41, 3, step_s=0.007, wait_s=0.003, batch_s=0.025)
+    assert (d.action, d.count, c.counts()) == (Action.ADD, 1, [4])
 
 
 def test_a_window_inside_the_cool_down_decides_nothing():
     c = Controller(CFG, num_csx=1)
     one(c, 1, 1, step_s=0.007, wait_s=0.013)  # add at step 20: cool-down to step 30
-    d = one(c, 21, 2, step_s=0.007, wait_s=0.013)
-    assert (d.action, c.counts(), c.csx[0].phase) == (Action.HOLD, [2], Phase.COOLING_DOWN)
+    d = one(c, 21, 3, step_s=0.007, wait_s=0.013)
+    assert (d.action, c.counts(), c.csx[0].phase) == (Action.HOLD, [3], Phase.COOLING_DOWN)
     assert d.reason == "cooling down: the figures from step 31 on decide"
 
 
 def test_a_new_worker_that_delivered_nothing_yet_holds_the_decision():
     c = Controller(CFG, num_csx=1)
     one(c, 1, 1, step_s=0.007, wait_s=0.013)
-    w = window(41, 1, step_s=0.007, wait_s=0.013)  # only worker 0 delivered
-    w = CsxWindow(**{**w.__dict__, "workers": w.workers + (WorkerWindow(1, 0, 0.0, 0.0),)})
+    w = window(41, 2, step_s=0.007, wait_s=0.013)  # workers 0 and 1 delivered, 2 not yet
+    w = CsxWindow(**{**w.__dict__, "workers": w.workers + (WorkerWindow(2, 0, 0.0, 0.0),)})
     d, = c.step(Observation(step=60, csx=(w,)))
-    assert (d.action, c.counts()) == (Action.HOLD, [2])
-    assert d.reason == ("waiting for 2 workers to deliver (worker 1 delivered nothing in "
+    assert (d.action, c.counts()) == (Action.HOLD, [3])
+    assert d.reason == ("waiting for 3 workers to deliver (worker 2 delivered nothing in "
                         "the window)")
 
 
