@@ -26,6 +26,7 @@ from cstream.core.name_scope import (  # noqa: E402
 )
 from cstream.creation import full, full_like, ones, ones_like, zeros, zeros_like  # noqa: E402
 from cstream.errors import (  # noqa: E402
+    AutoscaleError,
     CompileError,
     ExhaustedIteratorError,
     InputStallError,
@@ -46,7 +47,8 @@ from cstream.utils.pol import current_pol, pol  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = [
-    "CompileError", "ExhaustedIteratorError", "InputStallError", "InputWorkerError", "ResumeError",
+    "AutoscaleError", "CompileError", "ExhaustedIteratorError", "InputStallError", "InputWorkerError",
+    "ResumeError",
     "UnshardedInputError", "UnshardedInputWarning", "WorkerCrashLoopError",
     "TracedStep", "TracingError", "amp", "backend", "checkpoint_closure", "compile",
     "compile_step", "current_backend", "current_executor", "distributed", "full", "full_like",

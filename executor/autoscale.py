@@ -272,6 +272,17 @@ class Controller:
             return self._hold(s, w, Phase.COOLING_DOWN if s.changed_at else s.phase,
                               f"cooling down: the figures from step {cool_until + 1} on decide")
         idle = [x.worker for x in w.workers if not x.batches]
+        fed = w.busy >= cfg.target_utilisation and \
+            w.mean_buffer_batches >= w.buffer_capacity - 1
+        if idle and fed and s.workers > cfg.min_workers_per_csx \
+                and len(w.workers) == s.workers:
+            s.added, s.phase = None, Phase.SHRINKING
+            return Decision(
+                Action.RETIRE, w.csx, w.last_step,
+                f"wafer {_pct(w.busy)} busy (target {_pct(cfg.target_utilisation)}), buffer "
+                f"{w.mean_buffer_batches:.1f} of {w.buffer_capacity} batches over steps "
+                f"{w.first_step}-{w.last_step}, and worker {idle[-1]} delivered nothing: the "
+                f"others carry it; {_w(s.workers)} -> {s.workers - 1}", workers=(idle[-1],))
         if idle or len(w.workers) < s.workers:
             return self._hold(s, w, Phase.COOLING_DOWN if s.changed_at else s.phase,
                               f"waiting for {_w(s.workers)} to deliver (worker"

@@ -319,3 +319,27 @@ def test_tensorboard_gets_the_worker_count_per_csx_every_step(tmp_path):
     assert [(e.step, e.value) for e in counts][38:42] == [(39, 1.0), (40, 1.0), (41, 2.0),
                                                           (42, 2.0)]
     assert len(counts) == 120
+
+
+def test_the_controllers_state_survives_a_checkpoint_file(tmp_path):
+    import cstream
+
+    c = Controller(CFG, num_csx=1, start=2)
+    one(c, 1, 2, step_s=0.005, wait_s=0.015, cpu=0.019)
+    one(c, 31, 4, step_s=0.005, wait_s=0.015, batch_s=0.04, cpu=0.038)  # learns a ceiling
+    cstream.save({"dataloader": {"autoscale": c.state_dict()}}, tmp_path / "ckpt.h5")
+    back = cstream.load(tmp_path / "ckpt.h5")["dataloader"]["autoscale"]
+    d = Controller(CFG, num_csx=1)
+    d.load_state_dict(back)
+    assert (d.counts(), d.csx[0].ceiling, d.decisions) == ([2], 2, c.decisions)
+
+
+def test_a_worker_that_delivered_nothing_while_the_others_kept_the_buffer_full_is_retired():
+    c = Controller(CFG, num_csx=1, start=3)
+    w = window(1, 2, step_s=0.01, buffer=3.8)
+    w = CsxWindow(**{**w.__dict__, "workers": w.workers + (WorkerWindow(2, 0, 0.0, 0.0),)})
+    d, = c.step(Observation(step=20, csx=(w,)))
+    assert (d.action, d.workers, c.counts()) == (Action.RETIRE, (2,), [2])
+    assert d.reason == ("wafer 100.0% busy (target 95.0%), buffer 3.8 of 4 batches over steps "
+                        "1-20, and worker 2 delivered nothing: the others carry it; 3 workers "
+                        "-> 2")

@@ -21,13 +21,10 @@ from collections import deque
 from typing import Optional
 
 from executor.autoscale import Action, Controller, Decision, observe
+from workers.errors import AutoscaleError
 from workers.resume import ResumeStates
 
 log = logging.getLogger("cstream")
-
-
-class AutoscaleError(ValueError):
-    """An autoscaled run cannot start: its input side cannot change its workers exactly."""
 
 
 def check_stream_kind(ray_workers: bool) -> None:
