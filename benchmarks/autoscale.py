@@ -143,10 +143,10 @@ def main(argv=None):
         cases.append(case)
         print(json.dumps({k: v for k, v in case.items() if k != "counts"}, default=float),
               flush=True)
-    doc = {"benchmark": "autoscale", "batch_wait_s": BATCH_WAIT_S, "steps": args.steps,
-           "sweep_steps": args.sweep_steps, "target": TARGET, "cases": cases,
-           "machine_note": "2 vCPU, shared with other work at the time"}
-    save_results(doc, out, plot)
+        doc = {"benchmark": "autoscale", "batch_wait_s": BATCH_WAIT_S, "steps": args.steps,
+               "sweep_steps": args.sweep_steps, "target": TARGET, "cases": cases,
+               "machine_note": "2 vCPU, shared with other work at the time"}
+        save_results(doc, out, plot)  # after every case: an interrupted run keeps them
 
 
 def plot(doc: dict, path: Path) -> None:

@@ -393,7 +393,8 @@ class Controller:
             why = "; the buffer is not full, so no worker is spare"
         elif n > cfg.min_workers_per_csx:
             why = f"; {_w(n - 1)} would produce {rest:.1f} batches/s, under {needed:.1f}"
-        return self._hold(s, w, Phase.SETTLED, f"{figures}: {_w(n)} keep it fed{why}")
+        keep = "keeps" if n == 1 else "keep"
+        return self._hold(s, w, Phase.SETTLED, f"{figures}: {_w(n)} {keep} it fed{why}")
 
     # -- what it settled at ------------------------------------------------------------------
     def settled(self) -> list[dict]:
