@@ -14,14 +14,10 @@ kills nodes of it, and shuts it down. Two runs, each with 6 input workers over t
    its input workers, then of the node: raylet and the rest).
 2. ``driver_node``: the head's CPUs are held so that the wafer driver starts on a worker
    node; at step 25 (checkpoints every 10 steps) that node loses all its processes.
-3. ``autoscale``: ``num_workers_per_csx="auto"`` from 1 worker against a wafer that needs 4 of
-   a 30 ms read; once it has grown (step 240) the worker node holding the most of its workers
-   (not the driver's) loses all its processes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -131,59 +127,6 @@ def input_node_run(cluster) -> dict:
     return out
 
 
-AUTO_BATCH_S = 0.03  # the autoscaled run's read: one worker makes ~33 batches/s
-AUTO_WAFER_S = AUTO_BATCH_S / 3.75  # the wafer takes 3.75 workers' worth: 4 are needed
-
-
-def _live_worker_places() -> dict:
-    """``{name: where()}`` of the input workers alive now, asked of the actors themselves."""
-    out = {}
-    for name in ray.util.list_named_actors():
-        if name.startswith("cstream-csx0-"):
-            with contextlib.suppress(Exception):
-                out[name] = ray.get(ray.get_actor(name).where.remote(), timeout=30)
-    return out
-
-
-def autoscale_run(cluster) -> dict:
-    backend = cstorch.backend("CSX", artifact_dir="autoscale_run")
-    _, step = _model(backend)
-    seen, out = [], {}
-
-    @cstorch.step_closure
-    def record(x):
-        seen.extend(x.flatten().tolist())
-
-    cfg = cstorch.utils.CSConfig(
-        num_workers_per_csx="auto", wafer_seconds_per_step=AUTO_WAFER_S,
-        autoscale=cstorch.utils.Autoscale(max_workers_per_csx=6, window_steps=20,
-                                          cooldown_steps=20))
-    executor = cstorch.utils.data.DataExecutor(
-        cstorch.utils.data.DataLoader(ids_input_fn, 1000, 2, AUTO_BATCH_S), num_steps=400,
-        cs_config=cfg)
-    for i, batch in enumerate(executor):
-        _, x = step(batch)
-        record(x)
-        if i == 0:
-            out["driver_node"] = backend.driver().where["node_id"]
-        if i == 239:
-            out["places_grown"] = places = _live_worker_places()
-            by_node: dict = {}
-            for where in places.values():
-                by_node[where["node_id"]] = by_node.get(where["node_id"], 0) + 1
-            victim = max((n.node_id for n in cluster.worker_nodes
-                          if n.node_id != out["driver_node"]),
-                         key=lambda n: by_node.get(n, 0))
-            out["killed_node"], out["killed_at_step"] = victim, i + 1
-            _kill_node(cluster, victim, places)
-    backend.shutdown()
-    profile = json.loads((executor.run_dir / "profile.json").read_text())
-    out.update(seen=seen, report=executor.report,
-               counts=[r.get("num_workers") for r in profile["steps"]],
-               autoscale=profile["summary"].get("autoscale"))
-    return out
-
-
 def cstorch_summary(executor) -> str:
     from executor.report_text import format_summary
 
@@ -273,9 +216,6 @@ def main(path: str) -> None:
         cluster.add_node(**NODE_ARGS)  # 3 nodes again
         cluster.wait_for_nodes()
         results["driver_node"] = driver_node_run(cluster)
-        cluster.add_node(**NODE_ARGS)  # 3 live nodes again
-        cluster.wait_for_nodes()
-        results["autoscale"] = autoscale_run(cluster)
         results["total_s"] = time.perf_counter() - t0
     finally:
         ray.shutdown()

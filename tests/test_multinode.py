@@ -108,14 +108,3 @@ def test_losing_the_drivers_node_stops_the_input_workers_on_the_other_nodes(clus
     # started by the client, they would live as long as it: cstream killed them
     assert run["survivors_gone_after_s"] is not None
     assert "cstream stopped the " in run["error"]["message"]
-
-
-def test_an_autoscaled_run_spreads_its_added_workers_and_survives_a_lost_node(cluster_runs):
-    run = cluster_runs["autoscale"]
-    assert run["seen"] == [float(i) for i in range(800)]  # every batch once, in order
-    grown = _per_node(run["places_grown"])
-    assert sum(grown.values()) >= 3 and len(grown) >= 2, grown  # over the nodes, not one
-    assert run["killed_node"] in grown
-    counts = [c[0] for c in run["counts"] if c]
-    assert counts[0] == 1 and max(counts) >= 3
-    assert run["autoscale"]["decisions"][0]["action"] == "add"
