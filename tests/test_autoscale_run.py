@@ -69,6 +69,7 @@ def counts_over_steps(profile) -> list[int]:
     return [r["num_workers"][0] for r in profile["steps"]]
 
 
+@pytest.mark.timeout(900)  # two 700-step runs and 10-20 s worker start-ups; a hang still fails
 def test_from_one_worker_the_run_finds_three_keeps_the_wafer_busy_and_the_sequence_exact(
         ray_session):
     # 700 steps: a new worker's process takes 10-20 s to start on a loaded 2-core machine
