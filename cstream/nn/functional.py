@@ -16,18 +16,24 @@ def one_hot(tensor: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
 def sparse_matmul(input_values: torch.Tensor, input_indices: torch.Tensor,
                   weight: torch.Tensor) -> torch.Tensor:
     """The matmul of a sparse input and a dense weight, sparse out (the Model Zoo's MoE
-    experts): ``out[..., m, c, k] = sum_n input_values[..., m, c, n] *
-    weight[k, input_indices[..., m, c], n]``.
+    experts). The input is the dense ``(..., M, B, N)`` tensor whose rows ``input_indices``
+    along B hold ``input_values`` (other rows 0; of repeated indices one row is kept); the
+    output is ``einsum("...MBN,KBN->...MBK")`` of it with ``weight``, read back at the same
+    rows.
 
-    Shapes: input_values ``(..., M, C, N)``, input_indices ``(..., M, C)`` (positions in
-    ``weight``'s dimension 1, of size B), weight ``(K, B, N)``; out ``(..., M, C, K)``. The
-    Cerebras kernel computes the same values from the compressed rows.
+    Shapes: input_values ``(..., M, C, N)``, input_indices ``(..., M, C)`` (C <= B), weight
+    ``(K, B, N)``; out ``(..., M, C, K)``. The Cerebras kernel computes the same values from the
+    compressed rows.
     """
     if weight.size(1) >= 2**16:
         raise ValueError(f"sparse_matmul: input_indices must fit in uint16, but weight's sparse "
                          f"dimension has {weight.size(1)} entries (at most 65535).")
-    rows = weight.permute(1, 0, 2)[input_indices.long()]  # (..., M, C, K, N)
-    return torch.einsum("...n,...kn->...k", input_values, rows)
+    index = input_indices.long()[..., None]
+    dense = torch.zeros((*input_values.shape[:-2], weight.shape[1], input_values.shape[-1]),
+                        dtype=input_values.dtype, device=input_values.device)
+    dense.scatter_(-2, index.broadcast_to(input_values.shape), input_values)
+    out = torch.einsum("...mbn,kbn->...mbk", dense, weight)
+    return out.gather(-2, index.broadcast_to((*input_values.shape[:-1], weight.shape[0])))
 
 
 def sparse_act_matmul(input_value: torch.Tensor, input_mask: torch.Tensor,
