@@ -26,8 +26,9 @@ import pytest
 import torch
 
 import cstream
-from cstream import checkpoint_guard, checkpoint_h5
+from cstream import checkpoint_guard
 from cstream.saving import CheckpointError, describe
+from checkpoint_files import values_offset, write_unsealed
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "reference" / "fixtures"
@@ -329,11 +330,6 @@ def test_only_the_globals_a_real_file_pickles_are_admitted(tmp_path, payload, na
     assert cstream.load(path)["x"] is torch.float16
 
 
-def _tensor_offset(path, name):
-    with h5py.File(path, "r") as f:
-        return f[name].id.get_offset()
-
-
 def _legacy_file(path):
     with h5py.File(path, "w") as f:
         f.attrs["__version__"] = 0.4
@@ -399,9 +395,9 @@ def test_tensors_of_an_unsealed_file_are_read_lazily_so_an_untouched_damaged_one
         tmp_path):
     """A file cstream wrote before it sealed its files: each tensor's CRC-32 is checked when read."""
     path = tmp_path / "c.h5"
-    checkpoint_h5.write({"good": torch.arange(5), "bad": torch.zeros(10),
-                         "more": {"x": torch.ones(3)}}, path, writer="cstream 0.1.0")
-    offset = _tensor_offset(path, "bad")
+    write_unsealed({"good": torch.arange(5), "bad": torch.zeros(10), "more": {"x": torch.ones(3)}},
+                   path)
+    offset = values_offset(path, "bad")
     data = bytearray(path.read_bytes())
     data[offset + 3] ^= 0x40  # one bit of the tensor's values
     path.write_bytes(data)
@@ -467,7 +463,7 @@ def test_describe_lists_entries_without_reading_tensor_values(tmp_path):
     path = tmp_path / "c.h5"
     cstream.save({"model": {"w": torch.ones(2, 3, dtype=torch.bfloat16)}, "groups": [{"lr": 0.5}],
                   "e": {}, "n": None}, path)
-    offset = _tensor_offset(path, "model.w")
+    offset = values_offset(path, "model.w")
     with open(path, "r+b") as fh:  # damaged values (behind a matching seal) are never read
         fh.seek(offset)
         fh.write(b"\xff")
@@ -568,8 +564,7 @@ def test_save_seals_the_file_with_its_length_and_checksum_in_a_user_block_hdf5_s
 
 def _damage(path, region: str) -> None:
     data = bytearray(path.read_bytes())
-    with h5py.File(path, "r") as f:
-        values = f["w"].id.get_offset()
+    values = values_offset(path, "w")
     at = {"superblock": 512 + 20, "global heap": data.find(b"GCOL") + 40, "data": values + 5,
           "header length": 40, "header tag": 1}[region]
     data[at] ^= 0x10

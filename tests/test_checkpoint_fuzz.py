@@ -29,8 +29,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cstream
-from cstream import checkpoint_guard, checkpoint_h5
+from cstream import checkpoint_guard
 from cstream.saving import CheckpointError, to_eager
+from checkpoint_files import write_unsealed
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "reference" / "fixtures"
@@ -198,7 +199,7 @@ def _base(name: str, path: Path) -> Base:
 def bases(tmp_path_factory) -> list[Base]:
     folder = tmp_path_factory.mktemp("bases")
     cstream.save(ORIGINAL, folder / "sealed.h5")
-    checkpoint_h5.write(ORIGINAL, folder / "unsealed.h5", writer="cstream 0.1.0")
+    write_unsealed(ORIGINAL, folder / "unsealed.h5")
     files = [("cstream sealed", folder / "sealed.h5"), ("cstream unsealed", folder / "unsealed.h5")]
     files += [(f"real {n}", FIXTURES / f"{n}.h5") for n in ("ckpt_real_state", "ckpt_real_adam_sched",
                                                             "ckpt_legacy_0_4")]
@@ -306,7 +307,7 @@ def _rewrite_big_endian(path: Path) -> int:
 def test_numbers_stored_big_endian_load_as_the_same_values(tmp_path, source):
     path = tmp_path / "ckpt.h5"
     if source == "cstream unsealed":
-        checkpoint_h5.write(ORIGINAL, path, writer="cstream 0.1.0")
+        write_unsealed(ORIGINAL, path)
     else:
         path.write_bytes((FIXTURES / "ckpt_legacy_0_4.h5").read_bytes())
     before = to_eager(cstream.load(path))
