@@ -243,7 +243,10 @@ def write(obj, path, writer: str, userblock_size: int = 0, compress: bool = True
         spec_text = json.dumps([unflattened, _dumps_spec(schema)], indent=4)
     except (TypeError, ValueError):
         spec_text = json.dumps([None, _dumps_spec(schema)], indent=4)
-    with h5py.File(path, "w", libver=("v108", "v110"), userblock_size=userblock_size) as f:
+    # uncompressed tensors from 4 KiB start at multiples of 64 bytes: mapped, they are aligned
+    aligned = {} if compress else {"alignment_threshold": 4096, "alignment_interval": 64}
+    with h5py.File(path, "w", libver=("v108", "v110"), userblock_size=userblock_size,
+                   **aligned) as f:
         f.attrs["__spec__"] = spec_text
         f.attrs["__version__"] = np.float64(VERSION)
         f.attrs["__cstorch_version__"] = writer
@@ -471,10 +474,10 @@ class H5Checkpoint:
                 if offset + ds.size * dtype.itemsize > len(mapped):
                     raise self.error(f"the dataset {ds.name!r} lies past the end of the file")
                 return np.frombuffer(mapped, dtype, ds.size, offset).reshape(ds.shape)
-        values = np.empty(ds.shape, dtype.newbyteorder("="))
+        values = np.empty(ds.shape, dtype)
         if values.size:
             ds.read_direct(values)
-        return values
+        return values if dtype.isnative else values.astype(dtype.newbyteorder("="))
 
     def _mapped(self) -> mmap.mmap:
         if self.mapped is None:
