@@ -12,6 +12,7 @@ before), above what it held before, as a multiple of the state's size.
 
     python benchmarks/checkpoints.py [--sizes 256 2048] [--rounds 3] [--dir DIR]
         [--real-python /work/venvs/cs210/bin/python]
+    python benchmarks/checkpoints.py --table [RESULTS.json]   # the results as a markdown table
 """
 
 from __future__ import annotations
@@ -246,6 +247,8 @@ def main() -> None:
                                                 Path(folder) / WRITERS[file],
                                                 theirs if tool == "real" else ours))
                     print(f"{mib} MiB round {rnd + 1}: load {r}: {runs['load', r][-1]}", flush=True)
+                print(f"{mib} MiB round {rnd + 1}: saves " + json.dumps(
+                    {w: runs["save", w][-1] for w in writers}), flush=True)
             state_bytes = mib << 20
             table = {}
             for (action, name), rs in runs.items():
@@ -256,16 +259,29 @@ def main() -> None:
                                                          for r in rs),
                     "file_bytes": rs[-1]["bytes"]}
             results["states"][f"{mib} MiB"] = table
+            results["load_average_at_end"] = os.getloadavg()
             _print(mib, table)
-    results["load_average_at_end"] = os.getloadavg()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
-    print(f"wrote {args.out}")
+            _write(Path(args.out), results)
+
+
+def _write(out: Path, results: dict) -> None:
+    """Writes ``results`` to ``out``, keeping the states of an earlier run that this one did not
+    measure (each with the machine, rounds and load average it was measured with)."""
+    kept = json.loads(out.read_text()).get("states", {}) if out.exists() else {}
+    runs = {name: {**table, "_run": {k: results[k] for k in ("machine", "rounds",
+                                                               "load_average_at_start",
+                                                               "load_average_at_end")}}
+            for name, table in results["states"].items()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"states": {**kept, **runs}}, indent=1) + "\n")
+    print(f"wrote {out}")
 
 
 def _print(mib: int, table: dict) -> None:
     print(f"\n{mib} MiB state | save s | load s | file MB | peak memory of the load / state")
     for name, row in table.items():
+        if name.startswith("_"):
+            continue
         save, load = row.get("save"), row.get("load")
         file_bytes = (save or load)["file_bytes"]
         print(f"{name} | {save['median_s']:.2f}" if save else f"{name} | -", end="")
@@ -273,8 +289,32 @@ def _print(mib: int, table: dict) -> None:
         print(f"{file_bytes / 1e6:.0f} | " + (f"{load['peak_over_state']:.2f}" if load else "-"))
 
 
+def markdown(path: Path) -> str:
+    """The results at ``path`` as the table of docs/checkpoints.md."""
+    states = json.loads(path.read_text())["states"]
+    lines = ["| state | tool | save s | load s | file MB | peak memory of the load / state |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for state, table in states.items():
+        for name, row in table.items():
+            if name.startswith("_"):
+                continue
+            save, load = row.get("save"), row.get("load")
+            lines.append(f"| {state} | {name} | " + (f"{save['median_s']:.2f}" if save else "") +
+                         " | " + (f"{load['median_s']:.2f}" if load else "") +
+                         f" | {(save or load)['file_bytes'] / 1e6:.0f} | " +
+                         (f"{load['peak_over_state']:.2f}" if load else "") + " |")
+        run = table["_run"]
+        lines.append(f"| {state}: {run['rounds']} round(s); load average "
+                     f"{run['load_average_at_start'][0]:.0f} at the start, "
+                     f"{run['load_average_at_end'][0]:.0f} at the end | | | | | |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+    elif len(sys.argv) > 1 and sys.argv[1] == "--table":
+        print(markdown(Path(sys.argv[2]) if len(sys.argv) > 2 else
+                       REPO / "benchmarks/results/checkpoints.json"))
     else:
         main()

@@ -129,9 +129,12 @@ def check(path: str, head: bytes) -> None:
     if is_sealed(head):
         _check_sealed(path, size)
     elif head.startswith(_HDF5_SIGNATURE):
+        old_format = len(head) <= 8 or head[8] < 2  # superblock 0 or 1: no checksums on structures
+        if old_format:
+            _PROBER.start()  # its start (importing h5py) overlaps the heap scan
         _check_global_heaps(path, size)
-        if len(head) <= 8 or head[8] < 2:
-            probe(path)  # superblock 0 or 1: HDF5's structures there carry no checksums
+        if old_format:
+            probe(path)
     else:  # the HDF5 data after a user block, but not cstream's header before it
         raise damaged(path, f"its first {USERBLOCK} bytes, the header cstream.save writes, are "
                             f"damaged (they do not start with cstream's tag {TAG!r})")
@@ -232,6 +235,11 @@ class _Prober:
                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             self.owner = os.getpid()
         return self.proc
+
+    def start(self) -> None:
+        """Starts the child now if it is not running, so that it is ready by the first probe."""
+        with self.lock:
+            self._start()
 
     def stop(self) -> None:
         if self.proc is not None and self.owner == os.getpid() and self.proc.poll() is None:
