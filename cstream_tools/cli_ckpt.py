@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from cstream_tools.cli import CLIError
+from cstream_tools.cli_errors import CLIError
 
 
 def add_parser(subparsers) -> None:
