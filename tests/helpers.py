@@ -1,6 +1,6 @@
 """What several test files share (imported as ``helpers``: pytest puts ``tests/`` on the path):
-the ``cstream`` command in a subprocess and its summary table, the live actors, the small
-models."""
+the ``cstream`` command in a subprocess and its summary table, the small models (the input
+side's own are in ``input_helpers``)."""
 
 import os
 import re
@@ -29,13 +29,6 @@ def table_rows(text):
             rows[parts[0]] = parts[1]
     return rows
 
-
-
-def cstream_actors(ray) -> list[str]:
-    """The names of the live Ray actors cstream started (the wafer driver, the input workers),
-    sorted."""
-    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                  if a["name"].startswith("cstream"))
 
 
 class TinyLM(torch.nn.Module):

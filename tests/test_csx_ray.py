@@ -15,7 +15,8 @@ import torch
 from torch.utils.data import BatchSampler, SequentialSampler, TensorDataset
 
 import cstream as cstorch
-from helpers import cstream_actors
+
+from input_helpers import cstream_actors
 
 REPO = Path(__file__).resolve().parents[1]
 

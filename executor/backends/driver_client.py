@@ -52,7 +52,7 @@ def _ray_get(ref):
 def _unpacked(values: list) -> list:
     """The tensors of :meth:`WaferDriver.collect_packed`'s or ``fetch_packed``'s reply, each on
     memory of its own (a closure may keep or change it)."""
-    from workers.input_worker import PackedTensor, unpack_tensor
+    from workers.wire import PackedTensor, unpack_tensor
 
     return [unpack_tensor(v) if isinstance(v, PackedTensor) else v for v in values]
 
