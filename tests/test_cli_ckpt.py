@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import cstream
-from cstream.cli import main
+from cstream_tools.cli import main
 from cstream.saving import to_eager
 
 REPO = Path(__file__).resolve().parents[1]
@@ -147,7 +147,7 @@ def test_the_console_script_converts_and_python_dash_m_reports_errors(checkpoint
     assert done.returncode == 0, done.stderr
     assert torch.load(tmp_path / "c.pt")["step"] == 5
     (tmp_path / "bad.h5").write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(100))
-    done = subprocess.run([sys.executable, "-m", "cstream.cli", "ckpt", "inspect",
+    done = subprocess.run([sys.executable, "-m", "cstream_tools.cli", "ckpt", "inspect",
                            str(tmp_path / "bad.h5")], capture_output=True, text=True, env=_env(),
                           timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr

@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from cstream.cli import CLIError
+from cstream_tools.cli_errors import CLIError
 
 
 # names that mark a checkpoint, damaged or not: cstream's and the real package's (.h5), the seed's
