@@ -64,4 +64,12 @@ __all__ = [
     "cirh", "lib", "storage",
 ]
 
-from cstream import experimental  # noqa: E402  (re-exports the names above)
+# cstream.experimental holds the same names (and its own two): the top level's are copied into
+# it here, once they are all bound, and its subpackage paths alias the top level's.
+from cstream import experimental  # noqa: E402
+import sys as _sys  # noqa: E402
+
+experimental.__dict__.update({n: globals()[n] for n in __all__ if n != "experimental"})
+experimental.__all__ = [n for n in __all__ if n != "experimental"] + experimental.__all__
+for _name in ("amp", "distributed", "metrics", "optim", "utils"):
+    _sys.modules[f"cstream.experimental.{_name}"] = globals()[_name]

@@ -333,12 +333,12 @@ class DataExecutor:
         except GeneratorExit:
             raise
         except InputWorkerError as e:
-            self.stop_reason = self.stop_reason or _describe(e)
+            self.stop_reason = self.stop_reason or stop_reason(e)
             # the input_fn's failure as the worker reported it, with the traceback of this
             # run's machinery left out: the user's loop, then this line
             raise e.with_traceback(None)  # noqa: B904 (its __cause__ is kept)
         except BaseException as e:
-            self.stop_reason = self.stop_reason or _describe(e)
+            self.stop_reason = self.stop_reason or stop_reason(e)
             raise
         finally:
             self.closures.take_all()
@@ -471,9 +471,7 @@ class DataExecutor:
 
         self.report = report.summarize_profile(profile)
         profile["report"] = self.report
-        tmp = self.run_dir / "profile.json.tmp"
-        tmp.write_text(json.dumps(profile, indent=1, default=float))
-        os.replace(tmp, self.run_dir / "profile.json")
+        report_writers.write_profile(self.run_dir / "profile.json", profile)
         report_writers.write_steps_parquet(self.run_dir / "steps.parquet", steps)
         timeline.write_trace(self.run_dir / "trace.json", profile)
         if self.writer is not None:
@@ -499,9 +497,9 @@ class DataExecutor:
             return
         profile["interrupted"]["reason"] = reason
         profile["report"]["interrupted"] = profile["interrupted"]
-        tmp = path.with_name("profile.json.tmp")
-        tmp.write_text(json.dumps(profile, indent=1, default=float))
-        os.replace(tmp, path)
+        from executor import report_writers
+
+        report_writers.write_profile(path, profile)
 
 
 def new_run_dir(root: Path) -> Path:
@@ -569,7 +567,7 @@ def _machine_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _describe(e: BaseException) -> str:
+def stop_reason(e: BaseException) -> str:
     """``Type: first line of the message`` of an exception that ended a run."""
     if isinstance(e, KeyboardInterrupt):
         return "KeyboardInterrupt (Ctrl-C)"

@@ -275,7 +275,7 @@ class WaferDriver:
     def _open_input(self, dataloader, cs_config, resume_states, policy, workers_ahead):
         self._close_run()
         if self.use_ray_workers:
-            from workers.coordinator import CoordinatedInputStream as Stream
+            from workers.stream import configured_stream as Stream
         else:
             workers_ahead = None  # in-process streams start no workers
             from workers.local_stream import LocalInputStream as Stream
@@ -347,14 +347,14 @@ class WaferDriver:
     # (a torch tensor would go through torch.save and torch.load, ~0.1 ms each way per tensor)
     def collect_packed(self, since: int, until: int, indices: list, ack: int = -1,
                        more: int = 0) -> Collected:
-        from workers.input_worker import pack_tensor
+        from workers.wire import pack_tensor
 
         got = self.collect(since, until, indices, ack, more)
         got.values = [pack_tensor(v) for v in got.values]
         return got
 
     def fetch_packed(self, step: int, indices: list) -> tuple[list, list]:
-        from workers.input_worker import pack_tensor
+        from workers.wire import pack_tensor
 
         values, stats = self.fetch(step, indices)
         return [pack_tensor(v) for v in values], stats

@@ -16,6 +16,8 @@ from torch.utils.data import BatchSampler, SequentialSampler, TensorDataset
 
 import cstream as cstorch
 
+from input_helpers import cstream_actors
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -135,15 +137,10 @@ def test_rate_read_in_closures_is_timed_by_the_wafers_step_ends(ray_session):
         assert read[k][1] == pytest.approx(8 * k / (ends[k] - ends[0]), rel=1e-3), k
 
 
-def _cstream_actors(ray):
-    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                  if a["name"].startswith("cstream"))
-
-
 @pytest.mark.timeout(900)  # three runs' actor start-ups on a loaded machine; a hang still fails
 def test_no_actor_is_left_after_a_normal_end_an_exception_and_a_keyboard_interrupt(ray_session):
     ray = ray_session
-    before = _cstream_actors(ray)
+    before = cstream_actors(ray)
 
     def body(fail):
         backend = cstorch.backend("CSX")
@@ -163,9 +160,9 @@ def test_no_actor_is_left_after_a_normal_end_an_exception_and_a_keyboard_interru
     with pytest.raises(KeyboardInterrupt):
         body(KeyboardInterrupt())
     deadline = time.time() + 60  # killed actors leave asynchronously; a busy machine is slower
-    while _cstream_actors(ray) != before and time.time() < deadline:
+    while cstream_actors(ray) != before and time.time() < deadline:
         time.sleep(0.2)
-    assert _cstream_actors(ray) == before
+    assert cstream_actors(ray) == before
 
 
 @pytest.mark.timeout(600)  # a run that hangs on the failed worker fails here, a slow one does not

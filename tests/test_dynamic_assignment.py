@@ -3,7 +3,7 @@
 Workers take global batch numbers as they become free and the stream puts the batches back
 into order (workers/coordinator.py). The tests assert on the sequence of global batches itself,
 as tests/test_sharding.py does: first with workers simulated in-process and numbers handed out
-in an arbitrary order, then on Ray (CoordinatedInputStream), across a killed worker and a
+in an arbitrary order, then on Ray (the stream a run opens), across a killed worker and a
 resume with another worker count.
 """
 
@@ -21,12 +21,15 @@ from torch.utils.data import BatchSampler, RandomSampler
 from workers import CSConfig, sharding
 from workers.context import BatchAssignment, WorkerInfo, batch_assignment, worker_context
 from workers.assignment import cost_summary
-from workers.coordinator import CoordinatedInputStream
 from workers.dataloader import DataLoader
 from workers.flow import FlowPolicy
 from workers.resume import ResumeStates
 from workers.resume import Source
-from workers.sharding import ShardedSampler, dynamic_assignment_support
+from workers.loaders import dynamic_assignment_support
+from workers.sharding import ShardedSampler
+from workers.stream import configured_stream
+
+from input_helpers import client_sequence, read_steps
 
 from test_sharding import TOPOLOGIES
 
@@ -64,23 +67,6 @@ def shuffled_ids_fn(n=24, batch_size=4, marker=None, release_ids=()):
     return torch.utils.data.DataLoader(Ids(), batch_sampler=ShardedSampler(batches))
 
 
-def client_sequence(steps, **kwargs):
-    """The global batches the CPU backend (one process) streams: what the wafer must see."""
-    loader = DataLoader(shuffled_ids_fn, **kwargs)
-    source = Source(loader, loader.build())
-    return [next(source).tolist() for _ in range(steps)]
-
-
-def read_steps(streams, steps):
-    """The wafer's view: each step, every CS-X's part in CS-X order, joined."""
-    out, workers = [], []
-    for _ in range(steps):
-        parts = [s.next() for s in streams]
-        out.append([i for b, _ in parts for i in b.tolist()])
-        workers.append([info.local_worker_id for _, info in parts])
-    return out, workers
-
-
 def stream_policy(cfg):
     """The streams' flow policy: two numbers held a worker, and replies of at most
     ``batches_per_fetch`` batches whatever their size."""
@@ -89,7 +75,7 @@ def stream_policy(cfg):
 
 def open_streams(cfg, prefix, **kwargs):
     loader = kwargs.pop("loader", None) or DataLoader(shuffled_ids_fn)
-    return [CoordinatedInputStream(loader, cfg, c, name_prefix=f"{prefix}",
+    return [configured_stream(loader, cfg, c, name_prefix=f"{prefix}",
                                    policy=stream_policy(cfg), **kwargs)
             for c in range(cfg.num_csx)]
 
@@ -130,7 +116,7 @@ def assign_in_any_order(C, W, steps, seed):
 @pytest.mark.parametrize("C,W", TOPOLOGIES)
 def test_any_assignment_of_numbers_to_workers_reassembles_the_global_sequence(C, W):
     steps = 18  # three epochs of 6 global batches
-    expected = client_sequence(steps)
+    expected = client_sequence(shuffled_ids_fn, steps)
     for seed in (0, 1):
         by_csx = assign_in_any_order(C, W, steps, seed)
         got = [[i for c in range(C) for i in by_csx[c][s]] for s in range(steps)]
@@ -140,7 +126,7 @@ def test_any_assignment_of_numbers_to_workers_reassembles_the_global_sequence(C,
 
 
 def test_a_worker_given_no_batch_of_an_epoch_still_draws_the_next_epochs_shuffle():
-    expected = client_sequence(18)
+    expected = client_sequence(shuffled_ids_fn, 18)
     info = WorkerInfo(local_worker_id=1, num_workers_per_csx=3)
     assignment = BatchAssignment()
     assignment.extend(1, [16, 17])  # sends applied in order: 0 first
@@ -210,7 +196,7 @@ def test_input_assignment_is_checked_with_the_rule():
 @pytest.mark.parametrize("C,W", [(1, 4), (2, 2), (1, 8)])
 def test_dynamic_stream_delivers_the_single_process_sequence(ray_session, C, W):
     steps = 20  # more than three epochs
-    expected = client_sequence(steps)
+    expected = client_sequence(shuffled_ids_fn, steps)
     streams = open_streams(CSConfig(num_csx=C, num_workers_per_csx=W), f"dyn{C}x{W}")
     try:
         got, _ = read_steps(streams, steps)
@@ -227,19 +213,19 @@ def test_dynamic_stream_delivers_the_single_process_sequence(ray_session, C, W):
 def test_a_slow_batch_holds_back_only_its_own_worker(ray_session, tmp_path):
     # worker 0 is stuck on its first batch (step 0; it holds step 4 behind it with 2 numbers a
     # worker) until another worker has produced step 28: the others go on meanwhile
-    expected = client_sequence(40, n=200)  # one epoch: each id in one batch only
+    expected = client_sequence(shuffled_ids_fn, 40, n=200)  # one epoch: each id in one batch only
     release = 28
     loader = DataLoader(shuffled_ids_fn, n=200, marker=str(tmp_path / "go"),
                         release_ids=tuple(expected[release]))
     streams = open_streams(CSConfig(num_workers_per_csx=4), "slowbatch", loader=loader)
     try:
-        assert streams[0].window_batches > release
+        assert streams[0].assignment.window_batches > release
         got, workers = read_steps(streams, 40)
     finally:
         close_all(streams)
     assert got == expected
     producer = [w[0] for w in workers]
-    held = streams[0].assigned_per_worker
+    held = streams[0].assignment.book.assigned_per_worker
     assert [s for s in range(release + 1) if producer[s] == 0] == [4 * i for i in range(held)]
 
 
@@ -261,7 +247,7 @@ def test_the_workers_fill_the_whole_reorder_window_while_the_wafer_waits(ray_ses
     # the lead a slow batch needs is the window, not a few batches a worker
     import time as _time
 
-    stream = CoordinatedInputStream(DataLoader(large_batches_fn), CSConfig(num_workers_per_csx=2),
+    stream = configured_stream(DataLoader(large_batches_fn), CSConfig(num_workers_per_csx=2),
                                     0, name_prefix="fillwin",
                                     policy=FlowPolicy(reorder_window_batches_per_worker=12))
     try:
@@ -280,7 +266,7 @@ def test_input_faster_than_the_wafer_goes_several_batches_to_a_reply(ray_session
     # chunks, not one number (one assign call, one reply) per step
     import time as _time
 
-    stream = CoordinatedInputStream(DataLoader(large_batches_fn), CSConfig(num_workers_per_csx=2),
+    stream = configured_stream(DataLoader(large_batches_fn), CSConfig(num_workers_per_csx=2),
                                     0, name_prefix="refill",
                                     policy=FlowPolicy(reorder_window_batches_per_worker=32))
     try:
@@ -306,12 +292,12 @@ def test_a_killed_worker_is_replaced_without_losing_or_repeating_a_batch(ray_ses
         ray_session.kill(ray_session.get_actor("dynkill-csx0-w1"))
         # the workers may have made every batch of the reorder window before the kill: read
         # past it, so that numbers are handed out after the kill, the idle dead worker's first
-        after = streams[0].window_batches + 8
+        after = streams[0].assignment.window_batches + 8
         more, _ = read_steps(streams, after)
         stats = streams[0].stats()
     finally:
         close_all(streams)
-    assert got + more == client_sequence(5 + after)
+    assert got + more == client_sequence(shuffled_ids_fn, 5 + after)
     assert [w["restarts"] for w in stats["workers"]] == [0, 1, 0, 0]
 
 
@@ -331,7 +317,7 @@ def test_a_resume_with_another_worker_count_continues_the_sequence_exactly(ray_s
     cfg2 = CSConfig(num_csx=new[0], num_workers_per_csx=new[1], input_assignment=modes[1])
     states = ResumeStates(states).remap(cfg2.num_csx, cfg2.num_workers_per_csx)
     loader = DataLoader(shuffled_ids_fn)
-    streams = [CoordinatedInputStream(loader, cfg2, c, name_prefix="resume-b",
+    streams = [configured_stream(loader, cfg2, c, name_prefix="resume-b",
                                       policy=stream_policy(cfg2),
                                       resume_states=[st for st in states if st.wse_id == c])
                for c in range(cfg2.num_csx)]
@@ -341,7 +327,7 @@ def test_a_resume_with_another_worker_count_continues_the_sequence_exactly(ray_s
     finally:
         close_all(streams)
     assert mode == modes[1]
-    assert first + second == client_sequence(first_steps + rest)
+    assert first + second == client_sequence(shuffled_ids_fn, first_steps + rest)
 
 
 def ids_without_sampler(n=8):
@@ -398,7 +384,7 @@ def test_the_wafer_sees_the_single_process_sequence_and_the_report_says_dynamic(
     from executor.report_text import format_summary
 
     seen, report = run_ids(CSConfig(num_csx=2, num_workers_per_csx=2), 14)
-    assert seen == client_sequence(14)
+    assert seen == client_sequence(shuffled_ids_fn, 14)
     a = report["input_assignment"]
     assert (a["requested"], a["mode"]) == ("dynamic", "dynamic")
     assert a["reorder_window"]["max_batches"] <= a["reorder_window"]["capacity_batches"]

@@ -16,11 +16,12 @@ import torch
 from torch.utils.data import BatchSampler, SequentialSampler
 
 from workers import CSConfig
-from workers.coordinator import CoordinatedInputStream
 from workers.dataloader import DataLoader
 from workers.errors import InputWorkerError
 from workers.flow import FlowPolicy
 from workers.sharding import ShardedSampler
+from workers.stream import configured_stream
+
 
 FAIL_AT = 13  # the global batch that fails (0-based): step 14
 READ_TIMEOUT_S = 300.0  # far beyond what a loaded machine needs
@@ -67,7 +68,7 @@ def fail(mode, C, W):
     cfg = CSConfig(num_csx=C, num_workers_per_csx=W, input_assignment=mode,
                    straggler_timeout_s=30.0)
     policy = FlowPolicy.from_config(cfg, small_reply_batches=1, assigned_batches_per_worker=2)
-    streams = [CoordinatedInputStream(DataLoader(failing_rows_fn), cfg, c, policy=policy,
+    streams = [configured_stream(DataLoader(failing_rows_fn), cfg, c, policy=policy,
                                       name_prefix=f"err-{mode}{C}x{W}") for c in range(C)]
     steps, error = [], []
 

@@ -389,6 +389,48 @@ def test_workers_import_nothing_from_executor_or_cstream():
                 assert name.split(".")[0] not in ("executor", "cstream"), (path.name, name)
 
 
+def _workers_imports() -> dict[str, set[str]]:
+    """Each module of ``workers/`` and the modules of ``workers/`` it imports, at its top or
+    inside a function (``from workers import x`` counts as importing ``workers.x`` where that
+    is a module)."""
+    modules = {p.stem for p in (REPO / "workers").glob("*.py") if p.stem != "__init__"}
+    graph = {}
+    for m in modules:
+        deps = set()
+        for node in ast.walk(ast.parse((REPO / "workers" / f"{m}.py").read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module == "workers":
+                names = [f"workers.{a.name}" for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            deps |= {n.split(".")[1] for n in names
+                     if n.startswith("workers.") and n.split(".")[1] in modules}
+        graph[m] = deps - {m}
+    return graph
+
+
+def test_the_modules_of_workers_import_each_other_without_a_circle():
+    graph = _workers_imports()
+    assert graph["input_worker"] >= {"wire", "resume"}  # the walk sees imports at all
+    circles = []
+
+    def visit(m, path):
+        for d in sorted(graph[m]):
+            if d in path:
+                circles.append(path[path.index(d):] + [d])
+            elif d not in done:
+                visit(d, path + [d])
+        done.add(m)
+
+    done: set[str] = set()
+    for m in sorted(graph):
+        if m not in done:
+            visit(m, [m])
+    assert circles == []
+
+
 def test_the_ray_address_is_read_once_in_cstream_backend(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6390")
     backend = cstorch.backend("CSX", in_process=True)

@@ -18,7 +18,8 @@ import cstream as cstorch
 from workers.config import CSConfig
 from workers.stall import STALL_COST_FACTOR, STALL_FLOOR_S, stall_bound
 
-from test_cli_run import cstream, table_rows
+from helpers import cstream, table_rows
+from input_helpers import cstream_actors
 
 HERE = os.path.abspath(__file__)
 STALL_LINE = "_GATES[gate].wait()  # the stall: nothing sets this gate in a worker"
@@ -85,11 +86,6 @@ def run_ids(steps, cs_config, in_process, **kwargs):
     return seen, error
 
 
-def _cstream_actors(ray):
-    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                  if a["name"].startswith("cstream"))
-
-
 def _gone(pid) -> bool:
     try:
         os.kill(pid, 0)
@@ -129,7 +125,7 @@ def check_stall_message(e, step_expected=None, worker=1, owed_first=None):
 def test_a_worker_stuck_for_ever_ends_the_run_with_input_stall_error_naming_it(
         ray_session, assignment):
     ray = ray_session
-    before = _cstream_actors(ray)
+    before = cstream_actors(ray)
     cs = CSConfig(num_workers_per_csx=2, input_stall_timeout_s=3, input_assignment=assignment)
     seen, e = run_ids(40, cs, in_process=False, gate="ray")
     assert e is not None, "the run ended without a stall"
@@ -142,9 +138,9 @@ def test_a_worker_stuck_for_ever_ends_the_run_with_input_stall_error_naming_it(
             o["local_worker_id"] != 1 for o in e.owed[1:])
     # the stuck worker was killed: its actor and its process are gone
     deadline = time.time() + 60  # killed actors leave asynchronously; a busy machine is slower
-    while (_cstream_actors(ray) != before or not _gone(pid)) and time.time() < deadline:
+    while (cstream_actors(ray) != before or not _gone(pid)) and time.time() < deadline:
         time.sleep(0.2)
-    assert _cstream_actors(ray) == before
+    assert cstream_actors(ray) == before
     assert _gone(pid)
 
 
@@ -214,7 +210,7 @@ def test_with_two_cs_x_the_error_names_the_one_whose_part_is_missing():
 @pytest.mark.parametrize("in_process", [False, True])
 def test_a_first_batch_that_never_comes_ends_the_run_before_its_first_step(request, in_process):
     ray = None if in_process else request.getfixturevalue("ray_session")
-    before = None if in_process else _cstream_actors(ray)
+    before = None if in_process else cstream_actors(ray)
     gate = f"first-{in_process}"
     try:
         seen, e = run_ids(10, CSConfig(num_workers_per_csx=2, input_stall_timeout_s=3),
@@ -226,9 +222,9 @@ def test_a_first_batch_that_never_comes_ends_the_run_before_its_first_step(reque
     assert e.owed[0]["batches"][0] == (0, 1) and seen == []
     if not in_process:  # the input workers were killed with the run
         deadline = time.time() + 60
-        while (_cstream_actors(ray) != before or not _gone(pid)) and time.time() < deadline:
+        while (cstream_actors(ray) != before or not _gone(pid)) and time.time() < deadline:
             time.sleep(0.2)
-        assert _cstream_actors(ray) == before and _gone(pid)
+        assert cstream_actors(ray) == before and _gone(pid)
 
 
 @pytest.mark.timeout(300)

@@ -19,11 +19,14 @@ from torch.utils.data import BatchSampler, RandomSampler
 
 from workers import CSConfig
 from workers.context import BatchAssignment, WorkerInfo, batch_assignment, worker_context
-from workers.coordinator import CoordinatedInputStream
 from workers.dataloader import DataLoader
 from workers.flow import FlowPolicy
 from workers.resume import Source
-from workers.sharding import ShardedSampler, draws_ahead, dynamic_assignment_support
+from workers.loaders import draws_ahead, dynamic_assignment_support
+from workers.sharding import ShardedSampler
+from workers.stream import configured_stream
+
+from input_helpers import SampleIds, client_sequence, read_steps
 
 N, BATCH = 24, 4  # 6 global batches an epoch
 EPOCH = N // BATCH
@@ -53,15 +56,6 @@ class ReadAhead:
 def ids_fn(num_workers=2, prefetch_factor=None, persistent_workers=False, pin_memory=False,
            read_ahead=0, in_order=True):
     """Global batches of sample ids, reshuffled every epoch by the sampler's own generator."""
-    ids = torch.arange(1000, 1000 + N)
-
-    class Ids(torch.utils.data.Dataset):
-        def __len__(self):
-            return N
-
-        def __getitem__(self, i):
-            return ids[i]
-
     order = RandomSampler(range(N), generator=torch.Generator().manual_seed(11))
     sampler = ShardedSampler(BatchSampler(order, batch_size=BATCH, drop_last=True))
     if read_ahead:
@@ -70,41 +64,8 @@ def ids_fn(num_workers=2, prefetch_factor=None, persistent_workers=False, pin_me
     if num_workers:
         options = dict(prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                        in_order=in_order)
-    return torch.utils.data.DataLoader(Ids(), batch_sampler=sampler, num_workers=num_workers,
+    return torch.utils.data.DataLoader(SampleIds(N), batch_sampler=sampler, num_workers=num_workers,
                                        pin_memory=pin_memory, **options)
-
-
-def client_sequence(steps):
-    """The global batches one process streams (the CPU backend): what the wafer must see."""
-    loader = DataLoader(ids_fn, num_workers=0)
-    source = Source(loader, loader.build())
-    return [next(source).tolist() for _ in range(steps)]
-
-
-READ_TIMEOUT_S = 300.0  # far beyond what a loaded machine needs; a deadlock never ends
-
-
-def read_steps(streams, steps):
-    """The wafer's view: each step, every CS-X's part in CS-X order, joined. Read in a thread
-    and waited for at most READ_TIMEOUT_S: a stream that waits forever fails the test."""
-    out, error = [], []
-
-    def read():
-        try:
-            for _ in range(steps):
-                out.append([i for s in streams for i in s.next()[0].tolist()])
-        except BaseException as e:  # noqa: BLE001 (re-raised below)
-            error.append(e)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(READ_TIMEOUT_S)
-    if reader.is_alive():
-        pytest.fail(f"the streams delivered {len(out)} of {steps} steps in {READ_TIMEOUT_S} s "
-                    "and are still waiting")
-    if error:
-        raise error[0]
-    return out
 
 
 def open_streams(cfg, prefix, loader, resume=None, assigned_batches_per_worker=2):
@@ -112,7 +73,7 @@ def open_streams(cfg, prefix, loader, resume=None, assigned_batches_per_worker=2
     size, and a worker holds ``assigned_batches_per_worker`` numbers."""
     policy = FlowPolicy.from_config(cfg, small_reply_batches=1,
                                     assigned_batches_per_worker=assigned_batches_per_worker)
-    return [CoordinatedInputStream(
+    return [configured_stream(
         loader, cfg, c, name_prefix=prefix, policy=policy,
         resume_states=None if resume is None else [st for st in resume if st.wse_id == c])
         for c in range(cfg.num_csx)]
@@ -123,7 +84,7 @@ def run_and_resume(cfg, prefix, loader, first_steps, rest, **options):
     returns both parts and the assignment stats of each stream."""
     streams = open_streams(cfg, f"{prefix}-a", loader, **options)
     try:
-        first = read_steps(streams, first_steps)
+        first, _ = read_steps(streams, first_steps)
         states = [st for s in streams for st in s.worker_states()]
         stats = [s.stats()["assignment"] for s in streams]
     finally:
@@ -131,7 +92,7 @@ def run_and_resume(cfg, prefix, loader, first_steps, rest, **options):
             s.close()
     streams = open_streams(cfg, f"{prefix}-b", loader, resume=states, **options)
     try:
-        second = read_steps(streams, rest)
+        second, _ = read_steps(streams, rest)
         stats += [s.stats()["assignment"] for s in streams]
     finally:
         for s in streams:
@@ -172,7 +133,8 @@ def test_a_read_ahead_sampler_saves_the_position_after_the_batches_the_loader_yi
     # the wrapper drew 6 index batches (all of epoch 0) to yield 2: the position is after 2
     assert state["next_global_batch"] == 2
     resumed = Source(loader, loader.build(), source.position())
-    assert [next(resumed).tolist() for _ in range(6)] == client_sequence(8)[2:]
+    assert [next(resumed).tolist() for _ in range(6)] == \
+        client_sequence(ids_fn, 8, num_workers=0)[2:]
 
 
 def test_a_dynamic_worker_reports_a_look_ahead_it_was_not_granted():
@@ -197,7 +159,7 @@ def test_a_dynamic_worker_reports_a_look_ahead_it_was_not_granted():
     assert woken == [True]
     assignment.extend(1, [2])
     producer.join(10)
-    assert got == client_sequence(1)
+    assert got == client_sequence(ids_fn, 1, num_workers=0)
     assert assignment.waiting_ahead == 0
     assert assignment.pop_taken() == 0
 
@@ -218,7 +180,7 @@ def test_a_dataloader_with_worker_processes_streams_and_resumes_exactly(ray_sess
     cfg = CSConfig(num_csx=C, num_workers_per_csx=W, straggler_timeout_s=30.0)
     first, second, stats = run_and_resume(cfg, f"pf{C}x{W}{len(options)}", loader,
                                           first_steps, rest)
-    expected = client_sequence(first_steps + rest)
+    expected = client_sequence(ids_fn, first_steps + rest, num_workers=0)
     assert first == expected[:first_steps]
     assert second == expected[first_steps:]
     assert_exactly_once_per_epoch(first + second)
@@ -233,7 +195,7 @@ def test_a_user_read_ahead_wrapper_is_granted_what_it_draws_ahead(ray_session):
     # 1, then 2, then 3 drawn; each time the worker reports it and is granted one more
     first, second, stats = run_and_resume(cfg, "pfwrap", loader, 7, 6,
                                           assigned_batches_per_worker=1)
-    expected = client_sequence(13)
+    expected = client_sequence(ids_fn, 13, num_workers=0)
     assert first + second == expected
     assert_exactly_once_per_epoch(first + second)
     assert {a["mode"] for a in stats} == {"dynamic"}
@@ -247,7 +209,7 @@ def test_a_loader_yielding_out_of_order_falls_back_to_static_and_says_why(ray_se
     loader = DataLoader(ids_fn, num_workers=2, in_order=False)
     streams = open_streams(CSConfig(num_workers_per_csx=2), "pfstatic", loader)
     try:
-        got = read_steps(streams, 4)
+        got, _ = read_steps(streams, 4)
         a = streams[0].stats()["assignment"]
     finally:
         streams[0].close()
@@ -297,7 +259,7 @@ def test_the_wafer_runs_a_dataloader_with_worker_processes_and_resumes_from_a_ch
         ray_session):
     cfg = CSConfig(num_workers_per_csx=2, straggler_timeout_s=30.0)
     seen, saved, report = run_executor(cfg, 8, checkpoint_at=5)
-    expected = client_sequence(14)
+    expected = client_sequence(ids_fn, 14, num_workers=0)
     assert seen == expected[:8]
     a = report["input_assignment"]
     assert (a["requested"], a["mode"]) == ("dynamic", "dynamic")

@@ -729,7 +729,8 @@ def parquet_in_torch_processes(paths):
 def test_an_input_worker_reading_parquet_in_torch_processes_keeps_round_robin_and_says_why(
         parquet_files):
     from workers.dataloader import DataLoader
-    from workers.input_worker import InputWorkerImpl, unpack_reply
+    from workers.input_worker import InputWorkerImpl
+    from workers.wire import unpack_reply
 
     worker = InputWorkerImpl(DataLoader(parquet_in_torch_processes, parquet_files),
                              WorkerInfo(local_worker_id=1, num_workers_per_csx=2), dynamic=True)
@@ -764,7 +765,7 @@ def test_parquet_in_torch_processes_resumes_by_batch_count(parquet_files):
 
 
 def test_which_parquet_loaders_can_be_assigned_dynamically(parquet_files):
-    from workers.sharding import dynamic_assignment_support
+    from workers.loaders import dynamic_assignment_support
 
     ds = ParquetDataset(parquet_files, columns=["x"], batch_size=2)
     assert dynamic_assignment_support(ds) == (

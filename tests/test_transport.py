@@ -8,14 +8,15 @@ import pickle
 import pytest
 import torch
 
-from workers.input_worker import Reply, _chunk_reply, unpack_reply
+from workers.positions import WorkerPosition
+from workers.wire import Reply, chunk_reply, unpack_reply
 
 Pair = collections.namedtuple("Pair", "x y")
 
 
 def _items(batches, position=None):
     return [{"kind": "batch", "index": i, "batch": b, "nbytes": 0,
-             "after": {"worker_step": i + 1, "user_state_dict": position}}
+             "after": WorkerPosition(i + 1, 0, position)}
             for i, b in enumerate(batches)]
 
 
@@ -65,7 +66,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_batches_of_one_structure_travel_as_columns_and_arrive_as_produced(case, copy):
     batches = _gen(5, CASES[case])
-    reply = _chunk_reply(0, _items(batches))
+    reply = chunk_reply(0, _items(batches))
     assert "columns" in reply and all("batch" not in it for it in reply["items"])
     got = _travel(reply, copy)
     assert [it["index"] for it in got] == list(range(5))
@@ -89,7 +90,7 @@ def test_batches_of_one_structure_travel_as_columns_and_arrive_as_produced(case,
     ("a tensor is sparse", [torch.eye(2).to_sparse(), torch.eye(2).to_sparse()]),
 ])
 def test_batches_that_differ_travel_one_by_one_unchanged(why, batches):
-    reply = _chunk_reply(3, _items(batches))
+    reply = chunk_reply(3, _items(batches))
     assert "columns" not in reply, why
     got = _travel(reply, copy=True)
     for want, it in zip(batches, got):
@@ -102,14 +103,14 @@ def test_batches_that_differ_travel_one_by_one_unchanged(why, batches):
 def test_an_error_in_a_chunk_ends_it_and_the_batches_before_it_arrive():
     items = _items([torch.ones(2) * i for i in range(3)])
     items.append({"kind": "error", "index": 3, "exc_type": "ValueError", "exc_message": "bad"})
-    got = _travel(_chunk_reply(0, items), copy=True)
+    got = _travel(chunk_reply(0, items), copy=True)
     assert [it["kind"] for it in got] == ["batch"] * 3 + ["error"]
     assert [float(it["batch"][0]) for it in got[:3]] == [0.0, 1.0, 2.0]
 
 
 def test_a_value_every_position_shares_is_sent_once():
     shared_rng_state = {"global": "x" * 6000}  # a saved generator state: kilobytes
-    reply = _chunk_reply(0, _items([torch.zeros(4)] * 32, position={"rng": shared_rng_state}))
+    reply = chunk_reply(0, _items([torch.zeros(4)] * 32, position={"rng": shared_rng_state}))
     assert len(pickle.dumps(Reply(reply), protocol=5)) < 6000 + 32 * 400
     got = _travel(reply, copy=True)
-    assert all(it["after"]["user_state_dict"]["rng"] == shared_rng_state for it in got)
+    assert all(it["after"].loader["rng"] == shared_rng_state for it in got)

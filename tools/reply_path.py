@@ -82,10 +82,9 @@ class Tracer:
 def follow(plan_name: str, steps: int = 20) -> Tracer:
     from executor.wafer.feed import InputFeed
     from workers.config import CSConfig
-    from workers.coordinator import CoordinatedInputStream
     from workers.dataloader import DataLoader
     from workers.flow import FlowPolicy
-    from workers.stream import CsxInputStream
+    from workers.stream import configured_stream
 
     cfg = CSConfig(num_workers_per_csx=2, input_assignment=plan_name)
     policy = FlowPolicy.from_config(cfg)
@@ -93,8 +92,8 @@ def follow(plan_name: str, steps: int = 20) -> Tracer:
     threading.setprofile(tracer)
     sys.setprofile(tracer)
     try:
-        kind = CoordinatedInputStream if plan_name == "dynamic" else CsxInputStream
-        stream = kind(DataLoader(ids_fn), cfg, 0, policy=policy, name_prefix=f"path-{plan_name}")
+        stream = configured_stream(DataLoader(ids_fn), cfg, 0, policy=policy,
+                                   name_prefix=f"path-{plan_name}")
         feed = InputFeed([stream], policy, cfg)
         feed.start(steps + 2, set())
         feed.take(timeout=30)  # the first step: start-up calls are not the path of a reply

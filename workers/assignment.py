@@ -1,19 +1,14 @@
-"""Which input worker produces which global batch of a CS-X, chosen once when its stream starts.
-
-A stream is given an :class:`AssignmentPlan`: :class:`RoundRobinPlan` (step ``s`` from worker
-``s % W``) or :class:`ConfiguredPlan` (``CSConfig.input_assignment``: dynamic where every
-worker's loader can take part, :func:`workers.sharding.dynamic_assignment_support`, else
-round-robin). The plan says how the workers start (:meth:`AssignmentPlan.spawn_options`); once
-they have, it chooses the :class:`Assignment` -- a :class:`RoundRobin` or a
-:class:`workers.coordinator.DynamicAssignment` -- and the stream asks that one alone from then
-on. An assignment takes replies from the :class:`~workers.link.WorkerLink` s it is given and
-records what the run report needs about stragglers in an :class:`AssignmentRecorder`.
+"""Which input worker produces which global batch of a CS-X: the :class:`Assignment` protocol,
+what an assignment works with (:class:`StreamParts`) and records (:class:`AssignmentRecorder`),
+and the static one, :class:`RoundRobin` (step ``s`` from worker ``s % W``). The dynamic one is
+:class:`workers.coordinator.DynamicAssignment`; :mod:`workers.plans` chooses between them once,
+when a stream's workers have started. An assignment takes replies from the
+:class:`~workers.link.WorkerLink` s it is given.
 """
 
 from __future__ import annotations
 
 import collections
-import copy
 import random
 import time
 from dataclasses import dataclass
@@ -24,28 +19,43 @@ import ray
 from workers.config import CSConfig
 from workers.context import DataLoaderCheckpoint
 from workers.link import LinkSetup, WorkerFailed, WorkerLink
+from workers.placement import NodePlacer
 from workers.replies import WorkerReply
-from workers.resume import ResumeStates, round_robin_step, start_position
-from workers.supervision import StreamState, Supervisor
+from workers.positions import RoundRobinOrder, StreamPosition, WorkerPosition
+from workers.resume import ResumeStates
+from workers.supervision import StreamState, SupervisionRecord, Supervisor
 
-__all__ = ["Assignment", "AssignmentRecorder", "ConfiguredPlan", "RoundRobin", "RoundRobinPlan",
-           "StreamParts", "cost_summary"]
+__all__ = ["Assignment", "AssignmentRecorder", "RoundRobin", "StreamParts", "WorkerPool",
+           "cost_summary"]
 
 _COST_SAMPLES = 4096  # batch costs kept per worker (a uniform sample of all of them)
 _RECENT_COSTS = 64  # the assignment size follows the median of this many recent batch costs
+_CHANGE_SUPPORT_WAIT_S = 60.0  # how long a worker's loader may take to be built, asked this
 
 
 @dataclass
 class StreamParts:
-    """What an assignment works with: the stream's links, their supervisor and setup, and
-    where the stream is (:attr:`state`)."""
+    """What an assignment works with: the stream's links (retired ones stay, marked), their
+    setup, where the stream is (:attr:`state`), and what the assignment's supervisor
+    (:meth:`supervise`) places and records."""
 
     cs_config: CSConfig
     links: list[WorkerLink]
-    supervisor: Supervisor
     setup: LinkSetup
     state: StreamState
     max_batches_ahead: int
+    placer: NodePlacer
+    record: SupervisionRecord
+
+    def supervise(self, **hooks) -> Supervisor:
+        """A supervisor of the links, given the assignment's ``hooks`` (``on_restart``,
+        ``waits_after_restart``: :class:`~workers.supervision.Supervisor`)."""
+        return Supervisor(self.cs_config, self.state, self.links, self.placer, self.record,
+                          **hooks)
+
+    def active_links(self) -> list[WorkerLink]:
+        """The links of the workers taking part (not retired)."""
+        return [link for link in self.links if not link.retired]
 
     @property
     def wse_id(self) -> int:
@@ -64,9 +74,39 @@ class StreamParts:
         return self.state.closed
 
 
+class WorkerPool(Protocol):
+    """What an assignment that changes its workers asks of its stream."""
+
+    def new_link(self, w: int, num_workers: int, at: WorkerPosition, generation: int = 0,
+                 added: bool = False) -> WorkerLink:
+        """A link for local worker ``w`` of ``num_workers``, resuming at ``at`` (not started);
+        ``added``: it joins a running stream."""
+
+    def start(self, links: list[WorkerLink]) -> None:
+        """Start the links' actors and send their first requests."""
+
+    def stop(self, links: list[WorkerLink]) -> None:
+        """Stop the links' producers and kill their actors (their batches are dropped)."""
+
+    def forget_peeked(self) -> None:
+        """Drop the batch the stream holds for its next step (it will be made again)."""
+
+
 class Assignment(Protocol):
     mode: str  # "static" or "dynamic", as the report names it
     reason: str
+    supervisor: Supervisor
+
+    def change_support(self) -> tuple[bool, str]:
+        """Whether :meth:`change_workers` can change this stream's workers, and why (not)."""
+
+    def active_workers(self) -> list[int]:
+        """The local ids of the workers taking part (not retired, nor being retired)."""
+
+    def change_workers(self, add: int, retire: list[int], pool: WorkerPool) -> Assignment:
+        """Add ``add`` workers and retire those of ``retire`` (local worker ids) at the step
+        boundary the stream is at; returns the assignment from then on (this one, or one
+        over re-formed workers)."""
 
     def next_reply(self) -> tuple[WorkerLink, WorkerReply]:
         """The link and reply of global batch ``position()``; a worker's failure raises
@@ -126,6 +166,16 @@ class AssignmentRecorder:
         self.straggler_wait = [0.0] * W
         self.idle_s = [0.0] * W  # each worker's time waiting for its next number
 
+    def add_worker(self) -> None:
+        """One more worker (the next local id) is recorded."""
+        w = len(self.costs)
+        self.costs.append([])
+        self.recent_costs.append(collections.deque(maxlen=_RECENT_COSTS))
+        self._seen.append(0)
+        self._rng.append(random.Random(w))
+        self.straggler_wait.append(0.0)
+        self.idle_s.append(0.0)
+
     def cost(self, w: int, cost) -> None:
         if cost is None:
             return
@@ -166,14 +216,17 @@ class RoundRobin:
         self.parts, self.recorder = parts, recorder
         self.reason = recorder.reason
         self.num_workers = len(parts.links)
+        self.order = RoundRobinOrder(self.num_workers)
+        self.supervisor = parts.supervise()
+        self._change_support: Optional[tuple[bool, str]] = None
 
     def next_reply(self) -> tuple[WorkerLink, WorkerReply]:
         p = self.parts
-        link = p.links[p.position() % self.num_workers]
+        link = p.links[self.order.worker_of(p.position())]
         t0 = time.perf_counter()
         ahead = not link.ready and self._others_ahead(link)
         if not link.ready:
-            link.receive(p.supervisor)
+            link.receive(self.supervisor)
         reply = link.take()
         if reply.failed:
             raise WorkerFailed(link, reply)
@@ -196,39 +249,31 @@ class RoundRobin:
         return bool(done)
 
     def failed_batch(self, link: WorkerLink, reply: WorkerReply) -> Optional[int]:
-        """The round-robin formula: worker ``w``'s batch ``i`` is global batch ``i * W + w``."""
-        return None if reply.index is None else reply.index * self.num_workers + link.w
+        """The round-robin formula (:class:`~workers.positions.RoundRobinOrder`)."""
+        return None if reply.index is None else self.order.global_batch(link.w, reply.index)
 
     def wait_for_keys(self) -> None:
         for link in self.parts.links:
             while link.received < link.keys_until and not link.failed_here():
-                if not link.receive(self.parts.supervisor):
+                if not link.receive(self.supervisor):
                     break
 
     def resume_states(self) -> list[DataLoaderCheckpoint]:
-        out = []
-        for link in self.parts.links:
-            i = link.info
-            out.append(DataLoaderCheckpoint(
-                local_worker_id=i.local_worker_id, num_workers_per_csx=i.num_workers_per_csx,
-                num_csx=i.num_csx, wse_id=i.wse_id, appliance_step=self.parts.position(),
-                worker_step=link.consumed,
-                samples_streamed=int(link.consumed_after.get("samples_streamed", 0)),
-                user_state_dict=copy.deepcopy(link.consumed_after.get("user_state_dict", {})),
-            ))
-        return out
+        p = self.parts
+        return StreamPosition(p.position(), tuple(link.consumed_after for link in p.links)
+                              ).checkpoints(p.cs_config.num_csx, p.wse_id)
 
     def stall_report(self, keys_wait: bool) -> list[dict]:
         """The worker of the next step; while the duplicate check waits for the workers'
         first batches, the workers it waits for."""
-        p, W = self.parts, self.num_workers
+        p = self.parts
         if not keys_wait:
             step = p.position()
-            owing = [(p.links[step % W], [step])]
+            owing = [(p.links[self.order.worker_of(step)], [step])]
         else:
-            owing = [(link, [link.received * W + link.w])
+            owing = [(link, [self.order.global_batch(link.w, link.received)])
                      for link in p.links if link.received < link.keys_until]
-        return p.supervisor.with_stacks(owing, p.first_step)
+        return self.supervisor.with_stacks(owing, p.first_step)
 
     def ready_count(self, peeked: bool) -> int:
         """Batches here (peeked or received) and replies that have arrived."""
@@ -248,91 +293,53 @@ class RoundRobin:
     def close(self) -> None:
         pass
 
+    # -- changing the workers -------------------------------------------------------------
+    def active_workers(self) -> list[int]:
+        return [link.w for link in self.parts.links]
 
-class AssignmentPlan(Protocol):
-    def spawn_options(self, restarts: int) -> dict:
-        """More :class:`~workers.input_worker.InputWorker` arguments for a worker's process
-        (``restarts``: how many times it was restarted before)."""
-
-    def choose(self, parts: StreamParts) -> Assignment:
-        """The assignment, once the workers have started."""
-
-
-class RoundRobinPlan:
-    """Round-robin whatever the configuration asks."""
-
-    def spawn_options(self, restarts: int) -> dict:
-        return {}
-
-    def choose(self, parts: StreamParts) -> Assignment:
-        W = len(parts.links)
-        return RoundRobin(parts, AssignmentRecorder(W, "static", "the stream assigns round-robin"))
-
-
-class ConfiguredPlan:
-    """``CSConfig.input_assignment``: ``"static"`` is round-robin; ``"dynamic"`` starts every
-    worker ready for numbers and, if their loaders all take part, a
-    :class:`~workers.coordinator.DynamicAssignment` (every worker resuming from the furthest
-    position among ``resume_states``, :meth:`workers.resume.ResumeStates.global_position`),
-    else round-robin, saying why."""
-
-    def __init__(self, cs_config: CSConfig, resume_states=None):
-        self.requested = cs_config.input_assignment
-        self.dynamic = self.requested == "dynamic"
-        self.dynamic_start = None
-        if resume_states is not None and self.dynamic:
-            self.dynamic_start = ResumeStates(resume_states).global_position()
-
-    def spawn_options(self, restarts: int) -> dict:
-        if not self.dynamic:
-            return {}
-        start = self.dynamic_start if restarts == 0 else None
-        return {"dynamic": True, "dynamic_start": None if start is None else
-                start.get("user_state_dict") or start_position()}
-
-    def choose(self, parts: StreamParts) -> Assignment:
-        W = len(parts.links)
-        if not self.dynamic:
-            return RoundRobin(parts, AssignmentRecorder(
-                W, self.requested, "CSConfig.input_assignment='static'"))
-        modes, ahead = [], []
-        for link in parts.links:
+    def change_support(self) -> tuple[bool, str]:
+        """Round-robin changes its workers by re-forming them from the exact position, which
+        the workers' loader must keep in global batches
+        (:func:`workers.loaders.worker_change_support`, asked of worker 0 once)."""
+        if self._change_support is None:
             try:
-                mode, why, drawn = ray.get(link.actor.assignment_mode.remote())
-            except ray.exceptions.RayError:
-                mode, why, drawn = "failed", "", 0  # fetch reports what went wrong
-            modes.append((mode, why))
-            ahead.append(drawn)
-        kinds = {m for m, _ in modes if m != "failed"}
-        if kinds == {"dynamic"}:
-            from workers.coordinator import DynamicAssignment
+                got = ray.get(self.parts.links[0].actor.worker_change_support.remote(),
+                              timeout=_CHANGE_SUPPORT_WAIT_S)
+            except ray.exceptions.RayError as e:
+                return False, (f"input worker 0 did not say what its loader can do "
+                               f"({type(e).__name__}) within {_CHANGE_SUPPORT_WAIT_S:.0f} s")
+            self._change_support = (bool(got[0]), str(got[1]))
+        return self._change_support
 
-            return DynamicAssignment(parts, AssignmentRecorder(W, self.requested, modes[0][1]),
-                                     ahead, self.dynamic_start)
-        if "dynamic" in kinds:  # the stream closes itself as it raises
-            raise RuntimeError(
-                f"CS-X {parts.wse_id}: the input workers' loaders disagree on dynamic "
-                f"assignment ({[m for m, _ in modes]}); input_fn must build the same kind "
-                "of loader in every worker.")
-        # a failed build is reported by the first fetch; round-robin then raises it
-        reason = next((why for m, why in modes if m == "static"),
-                      "the input workers could not build their dataloaders")
-        return RoundRobin(parts, AssignmentRecorder(W, self.requested, reason))
+    def change_workers(self, add: int, retire: list[int], pool: WorkerPool) -> Assignment:
+        """Re-form the workers at the step boundary: every worker is stopped, and
+        ``W + add - len(retire)`` new ones start from the exact position after the batches
+        handed out (:meth:`resume_states`, mapped onto the new count as a resume with another
+        worker count is, :meth:`workers.resume.ResumeStates.remap`); the batches the old ones
+        made ahead are made again. Worker ids are then ``0..W' - 1``."""
+        p, W = self.parts, self.num_workers + add - len(retire)
+        ok, why = self.change_support()
+        if not ok:
+            raise ValueError(
+                f"CS-X {p.wse_id}: the workers of this round-robin stream cannot be changed "
+                f"while it runs: {why}.")
+        states = ResumeStates(self.resume_states()).remap(p.cs_config.num_csx, W)
+        at = ResumeStates([st for st in states if st.wse_id == p.wse_id]).checked(p.wse_id, W)
+        assert at.step == p.position(), (at.step, p.position())  # re-formed at the exact step
+        generation = p.links[0].generation + 1
+        pool.forget_peeked()
+        pool.stop(list(p.links))
+        p.links[:] = [pool.new_link(w, W, at.workers[w], generation) for w in range(W)]
+        pool.start(p.links)
+        return RoundRobin(p, AssignmentRecorder(W, self.recorder.requested, self.reason))
 
 
-def dynamic_resume_states(parts: StreamParts, after: Optional[dict]) -> list[DataLoaderCheckpoint]:
-    """Every worker at position ``after`` (the one after the last delivered batch; None: each
-    worker's own); ``worker_step`` values are a round-robin position, so the states resume in
-    either mode."""
-    W, total = len(parts.links), parts.position()
-    out = []
-    for link in parts.links:
-        i = link.info
-        a = after or link.consumed_after
-        out.append(DataLoaderCheckpoint(
-            local_worker_id=i.local_worker_id, num_workers_per_csx=W, num_csx=i.num_csx,
-            wse_id=i.wse_id, appliance_step=total,
-            worker_step=round_robin_step(total, i.local_worker_id, W),
-            samples_streamed=int(a.get("samples_streamed", 0)),
-            user_state_dict=copy.deepcopy(a.get("user_state_dict") or start_position())))
-    return out
+def dynamic_resume_states(parts: StreamParts,
+                          after: Optional[WorkerPosition]) -> list[DataLoaderCheckpoint]:
+    """Every worker taking part at position ``after`` (the one after the last delivered batch;
+    None: nothing was delivered, every worker is where it started), numbered ``0..W - 1`` in
+    the order they joined (:meth:`workers.positions.StreamPosition.shared`)."""
+    links = parts.active_links()
+    at = after or links[0].consumed_after
+    return StreamPosition.shared(parts.position(), at, len(links)).checkpoints(
+        parts.cs_config.num_csx, parts.wse_id)

@@ -22,7 +22,7 @@ batch holds the wafer while the other workers sit with full buffers. Here:
   worker processes draws ``prefetch_factor * num_workers``; a prefetching sampler wrapper its
   own read-ahead) needs that many numbers beyond the one it produces before it yields it. Each
   worker is granted its loader's look-ahead ``L`` on top of its share (known from the loader,
-  :func:`workers.sharding.draws_ahead`, or learnt when the worker reports that its loader
+  :func:`workers.loaders.draws_ahead`, or learnt when the worker reports that its loader
   waits for a number with ``L`` batches drawn and not produced), the reorder window grows by
   the workers' look-aheads, and the worker holding the oldest number not yet received is
   always topped up to ``L + 1`` numbers, past the window's bound if need be: that batch can
@@ -41,26 +41,28 @@ batch holds the wafer while the other workers sit with full buffers. Here:
   of workers, in either mode.
 
 Loaders that cannot take part (iterable datasets, other samplers:
-:func:`workers.sharding.dynamic_assignment_support`) keep the round-robin
+:func:`workers.loaders.dynamic_assignment_support`) keep the round-robin
 (:class:`~workers.assignment.RoundRobin`); the stream's ``stats`` say which mode ran and why.
 """
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from typing import Optional
 
 import ray
 
-from workers.assignment import AssignmentRecorder, StreamParts, dynamic_resume_states
+from workers.assignment import (Assignment, AssignmentRecorder, StreamParts, WorkerPool,
+                                dynamic_resume_states)
 from workers.context import DataLoaderCheckpoint
 from workers.link import WorkerFailed, WorkerLink
 from workers.replies import WorkerReply
+from workers.positions import WorkerPosition
 from workers.sharding import PASSED_BATCHES
-from workers.stream import CsxInputStream
 
-__all__ = ["CoordinatedInputStream", "DynamicAssignment", "NumberBook"]
+__all__ = ["DynamicAssignment", "NumberBook"]
 
 _PUMP_WAIT_S = 0.02  # the pump's longest wait for replies before it looks for new work
 _HELD_WORK_S = 0.005
@@ -70,60 +72,82 @@ _REFILL_FRACTION = 8  # a full reorder window is refilled once this fraction of 
 _COST_SAMPLES_FOR_SIZING = 8  # batch costs seen before the assignment size follows them
 
 
-class CoordinatedInputStream(CsxInputStream):
-    """A :class:`~workers.stream.CsxInputStream` whose assignment follows
-    ``CSConfig.input_assignment`` (:class:`~workers.assignment.ConfiguredPlan`): dynamic where
-    the loaders take part, else round-robin, recording either way what the run report needs
-    about stragglers. Takes the stream's arguments."""
-
-    def __init__(self, dataloader, cs_config, wse_id, *, resume_states=None, **options):
-        from workers.assignment import ConfiguredPlan
-
-        super().__init__(dataloader, cs_config, wse_id, resume_states=resume_states,
-                         plan=ConfiguredPlan(cs_config, resume_states), **options)
-
-    @property
-    def window_batches(self) -> int:
-        """The reorder window's bound in batches (dynamic assignment)."""
-        return self.assignment.window_batches
-
-    @property
-    def assigned_per_worker(self) -> int:
-        """Numbers a worker holds at most where its batches are not cheap (dynamic
-        assignment)."""
-        return self.assignment.book.assigned_per_worker
-
-
 class NumberBook:
     """Which worker holds which global batch numbers: handed out in increasing order, each
     worker holding at most :meth:`numbers_per_worker` plus its loader's look-ahead, and sent to
-    the workers through their links."""
+    the workers through their links. It keeps every per-worker fact of the assignment (the
+    numbers held, the look-ahead, the reply size, a process starting, a worker leaving), and
+    is the links' :class:`~workers.link.ReplySizing`."""
 
-    def __init__(self, parts: StreamParts, recorder: AssignmentRecorder):
-        W = self.num_workers = len(parts.links)
+    def __init__(self, parts: StreamParts, recorder: AssignmentRecorder, draws_ahead: list):
         self.parts, self.recorder = parts, recorder
         self.assigned_per_worker = parts.setup.policy.assigned_batches_per_worker
-        # each worker's numbers assigned, not yet received (its link's deque)
-        self.outstanding = [link.numbers for link in parts.links]
-        self.sends = [0] * W  # assign() calls made to each worker's current actor
-        self.next_number = self.first_issued = parts.position()
-        self.failed = [False] * W  # a worker's error reply is in the window
+        self.outstanding: list[collections.deque] = []  # numbers assigned, not yet received
+        self.draws_ahead: list[int] = []
+        """The index batches each worker's loader draws ahead of the one it yields (known from
+        the loader, or learnt from a ``need_numbers`` reply)."""
+        self.many_per_reply: list[bool] = []
+        """Cheap batches: a fetch waits for every number the worker holds
+        (:meth:`min_batches`), as the worker's batch costs say."""
+        self.sends: list[int] = []  # assign() calls made to each worker's current actor
+        self.failed: list[bool] = []  # a worker's error reply is in the window
         # each worker's current process: the first and the highest number assigned to it
-        self.first_number: list[Optional[int]] = [None] * W
-        self.last_number: list[Optional[int]] = [None] * W
-        self.starting = [False] * W  # a restarted process that has not answered yet
+        self.first_number: list[Optional[int]] = []
+        self.last_number: list[Optional[int]] = []
+        self.starting: list[bool] = []  # a process that has not answered yet
+        self.leaving: set[int] = set()  # retired: gets no new numbers, hands back or finishes
+        for ahead in draws_ahead:
+            self.add_worker(ahead, starting=False)
+        self.next_number = self.first_issued = parts.position()
         self.batches_per_epoch: Optional[int] = None  # global batches of an epoch
-        self.base_window = 0  # the reorder window's bound before the look-aheads, set once
+        self.base_window = 0  # the reorder window's bound before the look-aheads
+
+    def add_worker(self, draws_ahead: int, starting: bool) -> None:
+        """One more worker (the next local id), ``starting``: its process has not answered."""
+        self.outstanding.append(collections.deque())
+        self.draws_ahead.append(int(draws_ahead))
+        self.many_per_reply.append(False)
+        self.sends.append(0)
+        self.failed.append(False)
+        self.first_number.append(None)
+        self.last_number.append(None)
+        self.starting.append(starting)
+
+    @property
+    def num_workers(self) -> int:
+        """The workers ever given numbers by this book (retired ones included)."""
+        return len(self.outstanding)
+
+    def takes_part(self, w: int) -> bool:
+        """Whether worker ``w`` may be given new numbers: it has not been retired."""
+        return w not in self.leaving and not self.parts.links[w].retired
 
     @property
     def window_batches(self) -> int:
         """The reorder window: its base size plus every worker's look-ahead, so that the
         workers can hold their share and the numbers their loaders draw ahead together."""
-        return self.base_window + sum(link.draws_ahead for link in self.parts.links)
+        return self.base_window + sum(a for w, a in enumerate(self.draws_ahead)
+                                      if not self.parts.links[w].retired)
 
     def note_costs(self, link: WorkerLink) -> None:
         """Whether ``link``'s worker now gets many numbers per reply (its batches are cheap)."""
-        link.many_per_reply = self.numbers_per_worker(link.w) > self.assigned_per_worker
+        self.many_per_reply[link.w] = self.numbers_per_worker(link.w) > self.assigned_per_worker
+
+    # -- the links' ReplySizing -----------------------------------------------------------
+    def min_batches(self, link: WorkerLink) -> int:
+        """The batches a multi-batch fetch waits for: 1, never delaying a batch that is ready;
+        where the worker's batches are cheap, every number it holds (at most a reply's worth,
+        and at most ``workers.input_worker._REPLY_WAIT_S``), so one reply carries them all."""
+        w = link.w
+        if not self.many_per_reply[w]:
+            return 1
+        held = len(self.outstanding[w]) - link.received_waiting()
+        # the last numbers held are drawn ahead: their batches wait for numbers not yet given
+        held -= self.draws_ahead[w]
+        return max(1, min(held, self.parts.setup.batches_per_fetch))
+
+    def drawn_ahead(self, link: WorkerLink, count: int) -> None:
+        self.draws_ahead[link.w] = max(self.draws_ahead[link.w], int(count))
 
     def numbers_per_worker(self, w: int) -> int:
         """Numbers worker ``w`` may hold now: ``assigned_per_worker``, or, where its batches
@@ -132,8 +156,8 @@ class NumberBook:
         and its share of the reorder window). A slow batch then holds back at most that much
         of its worker's usual work, and cheap batches go many to a call."""
         k = self.assigned_per_worker
-        cap = min(self.parts.setup.policy.small_reply_batches,
-                  self.window_batches // self.num_workers)  # the workers share the window
+        cap = min(self.parts.setup.policy.small_reply_batches,  # the workers share the window
+                  self.window_batches // max(1, len(self.parts.active_links())))
         recent = self.recorder.recent_costs[w]
         if len(recent) < _COST_SAMPLES_FOR_SIZING or cap <= k:
             return k
@@ -166,13 +190,13 @@ class NumberBook:
         if not heads:
             return
         w = min(heads)[1]
-        while len(self.outstanding[w]) < self.parts.links[w].draws_ahead + 1:
+        while len(self.outstanding[w]) < self.draws_ahead[w] + 1:
             self.give(w, new)
 
     def send(self, new: dict) -> None:
         """Send each worker of ``new`` its numbers (one call, numbered for order)."""
         for w, numbers in new.items():
-            self.parts.links[w].send_numbers(self.sends[w], numbers)
+            self.parts.links[w].send_numbers(self.sends[w], numbers, self)
             self.sends[w] += 1
 
     def can_take(self, w: int, number: int) -> bool:
@@ -181,7 +205,8 @@ class NumberBook:
         its first number), the number is in the epoch of its highest one, and is among the
         last :data:`PASSED_BATCHES` it walked past or ahead of it."""
         first, last, n = self.first_number[w], self.last_number[w], self.batches_per_epoch
-        return (not self.starting[w] and first is not None and n is not None
+        return (not self.starting[w] and self.takes_part(w) and first is not None
+                and n is not None
                 and first < number and number // n == last // n
                 and last - number < PASSED_BATCHES)
 
@@ -198,8 +223,7 @@ class NumberBook:
         received = link.received_waiting()
         out = list(self.outstanding[w])
         kept = self._hand_over(w, out[received:])
-        link.numbers.clear()
-        link.numbers.extend(out[:received] + kept)
+        self.outstanding[w] = collections.deque(out[:received] + kept)
         if kept:
             link.actor.assign.remote(0, kept)
             self.sends[w] = 1
@@ -207,11 +231,47 @@ class NumberBook:
         return {"numbers_owed": len(out) - received,
                 "handed_to_live_workers": len(out) - received - len(kept)}
 
+    def can_hand_back(self, w: int, numbers: list) -> bool:
+        """Whether live workers other than ``w`` can make each of ``numbers``."""
+        return all(any(o != w and self.can_take(o, n) for o in range(self.num_workers))
+                   for n in numbers)
+
+    def check_started(self) -> None:
+        """A restarted or added process that answered ``where()`` takes new numbers from now
+        on."""
+        for link in self.parts.links:
+            if self.starting[link.w]:
+                link.node_of(0)
+                self.starting[link.w] = link.where_ref is not None
+
+    def let_go(self, drain, changes: list) -> bool:
+        """A retired worker whose undelivered numbers live workers can all make now hands
+        them back (its batches received are taken into the window first, ``drain(link)``)
+        and its actor is killed: the path a dead worker's numbers take. Until then it makes
+        the batches of the numbers it holds, and gets no new ones. Returns whether one left
+        (noted in ``changes``)."""
+        left = False
+        for w in sorted(self.leaving):
+            link = self.parts.links[w]
+            drain(link)
+            out = list(self.outstanding[w])
+            if self.failed[w] or not self.can_hand_back(w, out):
+                continue
+            link.kill()
+            link.retired = True
+            kept = self._hand_over(w, out)
+            assert not kept, (w, kept)  # can_hand_back said they all can
+            self.outstanding[w].clear()
+            self.leaving.discard(w)
+            changes.append({"retired": w, "step": self.parts.position(), "handed_back": len(out)})
+            left = True
+        return left
+
     def _hand_over(self, dead: int, numbers: list) -> list:
         """Give each of ``numbers`` (those worker ``dead`` owed, in order) to the live worker
         holding the fewest that can make it (:meth:`can_take`), one on a node where no worker
         just died if there is one; returns those none can take."""
-        suspects = set(self.parts.supervisor.placer.suspects())
+        suspects = set(self.parts.placer.suspects())
         given: dict[int, list[int]] = {}
         kept = []
         for number in numbers:
@@ -248,34 +308,30 @@ class DynamicAssignment:
     mode = "dynamic"
 
     def __init__(self, parts: StreamParts, recorder: AssignmentRecorder, draws_ahead: list,
-                 start: Optional[dict]):
+                 start: Optional[WorkerPosition]):
         """``draws_ahead``: what each worker's loader draws ahead, as the workers said."""
         self.parts, self.recorder = parts, recorder
         self.reason = recorder.reason
-        W = len(parts.links)
-        book = self.book = NumberBook(parts, recorder)
-        # never less than every worker's share, so the window never starves a worker outright
-        window = parts.setup.policy.reorder_window_batches(W) or W * parts.max_batches_ahead
-        book.base_window = max(window, W * book.assigned_per_worker)
+        book = self.book = NumberBook(parts, recorder, draws_ahead)
+        self._size_window()
         self._window: dict[int, tuple[int, WorkerReply]] = {}  # number -> (worker, item)
         self._window_bytes = 0
         self._refilling = False  # the window was filled to its bound: refilled in chunks
         self._refill_free = 1  # numbers free in a refilling window when the pump refills it
         self._start = start
-        self._delivered_after: Optional[dict] = None
+        self._delivered_after: Optional[WorkerPosition] = None
         self._occupancy_sum = self._occupancy_max = self._deliveries = 0
         self._pump_cpu_s = 0.0  # the coordinator thread's CPU time
         self._issue_cpu_s = 0.0  # its CPU time choosing workers for numbers and sending them
         self._cond = threading.Condition()  # guards everything the pump thread touches
         self._pump_error: Optional[BaseException] = None
-        for link, ahead in zip(parts.links, draws_ahead):
-            link.draws_ahead = ahead
-            if start is not None:
+        self.changes: list[dict] = []  # workers added and retired while the stream ran
+        if start is not None:
+            for link in parts.links:
                 link.resume_at(start)
-        parts.supervisor.on_restart = book.restarted
-        # the pump goes back to every worker's replies (the numbers the dead one owed may now
-        # be with the others)
-        parts.supervisor.waits_after_restart = False
+        # the pump goes back to every worker's replies after a restart (the numbers the dead
+        # one owed may now be with the others)
+        self.supervisor = parts.supervise(on_restart=book.restarted, waits_after_restart=False)
         try:
             book.batches_per_epoch = ray.get(
                 parts.links[0].actor.batches_per_epoch.remote(), timeout=60)
@@ -292,6 +348,14 @@ class DynamicAssignment:
     @property
     def window_batches(self) -> int:
         return self.book.window_batches
+
+    def _size_window(self) -> None:
+        """The reorder window's base bound for the workers taking part: never less than
+        every worker's share, so the window never starves a worker outright."""
+        p, book = self.parts, self.book
+        W = len(p.active_links())
+        window = p.setup.policy.reorder_window_batches(W) or W * p.max_batches_ahead
+        book.base_window = max(window, W * book.assigned_per_worker)
 
     # -- handing out numbers --------------------------------------------------------------
     def _window_full(self) -> bool:
@@ -317,7 +381,7 @@ class DynamicAssignment:
         book, W = self.book, self.book.num_workers
         for link in self.parts.links:  # the window may have grown with a look-ahead learnt
             book.note_costs(link)
-        k = [book.numbers_per_worker(w) + self.parts.links[w].draws_ahead for w in range(W)]
+        k = [book.numbers_per_worker(w) + book.draws_ahead[w] for w in range(W)]
         refill = max(1, book.window_batches // _REFILL_FRACTION,
                      min(sum(k), book.window_batches // 2))
         self._refill_free = refill
@@ -326,8 +390,8 @@ class DynamicAssignment:
         if self._refill_due(step):
             self._refilling = False
             while not self._window_full():
-                free = [w for w in range(W)
-                        if len(book.outstanding[w]) < k[w] and not book.starting[w]]
+                free = [w for w in range(W) if len(book.outstanding[w]) < k[w]
+                        and not book.starting[w] and book.takes_part(w)]
                 if not free:
                     break
                 w = min(free, key=lambda i: len(book.outstanding[i]))
@@ -360,12 +424,6 @@ class DynamicAssignment:
             book.note_costs(link)
             self.recorder.idle_s[w] += item.idle_s
 
-    def _check_started(self) -> None:
-        """A restarted process that answered ``where()`` takes new numbers from now on."""
-        for link in self.parts.links:
-            if self.book.starting[link.w]:
-                link.node_of(0)
-                self.book.starting[link.w] = link.where_ref is not None
 
     def _pump(self) -> None:
         """The coordinator's thread: take in every worker's replies as they come and hand out
@@ -378,14 +436,16 @@ class DynamicAssignment:
             while not parts.is_closed():
                 self._pump_cpu_s = time.thread_time() - cpu0
                 with self._cond:
-                    self._check_started()
+                    book.check_started()
+                    if book.leaving and book.let_go(self._drain, self.changes):
+                        self._size_window()
                     t0 = time.thread_time()
                     self._issue()
                     self._issue_cpu_s += time.thread_time() - t0
                     by_ref = {}
                     for link in parts.links:
                         if book.outstanding[link.w] and not link.pending and not link.ready:
-                            link.request()
+                            link.request(sizing=book)
                         if link.ready:
                             self._drain(link)
                         if book.outstanding[link.w] and link.pending:
@@ -404,7 +464,7 @@ class DynamicAssignment:
                     for ref in done:
                         link = by_ref[ref]
                         if link.pending and link.pending[0][1] is ref:
-                            link.receive(parts.supervisor)  # it is there; restarts a dead worker
+                            link.receive(self.supervisor, book)  # it is there; restarts a dead one
                             self._drain(link)
                     self._cond.notify_all()
         except BaseException as e:  # noqa: BLE001 (raised by next_reply() in the consumer's thread)
@@ -424,16 +484,16 @@ class DynamicAssignment:
         while number not in self._window:
             if self._pump_error is not None:
                 raise self._pump_error
-            parts.supervisor.check_open()
+            self.supervisor.check_open()
             if ahead_since is None and any(n > number for n in self._window):
                 ahead_since = time.perf_counter()
-            self._cond.wait(parts.supervisor.poll_s)
+            self._cond.wait(self.supervisor.poll_s)
             waited = time.perf_counter() - wait_start
             holder = self.book.holder(number)
             if waited >= next_report and holder is not None and number not in self._window:
                 self._cond.release()
                 try:
-                    parts.supervisor.report_straggler(parts.links[holder], waited)
+                    self.supervisor.report_straggler(parts.links[holder], waited)
                 finally:
                     self._cond.acquire()
                 next_report = max(2 * next_report, waited + timeout)
@@ -479,11 +539,11 @@ class DynamicAssignment:
             # the pump takes in the replies (and their keys); every worker holds numbers
             # from the start, so each gets its first batches
             while not all(link.received >= link.keys_until or self.book.failed[link.w]
-                          for link in parts.links):
+                          or link.retired for link in parts.links):
                 if self._pump_error is not None:
                     raise self._pump_error
-                parts.supervisor.check_open()
-                self._cond.wait(parts.supervisor.poll_s)
+                self.supervisor.check_open()
+                self._cond.wait(self.supervisor.poll_s)
 
     def stall_report(self, keys_wait: bool) -> list[dict]:
         """Every worker holding numbers not yet received, the holder of the next step's
@@ -496,7 +556,7 @@ class DynamicAssignment:
                      if not (keys_wait and link.received >= link.keys_until)]
             owing = [o for o in owing if o[1]]
         owing.sort(key=lambda o: number not in o[1])
-        owed = parts.supervisor.with_stacks(owing, parts.first_step)
+        owed = self.supervisor.with_stacks(owing, parts.first_step)
         if not keys_wait and not any(number in o[1] for o in owing):  # a broken invariant
             owed.insert(0, {"wse_id": parts.wse_id, "local_worker_id": None,
                             "batches": [(number, number - parts.first_step + 1)],
@@ -520,13 +580,47 @@ class DynamicAssignment:
                 self._cond.notify_all()
             pump.join(timeout=5)
 
+    # -- changing the workers -------------------------------------------------------------
+    def change_support(self) -> tuple[bool, str]:
+        return True, "dynamic assignment takes in and lets go of workers at any step"
+
+    def active_workers(self) -> list[int]:
+        with self._cond:
+            return [link.w for link in self.parts.active_links()
+                    if link.w not in self.book.leaving]
+
+    def change_workers(self, add: int, retire: list[int], pool: WorkerPool) -> Assignment:
+        """Added workers start at the position after the last delivered batch and get numbers
+        once their process answers; a retired one gets no new numbers, and hands back the
+        numbers it owes once live workers can make them all (else it makes them first), then
+        its actor is killed. Worker ids are never reused."""
+        p, book = self.parts, self.book
+        with self._cond:
+            at = self._delivered_after or self._start or p.links[0].consumed_after
+            ahead = max(book.draws_ahead, default=0)
+        # a new worker's own count starts at 0, at the stream's place in the data
+        added = [pool.new_link(len(p.links) + i, len(p.links) + add, at.joined(), added=True)
+                 for i in range(add)]
+        pool.start(added)  # outside the lock: the pump goes on meanwhile
+        with self._cond:
+            for link in added:
+                p.links.append(link)
+                book.add_worker(ahead, starting=True)
+                self.recorder.add_worker()
+                self.changes.append({"added": link.w, "step": p.position()})
+            book.leaving.update(retire)
+            self._size_window()
+            self._cond.notify_all()
+        return self
+
     def stats(self, transport: dict) -> dict:
         with self._cond:
             book, W = self.book, self.book.num_workers
             out = self.recorder.stats(transport, self.mode, {
                 "assigned_batches_per_worker": [book.numbers_per_worker(w) for w in range(W)],
                 "reorder_window_batches": book.window_batches,
-                "draws_ahead": [link.draws_ahead for link in self.parts.links]})
+                "draws_ahead": list(book.draws_ahead)})
+            out["worker_changes"] = list(self.changes)
             out["coordinator"] = {
                 "numbers_assigned": book.next_number - book.first_issued,
                 "thread_cpu_s": self._pump_cpu_s, "issuing_cpu_s": self._issue_cpu_s}
@@ -538,5 +632,5 @@ class DynamicAssignment:
             for entry in out["workers"]:
                 w = entry["local_worker_id"]
                 entry["waiting_for_numbers_s"] = self.recorder.idle_s[w]
-                entry["draws_ahead"] = self.parts.links[w].draws_ahead
+                entry["draws_ahead"] = book.draws_ahead[w]
             return out

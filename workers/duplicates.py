@@ -23,35 +23,6 @@ from workers.torch_compat import tree_flatten
 
 from workers.errors import UnshardedInputError
 
-_DIGEST_SAMPLE_BYTES = 64 * 1024
-_DIGEST_SAMPLES_PER_LEAF = 16
-
-
-def content_digest(payload) -> str:
-    """A digest of a packed batch: structure, dtypes, shapes, and up to 1 MiB of each leaf's
-    bytes taken at evenly spaced places (equal batches always give equal digests; a 32 MiB
-    batch is not hashed whole)."""
-    from workers.input_worker import PackedTensor
-
-    leaves, spec = tree_flatten(payload)
-    h = hashlib.blake2b(digest_size=16)
-    h.update(repr(spec).encode())
-    for x in leaves:
-        if isinstance(x, PackedTensor):
-            h.update(f"{x.dtype}{x.shape}".encode())
-            data = memoryview(np.ascontiguousarray(x.array)).cast("B")
-            n = len(data)
-            if n <= _DIGEST_SAMPLE_BYTES * _DIGEST_SAMPLES_PER_LEAF:
-                h.update(data)
-            else:
-                stride = (n - _DIGEST_SAMPLE_BYTES) // (_DIGEST_SAMPLES_PER_LEAF - 1)
-                for i in range(_DIGEST_SAMPLES_PER_LEAF):
-                    h.update(data[i * stride:i * stride + _DIGEST_SAMPLE_BYTES])
-        else:
-            h.update(repr(x).encode())
-    return h.hexdigest()
-
-
 _ROW_BYTES = 4096
 
 
@@ -82,7 +53,7 @@ def row_digests(batch, n: int) -> list[str] | None:
 def sample_keys(batch, epoch: int, ids: list[int] | None) -> dict:
     """The sample keys of one batch: its sample ids with a digest of each sample's content
     (two workers that number their own shards 0, 1, ... are not mistaken for each other), or
-    only the epoch when the sampler gave no ids (:func:`content_digest` of the packed batch is
+    only the epoch when the sampler gave no ids (:func:`workers.wire.content_digest` of the packed batch is
     added when it is sent)."""
     rows = row_digests(batch, len(ids)) if ids is not None else None
     if rows is None:

@@ -10,6 +10,8 @@ import os
 import threading
 import traceback
 
+from workers.positions import RoundRobinOrder
+
 
 def _where(wse_id: int, local_worker_id: int, num_workers_per_csx: int | None = None) -> str:
     where = f"CS-X {wse_id}, input worker {local_worker_id}"
@@ -73,7 +75,8 @@ class InputWorkerError(RuntimeError):
         self.num_workers_per_csx = num_workers_per_csx
         self.batch = batch
         if global_batch is None and batch is not None and num_workers_per_csx is not None:
-            global_batch = batch * num_workers_per_csx + local_worker_id
+            global_batch = RoundRobinOrder(num_workers_per_csx).global_batch(local_worker_id,
+                                                                             batch)
         self.global_batch = global_batch
         head = _where(wse_id, local_worker_id, num_workers_per_csx)
         if global_batch is not None:

@@ -15,7 +15,7 @@ import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 import ray
 
@@ -26,7 +26,7 @@ from workers.flow import FlowPolicy
 from workers.input_worker import InputWorker
 from workers.placement import NodePlacer
 from workers.replies import ReplyKind, WorkerReply, replies_of
-from workers.resume import start_position
+from workers.positions import WorkerPosition
 
 __all__ = ["DEFAULT_NAME_PREFIX", "LinkSetup", "WorkerFailed", "WorkerLink", "kill_named_workers",
            "kill_workers", "start_workers_ahead"]
@@ -39,11 +39,14 @@ _MIN_BATCHES_FOR_LOW_WATER = 16
 DEFAULT_NAME_PREFIX = "cstream"
 
 
-def worker_name(name_prefix: str, wse_id: int, w: int, restart: int = 0) -> str:
+def worker_name(name_prefix: str, wse_id: int, w: int, restart: int = 0,
+                generation: int = 0) -> str:
     """The actor name of a worker's process; a restarted one's names its restart (the dead
     one's name stays taken until Ray declares it dead, which takes seconds when its node
-    died)."""
-    return f"{name_prefix}-csx{wse_id}-w{w}" + (f"-r{restart}" if restart else "")
+    died), and one of a stream whose workers were re-formed (a change of their number under
+    round-robin) the re-forming."""
+    return f"{name_prefix}-csx{wse_id}-w{w}" + (f"-g{generation}" if generation else "") + \
+        (f"-r{restart}" if restart else "")
 
 
 def _actor_options(name: str, node: dict | None = None) -> dict:
@@ -97,10 +100,9 @@ def kill_named_workers(cs_config: CSConfig, name_prefix: str = DEFAULT_NAME_PREF
     started ahead and any replacement a stream started (a stream whose process died cannot
     close them itself). Returns their names."""
     killed = []
-    names = {worker_name(name_prefix, c, w, r) for c in range(cs_config.num_csx)
-             for w in range(cs_config.num_workers_per_csx)
-             for r in range(cs_config.max_worker_restarts + 1)}
-    for name in sorted(names.intersection(ray.util.list_named_actors())):
+    stems = tuple(f"{name_prefix}-csx{c}-w" for c in range(cs_config.num_csx))
+    # workers added to a running stream, and re-formed ones, are named past the config's
+    for name in sorted(n for n in ray.util.list_named_actors() if n.startswith(stems)):
         try:
             actor = ray.get_actor(name)
         except ValueError:  # gone already, or never started
@@ -125,6 +127,35 @@ class WorkerFailed(Exception):
         self.link, self.reply = link, reply
 
 
+class ReplySizing(Protocol):
+    """What an assignment that gives its workers numbers tells a link about a worker's
+    replies (:class:`workers.coordinator.NumberBook`); without one a reply never waits for
+    more than its first batch."""
+
+    def min_batches(self, link: WorkerLink) -> int:
+        """The batches a multi-batch fetch of ``link``'s worker waits for."""
+
+    def drawn_ahead(self, link: WorkerLink, count: int) -> None:
+        """``link``'s worker says its loader waits for numbers with ``count`` batches drawn
+        and not produced."""
+
+
+class FirstBatchSizing:
+    """Replies that never wait for more than their first batch (round-robin: a worker makes
+    its own shard, and never waits for numbers)."""
+
+    def min_batches(self, link: WorkerLink) -> int:
+        return 1
+
+    def drawn_ahead(self, link: WorkerLink, count: int) -> None:  # pragma: no cover
+        raise WorkerFailed(link, WorkerReply.failure(
+            "RuntimeError", f"a worker not given numbers asked for more ({count} drawn ahead)",
+            "in transport"))
+
+
+FIRST_BATCH = FirstBatchSizing()
+
+
 @dataclass
 class LinkSetup:
     """What every worker of one stream is started with and asked under: the recipe, the
@@ -139,7 +170,7 @@ class LinkSetup:
     in_flight_per_worker: int  # fetch requests outstanding when each reply carries one batch
     batches_per_fetch: int  # raised where batches are small
     zero_copy: bool
-    spawn_options: Callable[[int], dict]  # restarts so far -> more InputWorker arguments
+    spawn_options: Callable[[bool], dict]  # one of the first processes -> more InputWorker args
 
     def fit_reply(self, nbytes: int) -> None:
         """Small batches: as many per reply as a worker may hold."""
@@ -161,9 +192,9 @@ class WorkerLink:
     ready: deque = field(default_factory=deque)  # WorkerReply items received, not handed out
     next_request: int = 0
     received: int = 0  # batches received from the worker (resume point after a crash)
-    received_after: dict = field(default_factory=dict)
+    received_after: WorkerPosition = field(default_factory=WorkerPosition)
     consumed: int = 0  # batches handed out by the stream
-    consumed_after: dict = field(default_factory=dict)
+    consumed_after: WorkerPosition = field(default_factory=WorkerPosition)
     delivered_this_run: int = 0
     bytes: int = 0
     ready_bytes: int = 0  # bytes of the batches in ``ready``
@@ -174,26 +205,19 @@ class WorkerLink:
     keys: list = field(default_factory=list)  # the sample keys received, in order
     node: dict | None = None  # where the actor was placed, then where it says it runs
     where_ref: Any = None  # the actor's answer to where(), until it is read
-    numbers: deque = field(default_factory=deque)
-    """Dynamic assignment: the global batch numbers the worker was given and has not sent back
-    yet, in order."""
-    draws_ahead: int = 0
-    """Dynamic assignment: the index batches the worker's loader draws ahead of the one it
-    yields (known from the loader, or learnt from a ``need_numbers`` reply)."""
-    many_per_reply: bool = False
-    """Dynamic assignment of cheap batches: a fetch waits for every number the worker holds
-    (see :meth:`min_batches`); the assignment sets it as the worker's batch costs change."""
-
+    generation: int = 0  # the stream's workers were re-formed this many times before it started
+    retired: bool = False  # let go of by its stream while the stream runs: it takes no part
+    added: bool = False  # joined the stream while it ran
     @property
     def w(self) -> int:
         return self.info.local_worker_id
 
-    def start_at(self, after: dict, count: int) -> None:
-        """The worker resumes after ``count`` batches, at position ``after``."""
+    def start_at(self, after: WorkerPosition) -> None:
+        """The worker resumes at ``after``, after ``after.worker_step`` of its batches."""
         self.received_after = self.consumed_after = after
-        self.received = self.consumed = self.next_request = count
+        self.received = self.consumed = self.next_request = after.worker_step
 
-    def resume_at(self, after: dict) -> None:
+    def resume_at(self, after: WorkerPosition) -> None:
         """Dynamic assignment from a saved global position: a restart before any batch, and
         the resume states before any delivery, start at ``after``."""
         self.received_after = self.consumed_after = after
@@ -203,13 +227,11 @@ class WorkerLink:
         """Start the actor on the node :attr:`node`, or set up ``ahead`` (a worker of
         :func:`start_workers_ahead`) as it; :attr:`where_ref` asks the actor where it runs."""
         s = self.setup
-        after = self.received_after
-        start = {"worker_step": after.get("worker_step", 0),
-                 "samples_streamed": after.get("samples_streamed", 0),
-                 "position": after.get("user_state_dict") or start_position()}
-        args = (s.dataloader_ref, self.info, start, s.capacity)
+        args = (s.dataloader_ref, self.info, self.received_after, s.capacity)
         kwargs = dict(capacity_bytes=s.in_flight_bytes_per_worker, keys_until=self.keys_until,
-                      owns_global_rng=True, **s.spawn_options(self.restarts))
+                      owns_global_rng=True,
+                      **s.spawn_options(self.restarts == 0 and self.generation == 0
+                                       and not self.added))
         if ahead is not None:
             try:
                 ray.get(ahead.setup.remote(*args, **kwargs))
@@ -248,7 +270,8 @@ class WorkerLink:
         self.pending.clear()
         self.next_request = self.received
         self.node = node
-        self.name = worker_name(self.setup.name_prefix, self.setup.wse_id, self.w, self.restarts)
+        self.name = worker_name(self.setup.name_prefix, self.setup.wse_id, self.w, self.restarts,
+                                self.generation)
         self.spawn()
 
     def node_of(self, wait_s: float) -> dict | None:
@@ -273,10 +296,11 @@ class WorkerLink:
             self.actor = None
 
     # -- requests -------------------------------------------------------------------------
-    def request(self, assign: tuple | None = None) -> bool:
+    def request(self, assign: tuple | None = None, sizing: ReplySizing = FIRST_BATCH) -> bool:
         """Ask for more batches where the requests in flight and the byte budget allow.
         ``assign``: numbers for the worker (:meth:`InputWorker.assign` arguments) that the
-        first request made carries; returns whether one did."""
+        first request made carries; returns whether one did. ``sizing``: how many batches a
+        multi-batch reply waits for (None: its first)."""
         extra = {} if assign is None else {"assign": assign}
         s = self.setup
         m = s.batches_per_fetch
@@ -295,7 +319,8 @@ class WorkerLink:
                 if max_bytes == 0 and self.ready:
                     return False  # asked again once the stream has taken batches
                 self.pending.append((self.next_request, self.actor.fetch.remote(
-                    self.next_request, m, max_bytes, self.min_batches(), **extra)))
+                    self.next_request, m, max_bytes,
+                    sizing.min_batches(self), **extra)))
                 return bool(extra)
             return False
         if budget is not None and self.ready and self.ready_bytes >= budget:
@@ -308,29 +333,19 @@ class WorkerLink:
             carried = bool(extra)
         return carried
 
-    def min_batches(self) -> int:
-        """The batches a multi-batch fetch waits for: 1, never delaying a batch that is ready;
-        where :attr:`many_per_reply`, every number the worker holds (at most a reply's worth,
-        and at most ``input_worker._REPLY_WAIT_S``), so one reply carries them all."""
-        if not self.many_per_reply:
-            return 1
-        held = len(self.numbers) - self.received_waiting()
-        # the last numbers held are drawn ahead: their batches wait for numbers not yet given
-        held -= self.draws_ahead
-        return max(1, min(held, self.setup.batches_per_fetch))
-
-    def send_numbers(self, send: int, numbers: list) -> None:
+    def send_numbers(self, send: int, numbers: list, sizing: ReplySizing) -> None:
         """Dynamic assignment: global batch numbers for the worker, carried by a new request
         where none is out (one call, not two)."""
-        if self.pending or not self.request(assign=(send, numbers)):
+        if self.pending or not self.request(assign=(send, numbers), sizing=sizing):
             self.actor.assign.remote(send, numbers)
 
     # -- replies --------------------------------------------------------------------------
-    def receive(self, supervisor) -> bool:
+    def receive(self, supervisor, sizing: ReplySizing = FIRST_BATCH) -> bool:
         """Wait for the oldest outstanding reply and queue its items in :attr:`ready`; False
         when there is none to wait for (the batches waiting here fill the byte bound) or when
-        the worker was restarted and the assignment does not wait for its new process."""
-        self.request()
+        the worker was restarted and the assignment does not wait for its new process.
+        ``sizing``: as for :meth:`request`, and told of a worker's ``need_numbers`` reply."""
+        self.request(sizing=sizing)
         if not self.pending:
             return False
         got = supervisor.await_reply(self)
@@ -345,16 +360,16 @@ class WorkerLink:
         if items[0].kind is ReplyKind.NEED_NUMBERS:
             # dynamic assignment: the worker's loader draws more batches ahead than it was
             # granted numbers for; ask for batch ``index`` again once it has more
-            self.draws_ahead = max(self.draws_ahead, items[0].drawn_ahead)
+            sizing.drawn_ahead(self, items[0].drawn_ahead)
             if self.setup.batches_per_fetch == 1:
                 self.pending.appendleft((index, self.actor.fetch.remote(index)))
             else:
-                self.request()
+                self.request(sizing=sizing)
             return True
         self._queue(index, items)
         if self.setup.batches_per_fetch > 1:
             self.next_request = self.received
-        self.request()
+        self.request(sizing=sizing)
         return True
 
     def _queue(self, index: int, items: list[WorkerReply]) -> None:

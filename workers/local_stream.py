@@ -19,9 +19,10 @@ from workers.torch_compat import tree_map_only
 from workers.config import CSConfig
 from workers.context import DataLoaderCheckpoint, WorkerInfo, worker_context
 from workers.dataloader import DataLoader, EmptyDataLoaderError
-from workers.duplicates import WorkerKeys, content_digest, sample_keys
+from workers.duplicates import WorkerKeys, sample_keys
 from workers.errors import InputWorkerError, user_traceback
-from workers.input_worker import batch_nbytes, pack_batch
+from workers.wire import batch_nbytes, content_digest, pack_batch
+from workers.positions import RoundRobinOrder
 from workers.resume import ResumeError, Source, check_position, start_position
 from workers.stall import thread_stacks
 
@@ -166,8 +167,8 @@ class LocalInputStream:
         if self._producer is None:
             return []
         ident, wk = self._producer
-        W, w = self.num_workers, wk.info.local_worker_id
-        number = wk.produced * W + w  # round-robin: its batch k is global batch k * W + w
+        w = wk.info.local_worker_id
+        number = RoundRobinOrder(self.num_workers).global_batch(w, wk.produced)
         return [{"wse_id": self.wse_id, "local_worker_id": w, "pid": os.getpid(),
                  "batches": [(number, number - self._first_step + 1)],
                  "threads": thread_stacks(idents={ident}), "note": ""}]
@@ -189,6 +190,16 @@ class LocalInputStream:
                 "assignment": {"requested": self.cs_config.input_assignment, "mode": "static",
                                "reason": "the in-process input side produces every batch in "
                                          "step order in one thread (round-robin)"}}
+
+    def can_change_workers(self) -> tuple[bool, str]:
+        """An in-process stream cannot change its workers (see
+        :meth:`workers.stream.CsxInputStream.can_change_workers` for one that can)."""
+        return False, ("the stream runs its workers in this process, one after another "
+                       "(in_process=True): run the input workers on Ray to change them")
+
+    def active_workers(self) -> list[int]:
+        """The local ids of the workers taking part: all of them."""
+        return list(range(self.num_workers))
 
     def ready_count(self) -> int:
         return 0

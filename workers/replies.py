@@ -1,11 +1,11 @@
 """What an input worker's ``fetch`` brings back, as the consumer's side reads it.
 
-On the wire a reply is the worker's dict (:func:`workers.input_worker.unpack_reply` rebuilds its
+On the wire a reply is the worker's dict (:func:`workers.wire.unpack_reply` rebuilds its
 batches); :func:`replies_of` turns it into :class:`WorkerReply` items, one per batch, error or
 request for numbers, and nothing past that point reads a key or a kind string.
 
 >>> r = WorkerReply.of({"kind": "batch", "index": 3, "batch": 7, "nbytes": 8,
-...                     "after": {"worker_step": 4}})
+...                     "after": WorkerPosition(4)})
 >>> r.kind is ReplyKind.BATCH, r.index, r.nbytes
 (True, 3, 8)
 >>> WorkerReply.failure("RuntimeError", "lost", "in transport").kind
@@ -18,7 +18,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from workers.input_worker import unpack_reply
+from workers.positions import WorkerPosition
+from workers.wire import unpack_reply
 
 __all__ = ["ReplyKind", "WorkerReply", "replies_of"]
 
@@ -43,9 +44,8 @@ class WorkerReply:
     """The worker's own batch count of this item (batch ``index`` of the worker)."""
     batch: Any = None
     nbytes: int = 0
-    after: Optional[dict] = None
-    """The worker's position after this batch (``worker_step``, ``samples_streamed``,
-    ``user_state_dict``)."""
+    after: Optional[WorkerPosition] = None
+    """The worker's position after this batch."""
     produce_s: Optional[float] = None
     produced_unix: Optional[tuple] = None
     produce_cpu_s: Optional[float] = None
@@ -94,6 +94,6 @@ class WorkerReply:
 
 
 def replies_of(wire: dict, copy: bool) -> list[WorkerReply]:
-    """The items of a ``fetch`` reply's body (see :func:`workers.input_worker.unpack_reply`
+    """The items of a ``fetch`` reply's body (see :func:`workers.wire.unpack_reply`
     for ``copy``)."""
     return [WorkerReply.of(item) for item in unpack_reply(wire, copy=copy)]

@@ -29,6 +29,7 @@ import torch
 from workers import torch_compat
 from workers.context import DataLoaderCheckpoint
 from workers.dataloader import DataLoader, EmptyDataLoaderError
+from workers.positions import RoundRobinOrder, StreamPosition, WorkerPosition, start_position
 
 POSITION_KEYS = ("epoch", "batch_in_epoch", "loader_state", "loader_state_of", "rng")
 
@@ -39,11 +40,6 @@ class ExhaustedIteratorError(EmptyDataLoaderError):
 
 class ResumeError(ValueError):
     """A saved position cannot be resumed exactly."""
-
-
-def start_position() -> dict:
-    """The position of a worker that has streamed nothing."""
-    return {"epoch": 0, "batch_in_epoch": 0}
 
 
 def check_position(pos: Any, where: str = "the dataloader state") -> dict:
@@ -58,16 +54,6 @@ def check_position(pos: Any, where: str = "the dataloader state") -> dict:
             "by this version of cstream."
         )
     return pos
-
-
-def round_robin_step(total: int, w: int, num_workers: int) -> int:
-    """Batches worker ``w`` of ``num_workers`` delivered once a CS-X took ``total`` steps
-    round-robin (step ``s`` from worker ``s % num_workers``).
-
-    >>> [round_robin_step(5, w, 3) for w in range(3)]
-    [2, 2, 1]
-    """
-    return (total - w + num_workers - 1) // num_workers
 
 
 def _checkpoint(st: Any, where: str) -> DataLoaderCheckpoint:
@@ -97,10 +83,10 @@ class ResumeStates:
     def __init__(self, states, where: str = "CsxInputStream"):
         self.states = [_checkpoint(st, where) for st in states]
 
-    def checked(self, wse_id: int, num_workers: int) -> tuple[list[dict], int]:
-        """Per local worker the ``after`` position its batches resume from (as replies carry
-        it), and the CS-X's step count; raises where the states are not one round-robin
-        position of this CS-X with ``num_workers`` workers."""
+    def checked(self, wse_id: int, num_workers: int) -> StreamPosition:
+        """Where CS-X ``wse_id``'s stream resumes: its step count and each local worker's
+        position; raises where the states are not one round-robin position of this CS-X with
+        ``num_workers`` workers."""
         W, states = num_workers, self.states
         ids = sorted(st.local_worker_id for st in states)
         if ids != list(range(W)):
@@ -124,20 +110,20 @@ class ResumeStates:
         for st in states:
             steps[st.local_worker_id] = int(st.worker_step)
         total = sum(steps)
-        expected = [round_robin_step(total, w, W) for w in range(W)]
+        expected = [RoundRobinOrder(W).batches_of(w, total) for w in range(W)]
         if steps != expected:
             raise ValueError(
                 f"CsxInputStream: the resume states' worker_step values {steps} are not one "
                 f"round-robin position of CS-X {wse_id} (after {total} steps they would be "
                 f"{expected}). Pass the states from one worker_states() call of one stream.")
-        after = [None] * W
+        workers = [None] * W
         for st in states:
-            after[st.local_worker_id] = after_of(st, wse_id)
-        return after, total
+            workers[st.local_worker_id] = checked_position(st, wse_id)
+        return StreamPosition(total, tuple(workers))
 
-    def global_position(self) -> dict | None:
-        """The ``after`` dict of the furthest position among the states when their loaders
-        keep positions in global-batch units, else None. Under round-robin the furthest worker
+    def global_position(self) -> WorkerPosition | None:
+        """The furthest position among the states when their loaders keep positions in
+        global-batch units, else None. Under round-robin the furthest worker
         delivered the step just before the resume step, so its position is where every worker
         resumes under dynamic assignment."""
         best = None
@@ -149,9 +135,7 @@ class ResumeStates:
                 best = (key, st)
         if best is None:
             return None
-        st = best[1]
-        return {"worker_step": int(st.worker_step), "samples_streamed": int(st.samples_streamed),
-                "user_state_dict": copy.deepcopy(st.user_state_dict)}
+        return WorkerPosition.of_checkpoint(copy.deepcopy(best[1]))
 
     def remap(self, num_csx: int, num_workers: int) -> list[DataLoaderCheckpoint]:
         """The states for a topology of ``num_csx`` CS-Xs of ``num_workers`` workers each.
@@ -167,7 +151,13 @@ class ResumeStates:
             return states
         old = sorted(saved)[0]
         positions = []
-        for s in states:
+        # a worker that has delivered nothing is at the start, wherever its loader is
+        started = [s for s in states if s.worker_step > 0 or _global_key(s) is not None]
+        if not started:
+            return [DataLoaderCheckpoint(local_worker_id=w, num_workers_per_csx=W, num_csx=C,
+                                         wse_id=c, user_state_dict=start_position())
+                    for c in range(C) for w in range(W)]
+        for s in started:
             if _global_key(s) is None:
                 raise ValueError(
                     f"the dataloader state was saved with num_csx={old[0]}, "
@@ -180,7 +170,7 @@ class ResumeStates:
             positions.append((int(usd.get("epoch", 0)), int(usd["loader_state"]["next_global_batch"]),
                               s))
         epoch, nxt, ref = max(positions, key=lambda p: (p[0], p[1]))
-        total = sum(s.worker_step for s in states if s.wse_id == 0)
+        total = sum(s.worker_step for s in states if s.wse_id == ref.wse_id)
         ref_usd = ref.user_state_dict or {}
         part = ref_usd.get("loader_state_of")
         out = []
@@ -195,17 +185,17 @@ class ResumeStates:
                     usd["rng"] = ref_usd["rng"]
                 out.append(DataLoaderCheckpoint(
                     local_worker_id=w, num_workers_per_csx=W, num_csx=C, wse_id=c,
-                    appliance_step=ref.appliance_step, worker_step=round_robin_step(total, w, W),
+                    appliance_step=ref.appliance_step,
+                    worker_step=RoundRobinOrder(W).batches_of(w, total),
                     user_state_dict=usd))
         return out
 
 
-def after_of(state: DataLoaderCheckpoint, wse_id: int) -> dict:
-    """The ``after`` dict (as replies carry it) described by a saved checkpoint."""
+def checked_position(state: DataLoaderCheckpoint, wse_id: int) -> WorkerPosition:
+    """The worker position a saved checkpoint describes, its loader position checked."""
     pos = check_position(dict(state.user_state_dict or start_position()),
                          f"the resume state of CS-X {wse_id}, worker {state.local_worker_id}")
-    return {"worker_step": int(state.worker_step), "samples_streamed": int(state.samples_streamed),
-            "user_state_dict": pos}
+    return WorkerPosition(int(state.worker_step), int(state.samples_streamed), pos)
 
 
 # ---------------------------------------------------------------------------------------------

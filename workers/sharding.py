@@ -33,8 +33,7 @@ import torch
 
 from workers.context import AssignmentClosed, get_batch_assignment, get_worker_info
 
-__all__ = ["DistributedSampler", "ShardedSampler", "draws_ahead",
-           "dynamic_assignment_support", "shard_iterable"]
+__all__ = ["DistributedSampler", "ShardedSampler", "shard_iterable"]
 
 
 def slice_bounds(n: int, parts: int, part: int) -> tuple[int, int]:
@@ -402,82 +401,6 @@ class _EpochWalk:
         """Draw the rest of the epoch."""
         for _ in self.source:
             pass
-
-
-def sharded_sampler_of(loader) -> ShardedSampler | None:
-    """The :class:`ShardedSampler` ``loader`` draws its batches from: the loader itself, its
-    ``batch_sampler`` or ``sampler``, or the ``sampler`` that such a part wraps (a user's
-    prefetching wrapper keeps the sampler it reads from as ``.sampler``, as torch's
-    ``BatchSampler`` does)."""
-    parts = [loader] + [getattr(loader, name, None) for name in ("batch_sampler", "sampler")]
-    parts += [getattr(p, "sampler", None) for p in parts[1:] if p is not None]
-    return next((p for p in parts if isinstance(p, ShardedSampler)), None)
-
-
-def dynamic_assignment_support(loader) -> tuple[bool, str]:
-    """Whether the batches of ``loader`` (what ``input_fn`` returned) can be assigned to the
-    workers dynamically, and why (or why not).
-
-    They can when the loader draws its batches from a :class:`ShardedSampler` (the loader
-    itself, its ``batch_sampler`` / ``sampler``, or a wrapper's ``.sampler``) whose global
-    batches have a length, and yields them in the order it draws them, or reads them from a
-    :class:`ParquetDataset` in its own process: then any worker can produce any global batch.
-    Iterable datasets and other samplers decide in the worker which batches it yields, and a
-    torch ``DataLoader(in_order=False)`` yields batches in the order its processes finish them,
-    so they keep the round-robin (static) assignment. Loaders that draw index batches ahead of
-    use take part: see :func:`draws_ahead`."""
-    from workers.parquet import ParquetDataset
-
-    parquet = loader if isinstance(loader, ParquetDataset) else getattr(loader, "dataset", None)
-    if isinstance(parquet, ParquetDataset):
-        processes = getattr(loader, "num_workers", 0) or 0
-        if processes:
-            return False, (f"the ParquetDataset is read by a torch DataLoader with num_workers="
-                           f"{processes}, whose worker processes cannot be given batch "
-                           "numbers; round-robin delivers the same sequence")
-        return True, "the loader reads its global batches from a ParquetDataset"
-    sampler = sharded_sampler_of(loader)
-    if sampler is None:
-        return False, (f"the loader input_fn returned ({type(loader).__name__}) does not draw "
-                       "its batches from a cstream ShardedSampler (an iterable dataset or "
-                       "another sampler decides in each worker which batches it yields)")
-    try:
-        len(sampler.data_source)
-    except TypeError:
-        return False, (f"the ShardedSampler's data source ({type(sampler.data_source).__name__})"
-                       " has no len(), so global batch numbers cannot be placed in epochs")
-    if getattr(loader, "in_order", True) is False and getattr(loader, "num_workers", 0):
-        return False, ("the torch DataLoader has in_order=False, so it yields batches in the "
-                       "order its worker processes finish them, not in the order it drew their "
-                       "global batch numbers; leave in_order=True for dynamic assignment")
-    return True, "the loader draws its global batches from a ShardedSampler"
-
-
-def global_batches_per_epoch(loader) -> int:
-    """The global batches of one epoch of a loader that takes part in dynamic assignment
-    (:func:`dynamic_assignment_support`): its ShardedSampler's, or its ParquetDataset's."""
-    from workers.parquet import ParquetDataset
-
-    parquet = loader if isinstance(loader, ParquetDataset) else getattr(loader, "dataset", None)
-    if isinstance(parquet, ParquetDataset):
-        return parquet.num_global_batches
-    return len(sharded_sampler_of(loader).data_source)
-
-
-def draws_ahead(loader) -> int:
-    """How many index batches ``loader`` draws beyond the batch it yields: a torch
-    ``DataLoader`` with ``num_workers = n > 0`` draws ``prefetch_factor * n`` when its
-    iterator is created (or re-armed, with ``persistent_workers``) and one more before it
-    yields each batch; one with ``num_workers=0`` draws none ahead. Under dynamic assignment
-    a worker must hold that many global batch numbers beyond the one it produces, or its
-    loader waits for numbers before it yields the batch the stream waits for. A sampler
-    wrapper's own read-ahead cannot be seen from outside: the input worker reports it when
-    its loader waits for a number with batches drawn and not yet yielded
-    (:class:`workers.context.BatchAssignment`)."""
-    n = getattr(loader, "num_workers", 0)
-    if not isinstance(loader, torch.utils.data.DataLoader) or not n:
-        return 0
-    return int(getattr(loader, "prefetch_factor", None) or 2) * int(n)
 
 
 # ---------------------------------------------------------------------------------------------

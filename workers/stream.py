@@ -18,32 +18,35 @@ says where each runs and records every restart.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import ray
 import torch
 
-from workers.assignment import AssignmentPlan, RoundRobinPlan, StreamParts
+from workers.assignment import StreamParts
 from workers.config import CSConfig
-from workers.context import DataLoaderCheckpoint, WorkerInfo
+from workers.context import DataLoaderCheckpoint
 from workers.dataloader import DataLoader, EmptyDataLoaderError
 from workers.duplicates import WorkerKeys
 from workers.errors import InputWorkerError, WorkerCrashLoopError
 from workers.flow import FlowPolicy
-from workers.link import (DEFAULT_NAME_PREFIX, LinkSetup, WorkerFailed, WorkerLink,
-                          kill_named_workers, kill_workers, start_workers_ahead, worker_name)
+from workers.link import (DEFAULT_NAME_PREFIX, NUM_CPUS, LinkSetup, WorkerFailed,
+                          kill_named_workers, kill_workers, start_workers_ahead)
 from workers.local_stream import BatchInfo, sample_key_batches
+from workers.plans import AssignmentPlan, ConfiguredPlan, RoundRobinPlan
 from workers.replies import WorkerReply
 from workers.resume import ExhaustedIteratorError, ResumeError, ResumeStates
-from workers.supervision import StreamState, Supervisor
+from workers.placement import NodePlacer
+from workers.pool import StreamWorkers
+from workers.positions import StreamPosition, WorkerPosition
+from workers.supervision import StreamState, SupervisionRecord
 from workers.torch_compat import tree_map_only
 
-__all__ = ["BatchInfo", "CsxInputStream", "kill_named_workers", "kill_workers",
-           "start_workers_ahead"]
+__all__ = ["BatchInfo", "CsxInputStream", "configured_stream", "kill_named_workers",
+           "kill_workers", "start_workers_ahead"]
 
-_STOP_JOIN_S = 1.0  # how long close() lets producers finish the batch they are making
-_WHERE_WAIT_S = 2.0  # how long stats() waits for the workers to say where they run
 
 _OWN_ERRORS = {cls.__name__: cls for cls in (EmptyDataLoaderError, ExhaustedIteratorError,
                                              ResumeError)}
@@ -72,13 +75,6 @@ def local_object_store_bytes() -> int | None:
         if n.get("NodeID") == node:
             return int(n.get("Resources", {}).get("object_store_memory", 0)) or None
     return None
-
-
-def _where_fields(node: dict | None) -> dict:
-    """A worker's node for its stats: ``node_id``, ``node_ip`` and ``pid`` (None if unknown)."""
-    node = node or {}
-    return {"node_id": node.get("node_id"), "node_ip": node.get("node_ip"),
-            "pid": node.get("pid")}
 
 
 def _check_arguments(dataloader, cs_config, wse_id, policy, name_prefix) -> None:
@@ -120,6 +116,27 @@ def _check_arguments(dataloader, cs_config, wse_id, policy, name_prefix) -> None
         )
 
 
+def _check_change(wse_id: int, active: list[int], add, retire: list[int],
+                  support: tuple[bool, str]) -> None:
+    """Refuse a change of a stream's workers that cannot be made, saying why."""
+    if isinstance(add, bool) or not isinstance(add, int) or add < 0:
+        raise ValueError(f"CsxInputStream.change_workers: add={add!r}; it must be an int >= 0 "
+                         "(the number of workers to start).")
+    if len(set(retire)) != len(retire) or not set(retire) <= set(active):
+        raise ValueError(
+            f"CS-X {wse_id}: cannot retire input worker(s) {retire}: the workers taking part "
+            f"are {active}; name each one once.")
+    if len(active) + add - len(retire) < 1:
+        raise ValueError(
+            f"CS-X {wse_id}: retiring {len(retire)} of the {len(active)} input workers taking "
+            f"part (adding {add}) would leave none; keep at least one.")
+    if not support[0]:
+        raise ValueError(
+            f"CS-X {wse_id}: the input workers of this stream cannot be changed while it runs: "
+            f"{support[1]}. Check can_change_workers() before starting a change, or run with a "
+            "fixed number of workers.")
+
+
 class CsxInputStream:
     """The input side of one CS-X: its InputWorker actors and the merge of their batches, in
     the order its assignment gives (:mod:`workers.assignment`).
@@ -148,8 +165,9 @@ class CsxInputStream:
         zero_copy: True when the caller is each batch's only reader: batches are handed out
             without a defensive copy.
         plan: how the assignment of global batches to workers is chosen (an
-            :class:`~workers.assignment.AssignmentPlan`); None:
-            :class:`~workers.assignment.RoundRobinPlan`.
+            :class:`~workers.plans.AssignmentPlan`); None:
+            :class:`~workers.plans.RoundRobinPlan` (round-robin); the run's streams are given
+            :class:`~workers.plans.ConfiguredPlan` (``CSConfig.input_assignment``).
 
     :attr:`workers` holds one :class:`~workers.link.WorkerLink` per local worker, and
     :attr:`step` the global batch :meth:`next` delivers next.
@@ -198,52 +216,35 @@ class CsxInputStream:
         self.state = StreamState(wse_id)
         self.peeked = None
         self._wait_s = 0.0
-        self.workers = [WorkerLink(info=WorkerInfo(w, W, cs_config.num_csx, wse_id),
-                                   name=worker_name(name_prefix, wse_id, w), setup=self.setup)
-                        for w in range(W)]
-        start = {"worker_step": 0, "samples_streamed": 0,
-                 "user_state_dict": {"epoch": 0, "batch_in_epoch": 0}}
-        for link in self.workers:
-            link.start_at(start, 0)
-        if resume_states is not None:
-            after, self.step = ResumeStates(resume_states).checked(wse_id, W)
-            for link in self.workers:
-                link.start_at(after[link.w], int(after[link.w]["worker_step"]))
+        at = StreamPosition(0, (WorkerPosition(),) * W) if resume_states is None else \
+            ResumeStates(resume_states).checked(wse_id, W)
+        self.step = at.step
+        self.placer = NodePlacer(NUM_CPUS)
+        self.pool = StreamWorkers(cs_config, wse_id, self.setup, self.placer,
+                                  on_reform=self._forget_peeked)
+        self.workers = self.pool.links
+        self.workers.extend(self.pool.new_link(w, W, at.workers[w]) for w in range(W))
         self.state.first_step = self.step  # global batch number of this run's first step
         self._slowest_s: float | None = None  # the slowest batch delivered (its produce_s)
         key_batches = sample_key_batches(cs_config)
         for link in self.workers:
             link.keys_until = link.received + key_batches
-        self.supervisor = Supervisor(cs_config, self.state, self.workers)
+        self.record = SupervisionRecord()
+        self._boundary = threading.RLock()  # held by next() and the other step-boundary calls
         self.setup.dataloader_ref = ray.put(dataloader)
         self._t_start = time.perf_counter()
         self._t_first: float | None = None
         self.assignment = None
         try:
             with self._failures():
-                self._start_workers([] if workers_ahead is None else workers_ahead)
+                self.pool.start_first([] if workers_ahead is None else workers_ahead)
                 self.assignment = plan.choose(StreamParts(
-                    cs_config=cs_config, links=self.workers, supervisor=self.supervisor,
-                    setup=self.setup, state=self.state,
-                    max_batches_ahead=self.max_batches_ahead))
+                    cs_config=cs_config, links=self.workers, setup=self.setup,
+                    state=self.state, max_batches_ahead=self.max_batches_ahead,
+                    placer=self.placer, record=self.record))
         except BaseException:
             self.close()
             raise
-
-    def _start_workers(self, ahead: list) -> None:
-        """Start every worker (taking those of ``ahead``, :func:`start_workers_ahead`'s row
-        for this CS-X) and send each its first requests."""
-        nodes = self.supervisor.placer.initial(self.num_workers,
-                                               first=self.wse_id * self.num_workers)
-        for link in self.workers:  # placed as start_workers_ahead places them
-            w = link.w
-            link.node = nodes[w]
-            actor = ahead[w] if w < len(ahead) else None
-            if actor is not None:
-                ahead[w] = None  # taken: set up, or killed if that fails
-            link.spawn(ahead=actor)
-        for link in self.workers:
-            link.request()
 
     @property
     def step(self) -> int:
@@ -286,6 +287,10 @@ class CsxInputStream:
     def next(self) -> tuple[Any, BatchInfo]:
         """The next batch of this CS-X (global batch :attr:`step`, from the worker the
         assignment gave it to) and its :class:`BatchInfo`."""
+        with self._boundary:
+            return self._next()
+
+    def _next(self) -> tuple[Any, BatchInfo]:
         self.check_open()
         t0 = time.perf_counter()
         if self.peeked is not None:
@@ -312,8 +317,8 @@ class CsxInputStream:
         """The next batch's nesting with every tensor as a ``meta`` tensor of its shape and
         dtype; the batch itself stays for :meth:`next`."""
         self.check_open()
-        if self.peeked is None:
-            with self._failures():
+        with self._boundary, self._failures():
+            if self.peeked is None:
                 self.peeked = self.assignment.next_reply()
         return tree_map_only(torch.Tensor, lambda t: torch.empty_like(t, device="meta"),
                              self.peeked[1].batch)
@@ -323,14 +328,63 @@ class CsxInputStream:
         they stay queued for :meth:`next`). A worker whose input fails or whose byte bound is
         full before then reports the keys it has."""
         self.check_open()
-        with self._failures():
+        with self._boundary, self._failures():
             self.assignment.wait_for_keys()
         return [WorkerKeys(self.wse_id, link.w, list(link.keys)) for link in self.workers]
 
     def worker_states(self) -> list[DataLoaderCheckpoint]:
         """One state per worker, at the position right after the batches consumed through
         :meth:`next`; ``CsxInputStream(..., resume_states=...)`` continues from there."""
-        return self.assignment.resume_states()
+        with self._boundary:
+            return self.assignment.resume_states()
+
+    # -- changing the workers while the stream runs ---------------------------------------
+    def can_change_workers(self) -> tuple[bool, str]:
+        """Whether :meth:`change_workers` can change this stream's workers, and why (not):
+        under dynamic assignment always; under round-robin where the workers' loader keeps
+        its position in global batches (:func:`workers.loaders.worker_change_support`). The
+        answer does not change while the stream runs: ask it before relying on a change."""
+        self.check_open()
+        return self.assignment.change_support()
+
+    def active_workers(self) -> list[int]:
+        """The local ids of the workers taking part (a retired worker leaves this list at
+        once, though it may still make the batches it owes)."""
+        return self.assignment.active_workers()
+
+    def add_workers(self, count: int = 1) -> list[int]:
+        """Start ``count`` more workers: :meth:`change_workers` ``(add=count)``."""
+        return self.change_workers(add=count)
+
+    def retire_workers(self, local_worker_ids: Sequence[int]) -> list[int]:
+        """Retire these workers: :meth:`change_workers` ``(retire=local_worker_ids)``."""
+        return self.change_workers(retire=local_worker_ids)
+
+    def change_workers(self, add: int = 0, retire: Sequence[int] = ()) -> list[int]:
+        """Start ``add`` more workers and retire those of ``retire`` (local ids) at the step
+        boundary this call waits for (the end of a :meth:`next` in progress; safe from
+        another thread). Returns the ids of the workers taking part afterwards. The stream's
+        sequence of global batches stays the one of a fixed number of workers.
+
+        Under dynamic assignment an added worker starts at the position after the last
+        delivered batch and gets numbers once its process answers; a retired one gets no new
+        numbers, hands back those it owes once live workers can make them all (else it makes
+        them first), then its actor is killed; ids are never reused. Under round-robin every
+        worker is re-formed from the exact position (as a resume with another worker count
+        is): the batches made ahead are made again, and the ids are ``0..W-1`` afterwards.
+        Raises ``ValueError`` where :meth:`can_change_workers` says no, an id is not taking
+        part, or no worker would be left.
+        """
+        retire = [int(w) for w in retire]
+        with self._boundary:
+            self.check_open()
+            _check_change(self.wse_id, self.active_workers(), add, retire,
+                          self.assignment.change_support())
+            if add or retire:
+                with self._failures():
+                    self.assignment = self.assignment.change_workers(add, retire, self.pool)
+                self.num_workers = len(self.active_workers())
+            return self.active_workers()
 
     def ready_count(self) -> int:
         """Batches already produced and waiting for this CS-X."""
@@ -372,42 +426,28 @@ class CsxInputStream:
         return self.assignment.stats(self._transport_stats())
 
     def _transport_stats(self) -> dict:
-        asked = [link.where_ref for link in self.workers if link.where_ref is not None]
-        if asked and not self.closed:  # workers that have not said where they run yet
-            with contextlib.suppress(Exception):
-                ray.wait(asked, num_returns=len(asked), timeout=_WHERE_WAIT_S,
-                         fetch_local=False)
+        if not self.closed:
+            self.pool.wait_where()
         now = time.perf_counter()
         startup = (self._t_first if self._t_first is not None else now) - self._t_start
         elapsed = max(now - self._t_first, 1e-9) if self._t_first is not None else float("inf")
-        workers = [{
-            "local_worker_id": link.w,
-            "batches": link.delivered_this_run,
-            "worker_step": link.consumed,
-            "batches_per_s": link.delivered_this_run / elapsed,
-            "bytes": link.bytes,
-            "restarts": link.restarts,
-            "straggler_reports": link.straggler_reports,
-            "replies": link.replies,
-            **_where_fields(link.node_of(0) if not self.closed else link.node),
-        } for link in self.workers]
-        batches = sum(w["batches"] for w in workers)
+        figures = self.pool.figures(elapsed, self.closed)
         return {
             "wse_id": self.wse_id,
             "num_workers": self.num_workers,
             "steps": self.step,
-            "batches": batches,
-            "batches_per_s": batches / elapsed,
-            "bytes": sum(w["bytes"] for w in workers),
-            "bytes_per_s": sum(w["bytes"] for w in workers) / elapsed,
+            "batches": figures["batches"],
+            "batches_per_s": figures["batches_per_s"],
+            "bytes": figures["bytes"],
+            "bytes_per_s": figures["bytes_per_s"],
             "in_flight_bytes_per_worker": self.setup.in_flight_bytes_per_worker,
             "wait_s": self._wait_s,
             "startup_s": startup,
             "elapsed_s": now - self._t_start,
-            "restarts": sum(w["restarts"] for w in workers),
-            "stragglers": list(self.supervisor.stragglers),
-            "restart_events": list(self.supervisor.restart_events),
-            "workers": workers,
+            "restarts": figures["restarts"],
+            "stragglers": list(self.record.stragglers),
+            "restart_events": list(self.record.restart_events),
+            "workers": figures["workers"],
         }
 
     # -- closing --------------------------------------------------------------------------
@@ -422,19 +462,12 @@ class CsxInputStream:
     def _kill_workers(self) -> None:
         self.state.closed = True
         self.peeked = None
-        live = [link for link in self.workers if link.actor is not None]
-        # let producers leave input_fn first: a process killed while a thread is inside native
-        # code (a torch op) aborts with a stack dump on the console
-        stops = []
-        for link in live:
-            with contextlib.suppress(Exception):
-                stops.append(link.actor.stop.remote(_STOP_JOIN_S))
-        if stops:
-            with contextlib.suppress(Exception):
-                ray.wait(stops, num_returns=len(stops), timeout=_STOP_JOIN_S + 0.5)
-        for link in self.workers:
-            link.kill()
+        self.pool.kill_all()
         self.setup.dataloader_ref = None
+
+    def _forget_peeked(self) -> None:
+        """The workers are re-formed: the batch held for the next step is made again."""
+        self.peeked = None
 
     def __enter__(self):
         return self
@@ -446,3 +479,12 @@ class CsxInputStream:
         state = "closed" if self.closed else f"step {self.step}"
         return (f"CsxInputStream(CS-X {self.wse_id}, {self.num_workers} workers, "
                 f"{self.dataloader.input_fn_name}, {state})")
+
+
+def configured_stream(dataloader, cs_config, wse_id, *, resume_states=None,
+                      **options) -> CsxInputStream:
+    """The stream a run opens for CS-X ``wse_id``: its assignment follows
+    ``cs_config.input_assignment`` (:class:`~workers.plans.ConfiguredPlan`); ``options`` as
+    for :class:`CsxInputStream`."""
+    return CsxInputStream(dataloader, cs_config, wse_id, resume_states=resume_states,
+                          plan=ConfiguredPlan(cs_config, resume_states), **options)

@@ -9,7 +9,7 @@ import collections
 import logging
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import ray
@@ -17,11 +17,11 @@ import ray
 from workers import ray_compat
 from workers.config import CSConfig
 from workers.errors import StragglerWarning, WorkerCrashLoopError
-from workers.link import NUM_CPUS, WorkerFailed, WorkerLink, first_lines
+from workers.link import WorkerFailed, WorkerLink, first_lines
 from workers.placement import NodePlacer
 from workers.replies import WorkerReply
 
-__all__ = ["StreamState", "Supervisor"]
+__all__ = ["StreamState", "SupervisionRecord", "Supervisor"]
 
 logger = logging.getLogger("workers.stream")
 
@@ -55,25 +55,42 @@ class StreamState:
             )
 
 
+@dataclass
+class SupervisionRecord:
+    """What the supervision of one stream saw, for its stats: straggler reports (the latest
+    ``_MAX_STRAGGLER_RECORDS``) and restart events. It outlives a supervisor: a stream whose
+    workers are re-formed keeps one record."""
+
+    stragglers: list[dict] = field(default_factory=list)
+    restart_events: list[dict] = field(default_factory=list)
+
+
 class Supervisor:
     """Watches the :class:`~workers.link.WorkerLink` s of CS-X ``state.wse_id``.
 
-    The assignment sets :attr:`on_restart` (what a restart's record says beyond this one's, and
-    the numbers the dead process owed) and :attr:`waits_after_restart`.
+    Args:
+        placer: where new processes go (shared with the stream's first placement).
+        record: where straggler reports and restart events are kept.
+        on_restart: what a restart's event says beyond this one's (the assignment's: the
+            numbers the dead process owed); called with the link once its new process is
+            started.
+        waits_after_restart: whether :meth:`await_reply` waits for the reply of a restarted
+            worker's new process (False: its caller has other replies to take first).
     """
 
-    def __init__(self, cs_config: CSConfig, state: StreamState, links: list[WorkerLink]):
+    def __init__(self, cs_config: CSConfig, state: StreamState, links: list[WorkerLink],
+                 placer: NodePlacer, record: SupervisionRecord,
+                 on_restart: Callable[[WorkerLink], dict] = lambda link: {},
+                 waits_after_restart: bool = True):
         self.cs_config, self.state, self.links = cs_config, state, links
         self.wse_id = state.wse_id
         self.check_open = state.check_open
-        self.placer = NodePlacer(NUM_CPUS)
+        self.placer = placer
         self.poll_s = min(0.25, cs_config.straggler_timeout_s / 4)
-        self.stragglers: list[dict] = []
-        self.restart_events: list[dict] = []
-        self.on_restart: Callable[[WorkerLink], dict] = lambda link: {}
-        self.waits_after_restart = True
-        """Whether :meth:`await_reply` waits for the reply of a restarted worker's new process
-        (False: its caller has other replies to take first)."""
+        self.stragglers = record.stragglers
+        self.restart_events = record.restart_events
+        self.on_restart = on_restart
+        self.waits_after_restart = waits_after_restart
 
     # -- waiting --------------------------------------------------------------------------
     def await_reply(self, link: WorkerLink) -> Optional[tuple[int, dict]]:
@@ -125,7 +142,7 @@ class Supervisor:
         # process goes to a live node with the fewest of this CS-X's workers
         self.placer.suspect(died_on and died_on["node_id"])
         load = collections.Counter(o.node["node_id"] for o in self.links
-                                   if o is not link and o.node)
+                                   if o is not link and o.node and not o.retired)
         node = self.placer.replacement(load)
         event = {
             "t_unix": time.time(), "wse_id": self.wse_id, "local_worker_id": w,

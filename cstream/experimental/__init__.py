@@ -1,5 +1,6 @@
 """``cstream.experimental``: the same names as the top level (Cerebras' porting guide imports
-this path).
+this path). ``cstream/__init__.py`` copies them in once it has bound them all, so this module
+imports nothing of the top level's.
 
 >>> import cstream.experimental as cstorch
 >>> import cstream.experimental.metrics as metrics
@@ -7,21 +8,9 @@ this path).
 True
 """
 
-import sys as _sys
-
-import cstream as _cstream
-from cstream import __all__ as _all
-from cstream import amp, distributed, metrics, optim, utils  # noqa: F401
-
-_all = [n for n in _all if n != "experimental"]  # this module itself is the last name set
-globals().update({n: getattr(_cstream, n) for n in _all})
-
-for _name in ("amp", "distributed", "metrics", "optim", "utils"):
-    _sys.modules[f"{__name__}.{_name}"] = getattr(_cstream, _name)
-
-from cstream.experimental import listener  # noqa: E402
-from cstream.unsupported import unsupported as _unsupported  # noqa: E402
-from cstream.unsupported import unsupported_class as _unsupported_class  # noqa: E402
+from cstream.experimental import listener
+from cstream.unsupported import unsupported as _unsupported
+from cstream.unsupported import unsupported_class as _unsupported_class
 
 _LOOP = "the on-device autoregressive generation loop (cerebras.pytorch.experimental.{})"
 run_implicit_autoregressive_loop = _unsupported(_LOOP.format("run_implicit_autoregressive_loop"))
@@ -50,6 +39,6 @@ def get_loop_iteration_slice(input_tensor, index_tensor):
     return input_tensor.gather(loop_dim, index)
 
 
-__all__ = list(_all) + ["Compression", "get_loop_iteration_slice", "listener",
-                        "run_implicit_autoregressive_loop", "start_implicit_loop",
-                        "update_implicit_loop"]
+__all__ = ["Compression", "get_loop_iteration_slice", "listener",
+           "run_implicit_autoregressive_loop", "start_implicit_loop",
+           "update_implicit_loop"]  # the top level's names are added
