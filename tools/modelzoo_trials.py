@@ -50,15 +50,38 @@ PRECISIONS = {
 }
 
 
+GPT_FAMILIES_2_2 = {  # family: the smallest shipped configuration of its folder
+    "gpt2": "params_gpt2_small.yaml", "gpt3": "params_gpt3_111m.yaml",
+    "gptj": "params_gpt_neox_small.yaml", "llama": "params_llama2_7b.yaml",
+    "mistral": "params_mistral_7B.yaml", "falcon": "params_falcon_7b.yaml",
+    "bloom": "params_bloom_7b.yaml", "mpt": "params_mpt_7B.yaml",
+    "starcoder": "params_starcoder_15b.yaml", "santacoder": "params_santacoder_1b.yaml",
+    "btlm": "params_btlm_2p7b_2k.yaml", "jais": "params_jais_30b.yaml",
+}
+"""Release 2.2's decoder language models: each reads the GPT HDF5 token files."""
+
+FAMILIES_2_2 = [*GPT_FAMILIES_2_2, "bert", "bert_classifier", "bert_token_classifier",
+                "bert_extractive_summarization", "t5", "transformer", "esm2", "dpr", "dpo",
+                "dit", "llava", "vision_transformer", "fc_mnist"]
+"""Release 2.2's 25 model families (bert counted with each of its fine-tuning heads)."""
+
+
+def code_root(release: Path) -> tuple[Path, Path]:
+    """(the folder to put on PYTHONPATH, the Model Zoo's package folder) of a checkout."""
+    if (release / "src" / "cerebras" / "modelzoo").is_dir():
+        return release / "src", release / "src" / "cerebras" / "modelzoo"
+    return release, release / "modelzoo"
+
+
 def program_paths(release: Path, program: str) -> tuple[Path, Path, Path]:
     """(run.py, shipped params.yaml, the folder to put on PYTHONPATH) of ``program``."""
-    if (release / "src" / "cerebras" / "modelzoo").is_dir():
-        root, code = release / "src", release / "src" / "cerebras" / "modelzoo"
+    root, code = code_root(release)
+    if program == "fc_mnist":
+        folder, shipped = code / "fc_mnist" / "pytorch", "params.yaml"
+    elif root.name != "src":  # Release 2.0/2.1
+        folder, shipped = code / "transformers" / "pytorch" / "gpt2", "params_gpt2_small.yaml"
     else:
-        root, code = release, release / "modelzoo"
-    folder = {"fc_mnist": code / "fc_mnist" / "pytorch",
-              "gpt2": code / "transformers" / "pytorch" / "gpt2"}[program]
-    shipped = {"fc_mnist": "params.yaml", "gpt2": "params_gpt2_small.yaml"}[program]
+        folder, shipped = code / "models" / "nlp" / program, GPT_FAMILIES_2_2[program]
     return folder / "run.py", folder / "configs" / shipped, root
 
 
@@ -124,20 +147,46 @@ def params_for(program: str, shipped: Path, data: Path, steps: int, precision: s
     if program == "fc_mnist":
         run["steps_per_epoch"] = steps  # 2.0.x reads it; 1,500 images give 375 batches of 4
         run["eval_steps"] = 20
-    else:  # a GPT-2 small enough for two cores; no dropout so CPU and CSX draw nothing random
-        params["model"].update(hidden_size=64, vocab_size=512, max_position_embeddings=64,
-                               num_hidden_layers=2, num_heads=4, filter_size=256,
-                               dropout_rate=0.0, attention_dropout_rate=0.0)
+    else:
+        tiny_decoder(params["model"])
         for key in ("train_input", "eval_input"):
-            params[key].update(batch_size=8, num_workers=1)
+            params[key].update(batch_size=8, shuffle=False,
+                               num_workers=0 if release_2_2 else 1)
+            params[key].pop("max_sequence_length", None)  # "sample" files fix the length
         run["eval_steps"] = 4
     return params
 
 
-def run_program(run_py: Path, backend: str, mode: str, params: Path, model_dir: Path,
-                env: dict, log: Path, extra: tuple = (), timeout: int = 1200) -> dict:
+TINY_DECODER = {"hidden_size": 64, "num_heads": 4, "num_hidden_layers": 2, "filter_size": 256,
+                "vocab_size": 512, "max_position_embeddings": 64}
+"""A decoder small enough for two cores; the token files are written for its vocabulary and
+sequence length (64)."""
+
+
+def tiny_decoder(model: dict) -> None:
+    """Shrink a shipped decoder configuration in place, keeping its structure (position
+    embedding, attention module, norms, nonlinearity, scaling): sizes from TINY_DECODER, the
+    rotary dimension the head size, a sliding window half the sequence, at most 2 key-value
+    groups, and no dropout, so CPU and CSX draw nothing random."""
+    model.update(TINY_DECODER)
+    head = TINY_DECODER["hidden_size"] // TINY_DECODER["num_heads"]
+    if "rotary_dim" in model:
+        model["rotary_dim"] = head
+    if "attention_sliding_window_length" in model:
+        model["attention_sliding_window_length"] = TINY_DECODER["max_position_embeddings"] // 2
+    extra = model.get("extra_attention_params") or {}
+    if "num_kv_groups" in extra:
+        extra["num_kv_groups"] = min(2, extra["num_kv_groups"])
+    for key, value in list(model.items()):
+        if "dropout" in key and isinstance(value, (int, float)) and not isinstance(value, bool):
+            model[key] = 0.0
+
+
+def run_program(python: str, run_py: Path, backend: str, mode: str, params: Path,
+                model_dir: Path, env: dict, log: Path, extra: tuple = (),
+                timeout: int = 1200) -> dict:
     """Run ``run.py`` once; its exit code, losses by step, eval loss, metrics and seconds."""
-    cmd = [sys.executable, str(run_py), backend, "--mode", mode, "--params", str(params),
+    cmd = [python, str(run_py), backend, "--mode", mode, "--params", str(params),
            "--model_dir", str(model_dir), *extra]
     start = time.monotonic()
     with open(log, "w") as out:
@@ -154,15 +203,22 @@ def run_program(run_py: Path, backend: str, mode: str, params: Path, model_dir: 
     return found
 
 
-def trial(args) -> dict:
-    run_py, shipped, root = program_paths(args.release, args.program)
-    work = args.work / f"{args.release.name}-{args.program}-{args.precision}"
+def runnable(release: Path) -> list[str]:
+    """The families of ``release`` this tool runs."""
+    if code_root(release)[0].name == "src":
+        return [f for f in FAMILIES_2_2 if f == "fc_mnist" or f in GPT_FAMILIES_2_2]
+    return ["fc_mnist", "gpt2"]
+
+
+def trial(args, program: str) -> dict:
+    run_py, shipped, root = program_paths(args.release, program)
+    work = args.work / f"{args.release.name}-{program}-{args.precision}"
     shutil.rmtree(work, ignore_errors=True)
     data = work / "data"
-    (write_mnist if args.program == "fc_mnist" else write_gpt_hdf5)(data)
+    (write_mnist if program == "fc_mnist" else write_gpt_hdf5)(data)
     params = work / "params.yaml"
     release_2_2 = root.name == "src"
-    params.write_text(yaml.safe_dump(params_for(args.program, shipped, data, args.steps,
+    params.write_text(yaml.safe_dump(params_for(program, shipped, data, args.steps,
                                                 args.precision, release_2_2)))
     path = [str(REPO), str(root), *args.pythonpath, os.environ.get("PYTHONPATH", "")]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p),
@@ -171,17 +227,22 @@ def trial(args) -> dict:
     runs = {}
     for backend in ("CPU", "CSX"):
         full, resumed = work / f"{backend}-full", work / f"{backend}-resumed"
-        runs[f"{backend} train"] = run_program(run_py, backend, "train", params, full, env,
-                                               work / f"{backend}-train.log")
+        runs[f"{backend} train"] = run_program(args.python, run_py, backend, "train", params,
+                                               full, env, work / f"{backend}-train.log")
+        start, last = full / f"checkpoint_{first}.mdl", full / f"checkpoint_{args.steps}.mdl"
+        if not start.exists() or not last.exists():
+            skipped = {"rc": None, "losses": {}, "metrics": {}, "seconds": 0,
+                       "error": f"not run: training wrote no {start.name} and {last.name}"}
+            runs[f"{backend} resume"] = runs[f"{backend} eval"] = skipped
+            continue
         resumed.mkdir()
-        shutil.copy(full / f"checkpoint_{first}.mdl", resumed)
-        runs[f"{backend} resume"] = run_program(run_py, backend, "train", params, resumed, env,
-                                                work / f"{backend}-resume.log")
+        shutil.copy(start, resumed)
+        runs[f"{backend} resume"] = run_program(args.python, run_py, backend, "train", params,
+                                                resumed, env, work / f"{backend}-resume.log")
         runs[f"{backend} eval"] = run_program(
-            run_py, backend, "eval", params, work / f"{backend}-eval", env,
-            work / f"{backend}-eval.log",
-            extra=("--checkpoint_path", str(full / f"checkpoint_{args.steps}.mdl")))
-    return {"release": args.release.name, "program": args.program, "precision": args.precision,
+            args.python, run_py, backend, "eval", params, work / f"{backend}-eval", env,
+            work / f"{backend}-eval.log", extra=("--checkpoint_path", str(last)))
+    return {"release": args.release.name, "program": program, "precision": args.precision,
             "steps": args.steps, "resumed_from": first, "runs": runs,
             "compare": compare(runs)}
 
@@ -238,25 +299,42 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--release", type=Path, required=True,
                         help="an extracted Model Zoo release (Release_2.0.2, Release_2.2.1, ...)")
-    parser.add_argument("--program", choices=("fc_mnist", "gpt2"), required=True)
+    parser.add_argument("--program", action="append", required=True,
+                        help="a model family (repeatable; 'all' for every family the release "
+                        f"has that this tool runs: Release 2.2 {', '.join(FAMILIES_2_2)})")
     parser.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--work", type=Path, default=Path("/tmp/cstream-modelzoo-trials"))
     parser.add_argument("--pythonpath", action="append", default=[],
                         help="a folder the Model Zoo's imports need (repeatable)")
-    parser.add_argument("--out", type=Path, help="write the figures here as JSON")
+    parser.add_argument("--python", default=sys.executable,
+                        help="the interpreter that runs the programs (a venv with the Model "
+                        "Zoo's requirements)")
+    parser.add_argument("--out", type=Path,
+                        help="write the figures here as JSON (a folder with several programs: "
+                        "PROGRAM_RELEASE_PRECISION.json in it)")
     args = parser.parse_args(argv)
-    result = trial(args)
-    for name, run in result["runs"].items():
-        status = "ok" if run["rc"] == 0 else f"FAILED ({run.get('error')})"
-        print(f"{name}: {status}, {len(run['losses'])} losses logged, {run['seconds']} s"
-              + (f", eval loss {run['eval_loss']}" if "eval_loss" in run else ""))
-    for name, figures in result["compare"].items():
-        print(f"{name}: {figures}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-    return 0 if all(run["rc"] == 0 for run in result["runs"].values()) else 1
+    programs = [p for name in args.program for p in (runnable(args.release)
+                                                       if name == "all" else [name])]
+    failed = 0
+    for program in programs:
+        result = trial(args, program)
+        print(f"== {program} ({args.release.name}, {args.precision})")
+        for name, run in result["runs"].items():
+            status = "ok" if run["rc"] == 0 else f"FAILED ({run.get('error')})"
+            print(f"{name}: {status}, {len(run['losses'])} losses logged, {run['seconds']} s"
+                  + (f", eval loss {run['eval_loss']}" if "eval_loss" in run else ""))
+        for name, figures in result["compare"].items():
+            print(f"{name}: {figures}")
+        if args.out:
+            out = args.out
+            if len(programs) > 1 or out.is_dir():
+                out = out / f"{program}_{args.release.name.removeprefix('Release_')}_" \
+                    f"{args.precision}.json"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=1) + "\n")
+        failed += not all(run["rc"] == 0 for run in result["runs"].values())
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

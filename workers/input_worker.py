@@ -36,7 +36,7 @@ from workers.context import (BatchAssignment, DataLoaderCheckpoint, WorkerInfo, 
 from workers.dataloader import DataLoader
 from workers.duplicates import content_digest, sample_keys
 from workers.errors import user_traceback
-from workers.resume import Source, check_position, start_position
+from workers.resume import Source, check_position, leading_dim, start_position
 from workers.sharding import draws_ahead, dynamic_assignment_support, global_batches_per_epoch
 from workers.stall import thread_stacks
 
@@ -216,18 +216,6 @@ def unpack_reply(reply: dict, copy: bool = True) -> list:
         if "payload" in item:
             item["batch"] = unpack_batch(item.pop("payload"), copy)
     return items
-
-
-def _leading_dim(batch: Any) -> int:
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
-        return int(batch[0].shape[0]) if batch[0].dim() else 1
-    leaves, _ = tree_flatten(batch)
-    for x in leaves:
-        if isinstance(x, torch.Tensor):
-            return int(x.shape[0]) if x.dim() else 1
-    return 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -475,7 +463,7 @@ class InputWorkerImpl:
                 number = assignment.pop_taken() if assignment is not None else None
                 st.appliance_step = self._appliance_step(index + 1) if number is None \
                     else number + 1
-                st.samples_streamed += _leading_dim(batch)
+                st.samples_streamed += leading_dim(batch)
                 # a fresh dict each batch, never changed after: the reply and the worker's
                 # state share it
                 position = source.position()
