@@ -60,6 +60,9 @@ GPT_FAMILIES_2_2 = {  # family: the smallest shipped configuration of its folder
 }
 """Release 2.2's decoder language models: each reads the GPT HDF5 token files."""
 
+DECODER_FAMILIES_2_2 = {**GPT_FAMILIES_2_2, "dpo": "params_zephyr_7b_dpo.yaml"}
+"""Every Release 2.2 family built on a decoder (DPO trains a Mistral on chosen/rejected pairs)."""
+
 FAMILIES_2_2 = [*GPT_FAMILIES_2_2, "bert", "bert_classifier", "bert_token_classifier",
                 "bert_extractive_summarization", "t5", "transformer", "esm2", "dpr", "dpo",
                 "dit", "llava", "vision_transformer", "fc_mnist"]
@@ -81,7 +84,7 @@ def program_paths(release: Path, program: str) -> tuple[Path, Path, Path]:
     elif root.name != "src":  # Release 2.0/2.1
         folder, shipped = code / "transformers" / "pytorch" / "gpt2", "params_gpt2_small.yaml"
     else:
-        folder, shipped = code / "models" / "nlp" / program, GPT_FAMILIES_2_2[program]
+        folder, shipped = code / "models" / "nlp" / program, DECODER_FAMILIES_2_2[program]
     return folder / "run.py", folder / "configs" / shipped, root
 
 
@@ -106,19 +109,27 @@ def write_mnist(folder: Path, n_train: int = 1500) -> None:
 
 
 def write_gpt_hdf5(folder: Path, files: int = 2, per_file: int = 64, msl: int = 64,
-                   vocab: int = 512) -> None:
-    """Token files as the Model Zoo's GPT HDF5 processor reads them: ``data`` [n, 3, msl]
-    (input ids, attention mask, labels: the ids shifted by one) and the ``n_examples`` attribute."""
+                   vocab: int = 512, pairs: bool = False) -> None:
+    """Token files as the Model Zoo's GPT HDF5 processors read them: ``data`` [n, 3, msl]
+    (input ids, attention mask, labels: the ids shifted by one) and the ``n_examples``
+    attribute. ``pairs``: DPO's [n, 6, msl], a chosen and a rejected sequence, named in
+    ``data_params.json`` as its HDF5 conversion writes them."""
     import h5py
 
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     for i in range(files):
-        tokens = rng.integers(0, vocab, size=(per_file, msl + 1), dtype=np.int32)
-        data = np.stack([tokens[:, :-1], np.ones((per_file, msl), np.int32), tokens[:, 1:]], 1)
+        rows = []
+        for _ in range(2 if pairs else 1):
+            tokens = rng.integers(0, vocab, size=(per_file, msl + 1), dtype=np.int32)
+            rows += [tokens[:, :-1], np.ones((per_file, msl), np.int32), tokens[:, 1:]]
         with h5py.File(folder / f"data-{i}.h5", "w") as f:
             f.attrs["n_examples"] = per_file
-            f.create_dataset("data", data=data)
+            f.create_dataset("data", data=np.stack(rows, 1))
+    if pairs:
+        features = [f"{side}_{name}" for side in ("chosen", "rejected")
+                    for name in ("input_ids", "attention_mask", "labels")]
+        (folder / "data_params.json").write_text(json.dumps({"features": features}))
 
 
 def checkpoint_every(steps: int) -> int:
@@ -153,6 +164,7 @@ def params_for(program: str, shipped: Path, data: Path, steps: int, precision: s
             params[key].update(batch_size=8, shuffle=False,
                                num_workers=0 if release_2_2 else 1)
             params[key].pop("max_sequence_length", None)  # "sample" files fix the length
+            params[key].pop("micro_batch_size", None)  # the whole batch at once
         run["eval_steps"] = 4
     return params
 
@@ -206,7 +218,7 @@ def run_program(python: str, run_py: Path, backend: str, mode: str, params: Path
 def runnable(release: Path) -> list[str]:
     """The families of ``release`` this tool runs."""
     if code_root(release)[0].name == "src":
-        return [f for f in FAMILIES_2_2 if f == "fc_mnist" or f in GPT_FAMILIES_2_2]
+        return [f for f in FAMILIES_2_2 if f == "fc_mnist" or f in DECODER_FAMILIES_2_2]
     return ["fc_mnist", "gpt2"]
 
 
@@ -215,7 +227,10 @@ def trial(args, program: str) -> dict:
     work = args.work / f"{args.release.name}-{program}-{args.precision}"
     shutil.rmtree(work, ignore_errors=True)
     data = work / "data"
-    (write_mnist if program == "fc_mnist" else write_gpt_hdf5)(data)
+    if program == "fc_mnist":
+        write_mnist(data)
+    else:
+        write_gpt_hdf5(data, pairs=program == "dpo")
     params = work / "params.yaml"
     release_2_2 = root.name == "src"
     params.write_text(yaml.safe_dump(params_for(program, shipped, data, args.steps,
@@ -290,11 +305,125 @@ def table(paths: list[Path]) -> str:
     return "\n".join(rows)
 
 
+NOT_RUN_2_2 = {
+    "bert": "not run for time: no writer yet for BertCSVDynamicMaskDataProcessor's CSV files",
+    "bert_classifier": "not run for time: no writer yet for the SST-2 TSV files",
+    "bert_token_classifier": "not run for time: no writer yet for "
+                             "BertTokenClassifierDataProcessor's CSV files and label2id.json",
+    "bert_extractive_summarization": "not run for time: no writer yet for "
+                                     "BertSumCSVDataProcessor's CSV files",
+    "t5": "not run for time: no writer yet for T5DynamicDataProcessor's text files and "
+          "vocabulary",
+    "transformer": "not run for time: no writer yet for TransformerDynamicDataProcessor's "
+                   "text files and vocabulary",
+    "esm2": "not run for time: no writer yet for BertCSVDataProcessor's CSV files",
+    "dpr": "not run for time: no writer yet for DPRHDF5DataProcessor's question/context files",
+    "dit": "not run for time: no writer yet for DiffusionLatentImageNet1KProcessor's VAE "
+           "latent files",
+    "llava": "not run for time: no writer yet for LlavaHDF5MapDataProcessor's token files "
+             "and image folder",
+    "vision_transformer": "Release 2.2.1 ships no configuration for it (its folder has no "
+                          "configs/), so there is no shipped config to derive a tiny one from",
+}
+"""Why a Release 2.2 family has no trial results (its row in the table says so)."""
+
+NO_REAL_PACKAGE = {
+    "Release_2.2.1": "no real package to compare: PyPI has cerebras-pytorch 2.6.0-2.10.0 only",
+}
+
+
+def bf16_unit(loss: float) -> float:
+    """One bfloat16 unit in the last place at ``loss`` (8 significant bits)."""
+    return 2.0 ** (np.floor(np.log2(abs(loss))) - 7) if loss else 2.0 ** -133
+
+
+def within_bf16(a: dict, b: dict) -> tuple[bool, float, int]:
+    """(every common step's gap is within one bfloat16 unit of the loss, largest gap, steps)."""
+    steps = sorted(set(a) & set(b))
+    gaps = [(abs(a[s] - b[s]), bf16_unit(max(abs(a[s]), abs(b[s])))) for s in steps]
+    return bool(steps) and all(g <= u for g, u in gaps), max((g for g, _ in gaps), default=0.0), \
+        len(steps)
+
+
+def family_row(r: dict) -> tuple[list[str], bool]:
+    """The cells of one trial's row and whether train, eval and resume ran on CSX equal to
+    CPU (every run exited 0, both resumes exact, CSX's train and eval losses within the
+    precision's bound of CPU's)."""
+    runs, c = r["runs"], r["compare"]
+
+    def ran(name):
+        run = runs[name]
+        if run["rc"] == 0:
+            return "ok"
+        return f"fails: {(run.get('error') or '')[:120]}"
+
+    def resumed(backend):
+        g = c[f"{backend} resumed vs uninterrupted"]
+        if runs[f"{backend} resume"]["rc"] != 0 or not g["steps_compared"]:
+            return f"fails: {(runs[f'{backend} resume'].get('error') or 'no losses')[:120]}"
+        return "exact" if g["max_abs_loss_gap"] == 0 else f"differs by {g['max_abs_loss_gap']:.3g}"
+
+    train_ok, n = False, 0
+    cpu, csx = runs["CPU train"]["losses"], runs["CSX train"]["losses"]
+    if cpu and csx:
+        if r["precision"] == "mixed-bf16":
+            train_ok, gap, n = within_bf16(csx, cpu)
+        else:
+            gap, n = _max_gap(csx, cpu)
+            train_ok = gap == 0
+        ev = c["CSX vs CPU, eval loss"]
+        eval_ok = ev["gap"] is not None and (
+            ev["gap"] <= bf16_unit(max(ev["CPU"], ev["CSX"])) if r["precision"] == "mixed-bf16"
+            else ev["gap"] == 0)
+        equal = f"{'yes' if train_ok and eval_ok else 'no'}: train gap {gap:.3g} ({n} steps)" + \
+            (f", eval gap {ev['gap']:.3g}" if ev["gap"] is not None else ", no eval loss")
+    else:
+        eval_ok, equal = False, "not compared: a training run failed"
+    cells = [ran("CPU train"), ran("CSX train"), f"{ran('CPU eval')} / {ran('CSX eval')}",
+             f"{resumed('CPU')} / {resumed('CSX')}", equal,
+             NO_REAL_PACKAGE.get(r["release"], "not run for time")]
+    ok = all(run["rc"] == 0 for run in runs.values()) and train_ok and eval_ok and all(
+        resumed(b) == "exact" for b in ("CPU", "CSX"))
+    return cells, ok
+
+
+def families_table(release: str, paths: list[Path]) -> str:
+    """The families table of docs/modelzoo.md for one release: a row per family, from the
+    trial results in ``paths`` and, for a family without one, the reason it was not run."""
+    results = {}
+    for path in paths:
+        r = json.loads(path.read_text())
+        if r["release"] == release:
+            results[r["program"]] = r
+    families = FAMILIES_2_2 if release.startswith("Release_2.2") else sorted(results)
+    rows = ["| family | train CPU | train CSX | eval CPU / CSX | resume CPU / CSX | "
+            "CSX = CPU | matches the real package |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    good = []
+    for family in families:
+        if family in results:
+            cells, ok = family_row(results[family])
+            good += [family] * ok
+            precision = results[family]["precision"]
+            rows.append(f"| {family} ({precision}) | " + " | ".join(cells) + " |")
+        else:
+            reason = NOT_RUN_2_2.get(family, "not run for time")
+            rows.append(f"| {family} | {reason} | | | | | "
+                        f"{NO_REAL_PACKAGE.get(release, 'not run for time')} |")
+    rows.append("")
+    rows.append(f"{len(good)} of {len(families)} families train, evaluate and resume on CSX "
+                f"equal to CPU ({', '.join(good) or 'none'}); 0 of {len(families)} compared with "
+                "the real package.")
+    return "\n".join(rows)
+
+
 def main(argv=None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["--table"]:
         print(table([Path(p) for p in argv[1:]]))
+        return 0
+    if argv[:1] == ["--families-table"]:  # --families-table Release_2.2.1 FILE...
+        print(families_table(argv[1], [Path(p) for p in argv[2:]]))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--release", type=Path, required=True,
