@@ -160,6 +160,7 @@ def params_for(program: str, shipped: Path, data: Path, steps: int, precision: s
         run["eval_steps"] = 20
     else:
         tiny_decoder(params["model"])
+        params["optimizer"] = trial_optimizer(params["optimizer"], steps)
         for key in ("train_input", "eval_input"):
             params[key].update(batch_size=8, shuffle=False,
                                num_workers=0 if release_2_2 else 1)
@@ -192,6 +193,39 @@ def tiny_decoder(model: dict) -> None:
     for key, value in list(model.items()):
         if "dropout" in key and isinstance(value, (int, float)) and not isinstance(value, bool):
             model[key] = 0.0
+
+
+TRIAL_PEAK_LR = 1e-2
+"""The largest rate of a trial's schedule: large enough that a tiny model's loss moves by more
+than one bfloat16 unit within the few steps run."""
+
+CSX_ONLY_KEYS = ("max_gradient_norm", "max_gradient_value")
+"""Optimizer keys Release 2.2's flow applies on CSX only: it creates its GradScaler, and clips
+through it, only when the backend is CSX (GPU), so CPU never clips. The trials remove them to
+compare the two devices on the same computation."""
+
+
+def trial_optimizer(optimizer: dict, steps: int) -> dict:
+    """The shipped optimizer section for a run of ``steps`` steps: each scheduler of the
+    shipped schedule (warm-up, decay, ...) keeps its class and its share of the run
+    (``total_iters`` the steps divided among the schedulers), its rates scaled so the largest
+    is TRIAL_PEAK_LR; a constant rate becomes TRIAL_PEAK_LR; CSX_ONLY_KEYS are removed."""
+    optimizer = {k: v for k, v in optimizer.items() if k not in CSX_ONLY_KEYS}
+    rate = optimizer.get("learning_rate")
+    if not isinstance(rate, (list, dict)):
+        optimizer["learning_rate"] = TRIAL_PEAK_LR
+        return optimizer
+    specs = [dict(s) for s in (rate if isinstance(rate, list) else [rate])]
+    rate_keys = [k for s in specs for k in s if "learning_rate" in k and isinstance(s[k], float)]
+    peak = max([s[k] for s in specs for k in s if k in rate_keys] or [0.0])
+    for s in specs:
+        for k in list(s):
+            if k in rate_keys and peak:
+                s[k] = s[k] * TRIAL_PEAK_LR / peak
+        if "total_iters" in s:
+            s["total_iters"] = max(1, steps // len(specs))
+    optimizer["learning_rate"] = specs if isinstance(rate, list) else specs[0]
+    return optimizer
 
 
 def run_program(python: str, run_py: Path, backend: str, mode: str, params: Path,
