@@ -291,9 +291,11 @@ def trial(args, program: str) -> dict:
         runs[f"{backend} eval"] = run_program(
             args.python, run_py, backend, "eval", params, work / f"{backend}-eval", env,
             work / f"{backend}-eval.log", extra=("--checkpoint_path", str(last)))
+    figures = compare(runs)
+    figures["CSX vs CPU, weights at the last step"] = weights_gap(work, args.steps)
     return {"release": args.release.name, "program": program, "precision": args.precision,
-            "steps": args.steps, "resumed_from": first, "runs": runs,
-            "compare": compare(runs)}
+            "steps": args.steps, "resumed_from": first, "runs": runs, "work": str(work),
+            "compare": figures}
 
 
 def _max_gap(a: dict, b: dict):
@@ -314,6 +316,28 @@ def compare(runs: dict) -> dict:
     out["CSX vs CPU, eval loss"] = {"CPU": cpu, "CSX": csx,
                                     "gap": None if cpu is None or csx is None else abs(cpu - csx)}
     return out
+
+
+def weights_gap(work: Path, steps: int) -> dict | None:
+    """The model weights of the CPU and CSX runs' last checkpoints side by side: the largest
+    absolute difference over all weights, relative to the largest weight, and how many
+    tensors; None where a checkpoint is missing. Finer than the logged losses: under mixed
+    precision the weights stay float32 while the losses are logged in the half dtype."""
+    import h5py
+
+    paths = [work / f"{b}-full" / f"checkpoint_{steps}.mdl" for b in ("CPU", "CSX")]
+    if not all(p.exists() for p in paths):
+        return None
+    with h5py.File(paths[0], "r") as cpu, h5py.File(paths[1], "r") as csx:
+        names = []
+        cpu.visit(lambda n: names.append(n) if n.startswith("model.")
+                  and isinstance(cpu[n], h5py.Dataset) else None)
+        gap = scale = 0.0
+        for n in names:
+            a = np.asarray(cpu[n], dtype=np.float64)
+            b = np.asarray(csx[n], dtype=np.float64)
+            gap, scale = max(gap, float(np.abs(a - b).max())), max(scale, float(np.abs(a).max()))
+    return {"max_abs_weight_gap": gap, "max_abs_weight": scale, "tensors": len(names)}
 
 
 def table(paths: list[Path]) -> str:
@@ -411,6 +435,9 @@ def family_row(r: dict) -> tuple[list[str], bool]:
             else ev["gap"] == 0)
         equal = f"{'yes' if train_ok and eval_ok else 'no'}: train gap {gap:.3g} ({n} steps)" + \
             (f", eval gap {ev['gap']:.3g}" if ev["gap"] is not None else ", no eval loss")
+        w = c.get("CSX vs CPU, weights at the last step")
+        if w:
+            equal += f"; weights {w['max_abs_weight_gap']:.2g} (largest {w['max_abs_weight']:.2g})"
     else:
         eval_ok, equal = False, "not compared: a training run failed"
     cells = [ran("CPU train"), ran("CSX train"), f"{ran('CPU eval')} / {ran('CSX eval')}",
@@ -419,6 +446,32 @@ def family_row(r: dict) -> tuple[list[str], bool]:
     ok = all(run["rc"] == 0 for run in runs.values()) and train_ok and eval_ok and all(
         resumed(b) == "exact" for b in ("CPU", "CSX"))
     return cells, ok
+
+
+def families_2_10(release: Path) -> list[str]:
+    """The model families of a Release 2.3+ checkout: the folders of ``models/`` with a
+    ``run.py`` (bert's fine-tuning heads as ``bert_<head>``)."""
+    models = code_root(release)[1] / "models"
+    return sorted("_".join(p.parent.relative_to(models).parts[1:])
+                  for p in models.glob("*/**/run.py"))
+
+
+def import_probe(release: Path, python: str, family: str = "gpt3") -> str | None:
+    """Run ``family``'s ``run.py`` of a Release 2.3+ checkout with its shipped configuration on
+    CPU; None when it gets past the imports, else the error it stopped with (its last line)."""
+    root, code = code_root(release)
+    folder = code / "models" / "nlp" / family
+    config = sorted((folder / "configs").glob("*.yaml"))[0]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(root)]),
+               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    done = subprocess.run([python, str(folder / "run.py"), "CPU", "--mode", "train", "--params",
+                           str(config), "--model_dir", "/tmp/cstream-modelzoo-probe"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    lines = [ln for ln in (done.stdout + done.stderr).strip().splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.match(r"\w*(Error|Exception)\b", ln)]
+    if done.returncode == 0 or not errors:
+        return None
+    return errors[-1]
 
 
 def families_table(release: str, paths: list[Path]) -> str:
@@ -458,6 +511,29 @@ def main(argv=None) -> int:
         return 0
     if argv[:1] == ["--families-table"]:  # --families-table Release_2.2.1 FILE...
         print(families_table(argv[1], [Path(p) for p in argv[2:]]))
+        return 0
+    if argv[:1] == ["--recompare"]:  # --recompare WORK_ROOT FILE...: add the weights' gap
+        for path in map(Path, argv[2:]):
+            r = json.loads(path.read_text())
+            found = sorted(Path(argv[1]).glob(f"**/{r['release']}-{r['program']}-{r['precision']}"))
+            if found:
+                r["work"] = str(found[0])
+                r["compare"]["CSX vs CPU, weights at the last step"] = weights_gap(found[0],
+                                                                                   r["steps"])
+                path.write_text(json.dumps(r, indent=1) + "\n")
+        return 0
+    if argv[:1] == ["--probe"]:  # --probe RELEASE_PATH PYTHON: the 2.3+ table's rows
+        release, python = Path(argv[1]), argv[2]
+        error = import_probe(release, python)
+        print(f"gpt3 run.py CPU --mode train: {error or 'past the imports'}")
+        reason = f"not run: gpt3's run.py stops with `{error}`, and every program of this " \
+            "release starts through the same `cerebras.modelzoo.trainer`" if error else \
+            "not run for time"
+        print("| family | train CPU | train CSX | eval CPU / CSX | resume CPU / CSX | "
+              "CSX = CPU | matches the real package |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for family in families_2_10(release):
+            print(f"| {family} | {reason} | | | | | not run for time |")
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--release", type=Path, required=True,
