@@ -228,23 +228,40 @@ def trial_optimizer(optimizer: dict, steps: int) -> dict:
     return optimizer
 
 
+RAY_START_TIMEOUT = "The current node timed out during startup"
+"""What Ray raises when its node does not register within its fixed 30 s (a loaded machine)."""
+
+DONE = re.compile(r"(Training|Evaluation) completed successfully!")
+
+
 def run_program(python: str, run_py: Path, backend: str, mode: str, params: Path,
                 model_dir: Path, env: dict, log: Path, extra: tuple = (),
-                timeout: int = 1200) -> dict:
-    """Run ``run.py`` once; its exit code, losses by step, eval loss, metrics and seconds."""
+                timeout: int = 1200, reuse: bool = False) -> dict:
+    """Run ``run.py`` once; its exit code, losses by step, eval loss, metrics and seconds.
+    ``reuse``: a log of an earlier call that ends in success is read instead of running again.
+    A run whose Ray node timed out during startup runs once more (``"ray_retried"``)."""
     cmd = [python, str(run_py), backend, "--mode", mode, "--params", str(params),
            "--model_dir", str(model_dir), *extra]
-    start = time.monotonic()
-    with open(log, "w") as out:
-        done = subprocess.run(cmd, cwd=params.parent, env=env, stdout=out,
-                              stderr=subprocess.STDOUT, timeout=timeout)
+    if reuse and log.exists() and DONE.search(log.read_text()):
+        rc, seconds, retried = 0, None, False
+    else:
+        for attempt in range(2):
+            start = time.monotonic()
+            with open(log, "w") as out:
+                rc = subprocess.run(cmd, cwd=params.parent, env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, timeout=timeout).returncode
+            seconds, retried = round(time.monotonic() - start, 1), attempt > 0
+            if rc == 0 or RAY_START_TIMEOUT not in log.read_text():
+                break
     text = log.read_text()
-    found = {"rc": done.returncode, "seconds": round(time.monotonic() - start, 1),
+    found = {"rc": rc, "seconds": seconds,
              "losses": {int(s): float(v) for s, v in LOSS.findall(text)},
              "metrics": {k: float(v) for k, v in METRIC.findall(text)}, "log": str(log)}
+    if retried:
+        found["ray_retried"] = True
     if m := EVAL_LOSS.search(text):
         found["eval_loss"] = float(m.group(1))
-    if done.returncode != 0:
+    if rc != 0:
         found["error"] = text.strip().splitlines()[-1] if text.strip() else "no output"
     return found
 
@@ -259,7 +276,8 @@ def runnable(release: Path) -> list[str]:
 def trial(args, program: str) -> dict:
     run_py, shipped, root = program_paths(args.release, program)
     work = args.work / f"{args.release.name}-{program}-{args.precision}"
-    shutil.rmtree(work, ignore_errors=True)
+    if not args.reuse:
+        shutil.rmtree(work, ignore_errors=True)
     data = work / "data"
     if program == "fc_mnist":
         write_mnist(data)
@@ -276,21 +294,29 @@ def trial(args, program: str) -> dict:
     runs = {}
     for backend in ("CPU", "CSX"):
         full, resumed = work / f"{backend}-full", work / f"{backend}-resumed"
+        log = work / f"{backend}-train.log"
+        if not (args.reuse and log.exists() and DONE.search(log.read_text())):
+            shutil.rmtree(full, ignore_errors=True)  # the flow would resume from what is there
         runs[f"{backend} train"] = run_program(args.python, run_py, backend, "train", params,
-                                               full, env, work / f"{backend}-train.log")
+                                               full, env, work / f"{backend}-train.log",
+                                               reuse=args.reuse)
         start, last = full / f"checkpoint_{first}.mdl", full / f"checkpoint_{args.steps}.mdl"
         if not start.exists() or not last.exists():
             skipped = {"rc": None, "losses": {}, "metrics": {}, "seconds": 0,
                        "error": f"not run: training wrote no {start.name} and {last.name}"}
             runs[f"{backend} resume"] = runs[f"{backend} eval"] = skipped
             continue
-        resumed.mkdir()
-        shutil.copy(start, resumed)
+        log = work / f"{backend}-resume.log"
+        if not (args.reuse and log.exists() and DONE.search(log.read_text())):
+            shutil.rmtree(resumed, ignore_errors=True)
+            resumed.mkdir()
+            shutil.copy(start, resumed)
         runs[f"{backend} resume"] = run_program(args.python, run_py, backend, "train", params,
-                                                resumed, env, work / f"{backend}-resume.log")
+                                                resumed, env, log, reuse=args.reuse)
         runs[f"{backend} eval"] = run_program(
             args.python, run_py, backend, "eval", params, work / f"{backend}-eval", env,
-            work / f"{backend}-eval.log", extra=("--checkpoint_path", str(last)))
+            work / f"{backend}-eval.log", extra=("--checkpoint_path", str(last)),
+            reuse=args.reuse)
     figures = compare(runs)
     figures["CSX vs CPU, weights at the last step"] = weights_gap(work, args.steps)
     return {"release": args.release.name, "program": program, "precision": args.precision,
@@ -549,6 +575,9 @@ def main(argv=None) -> int:
     parser.add_argument("--python", default=sys.executable,
                         help="the interpreter that runs the programs (a venv with the Model "
                         "Zoo's requirements)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep the work folder and read the logs of runs that succeeded "
+                        "there instead of running them again")
     parser.add_argument("--out", type=Path,
                         help="write the figures here as JSON (a folder with several programs: "
                         "PROGRAM_RELEASE_PRECISION.json in it)")
