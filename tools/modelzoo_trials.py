@@ -497,7 +497,7 @@ def import_probe(release: Path, python: str, family: str = "gpt3") -> str | None
     errors = [ln for ln in lines if re.match(r"\w*(Error|Exception)\b", ln)]
     if done.returncode == 0 or not errors:
         return None
-    return errors[-1]
+    return re.sub(r" \(/[^)]*\)$", "", errors[-1])  # without the file it names
 
 
 def families_table(release: str, paths: list[Path]) -> str:
