@@ -10,13 +10,18 @@ from executor import runtime
 
 def _one_step(fn):
     """``fn`` with what every step does around the user's code (run eagerly, or traced): the
-    schedulers' param group values of this step (:func:`group_values_in_step`)."""
+    schedulers' param group values of this step (:func:`group_values_in_step`) and the hooks
+    of :mod:`cstream.core.compile`."""
     @functools.wraps(fn)
     def step(*args, **kwargs):
+        from cstream.core.compile import run_post_hooks, run_pre_hooks
         from cstream.optim.scheduler import group_values_in_step
 
         with group_values_in_step():
-            return fn(*args, **kwargs)
+            run_pre_hooks()
+            out = fn(*args, **kwargs)
+            run_post_hooks()
+            return out
 
     return step
 

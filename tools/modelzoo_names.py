@@ -11,7 +11,9 @@ cerebras_pytorch.distributed as dist``, ``modes.TRAIN`` after ``from cerebras_py
 modes``. The chain stops at a call or a subscript: ``cstorch.backend(...).device`` counts as
 ``cerebras.pytorch.backend``. Both spellings are counted as the ``cerebras.*`` one.
 
-A name resolves when importing its longest module prefix and reading the rest as attributes works.
+A name resolves when importing its longest module prefix and reading the rest as attributes works,
+or when reading it from the top package as attributes does (importing submodules on the way), as
+``cstorch.backends.csx.debug`` does after ``import cerebras.pytorch as cstorch``.
 """
 
 from __future__ import annotations
@@ -114,8 +116,27 @@ def _names(tree: ast.AST) -> set[str]:
     return found
 
 
+def _by_attributes(parts: list[str]):
+    """``parts`` read as Python reads ``a.b.c`` after ``import a``: an attribute of the object so
+    far, or else the submodule of that name (imported). A package attribute that shadows a
+    submodule wins (``cstorch.backends`` is the settings object, not the module of that name)."""
+    obj = importlib.import_module(".".join(parts[:2]))
+    for i in range(2, len(parts)):
+        if hasattr(obj, parts[i]):
+            obj = getattr(obj, parts[i])
+            continue
+        if not isinstance(obj, type(sys)):
+            raise AttributeError(".".join(parts[:i + 1]))
+        obj = importlib.import_module(".".join(parts[:i + 1]))
+    return obj
+
+
 def resolves(name: str) -> tuple[bool, str]:
+    """Whether ``name`` resolves, and why not. It does when importing its longest module prefix
+    and reading the rest as attributes works (``from a.b import c``), or when reading it from the
+    top package as attributes does (``cstorch.backends.csx.debug``)."""
     parts = name.split(".")
+    why = f"no module {parts[0]}"
     for cut in range(len(parts), 1, -1):
         module = ".".join(parts[:cut])
         try:
@@ -126,13 +147,18 @@ def resolves(name: str) -> tuple[bool, str]:
             return False, f"importing {module}: {e}"
         except Exception as e:  # noqa: BLE001 - report what the import raised
             return False, f"importing {module}: {type(e).__name__}: {e}"
-        for attr in parts[cut:]:
-            try:
+        try:
+            for attr in parts[cut:]:
                 obj = getattr(obj, attr)
-            except AttributeError:
-                return False, f"{module} has no {'.'.join(parts[cut:])}"
+            return True, ""
+        except AttributeError:
+            why = f"{module} has no {'.'.join(parts[cut:])}"
+            break
+    try:
+        _by_attributes(parts)
         return True, ""
-    return False, f"no module {parts[0]}"
+    except Exception:  # noqa: BLE001 - the first way's reason is the one reported
+        return False, why
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,6 +34,16 @@ class BackendType(enum.Enum):
     def is_csx(self) -> bool:
         return self is BackendType.CSX
 
+    @staticmethod
+    def from_str(name: str) -> "BackendType":
+        """``"csx"`` / ``"CSX"`` -> ``BackendType.CSX``; an error naming the choices."""
+        try:
+            return BackendType[name.upper()]
+        except (KeyError, AttributeError):
+            raise ValueError(
+                f"Invalid Cerebras PyTorch backend type specified. Expected one of "
+                f"{[t.name for t in BackendType]}. Got {name}. ") from None
+
 
 class DeviceConfig:
     """``backend.device.config`` of the Cerebras API. ``drop_data`` is the backend's own
