@@ -151,6 +151,9 @@ def params_for(program: str, shipped: Path, data: Path, steps: int, precision: s
     run.update(max_steps=steps, log_steps=1, checkpoint_steps=checkpoint_every(steps), seed=1,
                save_initial_checkpoint=False)
     run.pop("eval_frequency", None)
+    # a fine-tuning configuration (DPO) loads only the model's weights from a checkpoint it
+    # finds: the resumed trial loads everything, as a resumed run does
+    run.pop("load_checkpoint_states", None)
     for key in ("train_input", "eval_input"):
         params[key]["data_dir"] = str(data)
         if program == "fc_mnist":  # its loader streams half images on CSX unless told not to
@@ -519,7 +522,8 @@ def families_table(release: str, paths: list[Path]) -> str:
             precision = results[family]["precision"]
             rows.append(f"| {family} ({precision}) | " + " | ".join(cells) + " |")
         else:
-            reason = NOT_RUN_2_2.get(family, "not run for time")
+            reason = NOT_RUN_2_2.get(family, "not run for time: the trials on the shared "
+                                     "machine did not reach it")
             rows.append(f"| {family} | {reason} | | | | | "
                         f"{NO_REAL_PACKAGE.get(release, 'not run for time')} |")
     rows.append("")
