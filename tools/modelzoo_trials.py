@@ -523,7 +523,7 @@ def families_table(release: str, paths: list[Path]) -> str:
             rows.append(f"| {family} ({precision}) | " + " | ".join(cells) + " |")
         else:
             reason = NOT_RUN_2_2.get(family, "not run for time: the trials on the shared "
-                                     "machine did not reach it")
+                                     "machine were stopped before it finished")
             rows.append(f"| {family} | {reason} | | | | | "
                         f"{NO_REAL_PACKAGE.get(release, 'not run for time')} |")
     rows.append("")
