@@ -248,6 +248,14 @@ class DataExecutor:
 
     # -- step bookkeeping ----------------------------------------------------------------
     @property
+    def artifact_dir(self) -> Path:
+        """This run's directory (``<backend artifact_dir>/executors/<n>``), made when the
+        executor is iterated: the Cerebras API's name for :attr:`run_dir`."""
+        if self.run_dir is None:
+            raise RuntimeError("DataExecutor must be iterated before having an artifact directory.")
+        return self.run_dir
+
+    @property
     def user_iteration(self) -> int:
         """The current step counted from 1 (the global step of the run)."""
         return self.iteration + 1

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 
+@dataclass
 class Schedule:
-    """Step intervals that do not overlap, in order."""
+    """Step intervals that do not overlap, in order (a dataclass, as the Cerebras one)."""
 
     @dataclass
     class Range:
@@ -77,8 +78,10 @@ class Schedule:
             up = self.start + math.ceil((target - self.start) / self.step) * self.step
             return min(up, self.final_step)
 
-    def __init__(self, intervals: List["Schedule.Range"]):
-        self.intervals = list(intervals)
+    intervals: List["Schedule.Range"]
+
+    def __post_init__(self):
+        self.intervals = list(self.intervals)
         for interval in self.intervals:
             if not isinstance(interval, Schedule.Range):
                 raise ValueError(f"interval must of type {Schedule.Range}")
@@ -96,9 +99,6 @@ class Schedule:
 
     def __len__(self) -> int:
         return sum(len(interval) for interval in self.intervals)
-
-    def __eq__(self, other):
-        return isinstance(other, Schedule) and self.intervals == other.intervals
 
     def range(self) -> list:
         return [interval.range() for interval in self.intervals]
@@ -121,9 +121,6 @@ class Schedule:
             if target <= interval.final_step:
                 return interval.next_immediate_step(target)
         return None
-
-    def __repr__(self) -> str:
-        return f"Schedule({self.intervals!r})"
 
 
 def every_n_steps(n: int, num_steps: int) -> Schedule:

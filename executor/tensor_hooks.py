@@ -15,15 +15,20 @@ TensorToCpuHook = Callable[[torch.Tensor, str], None]
 _AFTER_TENSOR_TO_CPU: "OrderedDict[int, TensorToCpuHook]" = OrderedDict()
 
 
+def add_hook(hooks: "OrderedDict[int, Callable]", hook: Callable, what: str) -> RemovableHandle:
+    """Put ``hook`` into the registry ``hooks``; the handle's ``.remove()`` takes it out.
+    ``what`` names the registering function and the hook's signature for the error."""
+    if not callable(hook):
+        raise TypeError(f"{what}: expected a callable hook, got {type(hook).__name__}.")
+    handle = RemovableHandle(hooks)
+    hooks[handle.id] = hook
+    return handle
+
+
 def register_after_tensor_to_cpu(hook: TensorToCpuHook) -> RemovableHandle:
     """Call ``hook(tensor, name)`` after each tensor is fetched from the wafer; ``.remove()``
     the returned handle to stop."""
-    if not callable(hook):
-        raise TypeError(f"register_after_tensor_to_cpu: expected a callable hook(tensor, name), "
-                        f"got {type(hook).__name__}.")
-    handle = RemovableHandle(_AFTER_TENSOR_TO_CPU)
-    _AFTER_TENSOR_TO_CPU[handle.id] = hook
-    return handle
+    return add_hook(_AFTER_TENSOR_TO_CPU, hook, "register_after_tensor_to_cpu(hook(tensor, name))")
 
 
 def after_tensor_to_cpu(tensor, name: str) -> None:

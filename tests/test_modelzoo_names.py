@@ -503,3 +503,35 @@ def test_a_csx_backend_keeps_its_cluster_config_and_lists_what_has_no_effect(tmp
         assert (executor.cs_config.num_csx, executor.cs_config.num_workers_per_csx) == (2, 3)
     finally:
         backend.shutdown()
+
+
+def test_the_210_trainer_calls_on_the_backend_executor_and_a_traced_method(tmp_path):
+    with pytest.raises(RuntimeError, match="No backend has been created"):
+        cstorch.current_backend(raise_exception=True, raise_warning=False)
+    backend = cstorch.backend("CPU", str(tmp_path))  # artifact_dir by position
+    try:
+        assert (cstorch.backend() is backend, backend.artifact_dir, backend.is_e2e_execution,
+                backend.torch_device, backend.is_tracing) == (
+            True, tmp_path.resolve(), True, torch.device("cpu"), False)
+
+        class Trainer:
+            def __init__(self):
+                self.seen = []
+
+            @cstorch.trace
+            def training_step(self, batch):
+                self.seen.append(cstorch.current_backend().is_tracing)
+                return batch["x"].sum()
+
+        trainer = Trainer()
+        executor = cstorch.utils.data.DataExecutor(
+            cstorch.utils.data.DataLoader(_trainer_input_fn), num_steps=2)
+        with pytest.raises(RuntimeError, match="must be iterated before having an artifact"):
+            executor.artifact_dir
+        sums = [float(trainer.training_step(batch)) for batch in executor]
+        assert trainer.training_step is trainer.training_step  # bound once per object
+        expected = [float(b["x"].sum()) for b in _trainer_input_fn()[:2]]
+        assert (sums, trainer.seen, backend.is_tracing) == (expected, [True, True], False)
+        assert executor.artifact_dir.parent == tmp_path.resolve() / "executors"
+    finally:
+        backend.shutdown()

@@ -77,7 +77,7 @@ def _backend_key(backend_type) -> str:
     return key
 
 
-def backend(backend_type: str | None = None, **options):
+def backend(backend_type: str | None = None, *args, **options):
     """Create the backend every cstream call uses from now on.
 
     ``backend_type`` is ``"CSX"`` (the simulated Wafer-Scale Cluster), ``"CPU"`` (eager, one
@@ -96,8 +96,19 @@ def backend(backend_type: str | None = None, **options):
     >>> b.shutdown()
 
     With no arguments it returns the current backend, as the Cerebras API does (an error when
-    there is none).
+    there is none). Options may also be given by position, in the order of
+    :func:`get_backend_args` (``artifact_dir`` first), as the Cerebras API takes them.
     """
+    if args:
+        names = [n for n in get_backend_args(backend_type) if n not in ("self", "backend_type")]
+        if len(args) > len(names):
+            raise TypeError(f"backend({backend_type!r}, ...) takes at most {len(names)} options "
+                            f"by position ({', '.join(names)}); {len(args)} were given.")
+        for name, value in zip(names, args):
+            if name in options:
+                raise TypeError(f"backend({backend_type!r}, ...): {name} given by position and "
+                                f"by name.")
+            options[name] = value
     if backend_type is None:
         if options:
             raise ValueError(
@@ -171,6 +182,8 @@ def get_backend_args(backend_type) -> dict[str, inspect.Parameter]:
     return {p.name: p for p in params}
 
 
-def current_backend():
-    """The backend created by :func:`backend` (None if there is none)."""
-    return runtime.current_backend()
+def current_backend(raise_exception: bool = False, raise_warning: bool = True):
+    """The backend created by :func:`backend`; when there is none, None, or an error with
+    ``raise_exception=True`` (the Cerebras API 2.10's default; cstream's keeps the earlier
+    releases' None). ``raise_warning`` is accepted without effect."""
+    return current_backend_impl(raise_exception=raise_exception)

@@ -15,26 +15,20 @@ from typing import Callable
 
 from torch.utils.hooks import RemovableHandle
 
+from executor.tensor_hooks import add_hook
+
 _PRE: "OrderedDict[int, Callable[[], None]]" = OrderedDict()
 _POST: "OrderedDict[int, Callable[[], None]]" = OrderedDict()
 
 
-def _register(hooks, hook) -> RemovableHandle:
-    if not callable(hook):
-        raise TypeError(f"expected a callable hook(), got {type(hook).__name__}.")
-    handle = RemovableHandle(hooks)
-    hooks[handle.id] = hook
-    return handle
-
-
 def register_trace_fn_pre_hook(hook: Callable[[], None]) -> RemovableHandle:
     """Call ``hook()`` before each run of the step function; returns the handle to remove it."""
-    return _register(_PRE, hook)
+    return add_hook(_PRE, hook, "register_trace_fn_pre_hook(hook())")
 
 
 def register_trace_fn_post_hook(hook: Callable[[], None]) -> RemovableHandle:
     """Call ``hook()`` after each run of the step function; returns the handle to remove it."""
-    return _register(_POST, hook)
+    return add_hook(_POST, hook, "register_trace_fn_post_hook(hook())")
 
 
 def run_pre_hooks() -> None:

@@ -9,21 +9,18 @@ from cstream.unsupported import unsupported, unsupported_class
 create_listener = unsupported("tensor listeners (cerebras.pytorch.experimental.listener."
                               "create_listener)")
 
-_TRACED_TENSOR_HOOKS: dict = {}
+from collections import OrderedDict  # noqa: E402
+
+_TRACED_TENSOR_HOOKS: "OrderedDict[int, object]" = OrderedDict()
 
 
 def register_traced_tensor_hook(hook):
     """Register ``hook(tensor, name)`` for the tensors a traced step creates (listener
     callbacks). cstream does not name the tensors of its traced graph for listeners, so the
     hook is kept and never called; ``.remove()`` the returned handle to drop it."""
-    from torch.utils.hooks import RemovableHandle
+    from executor.tensor_hooks import add_hook
 
-    if not callable(hook):
-        raise TypeError(f"register_traced_tensor_hook: expected a callable hook(tensor, name), "
-                        f"got {type(hook).__name__}.")
-    handle = RemovableHandle(_TRACED_TENSOR_HOOKS)
-    _TRACED_TENSOR_HOOKS[handle.id] = hook
-    return handle
+    return add_hook(_TRACED_TENSOR_HOOKS, hook, "register_traced_tensor_hook(hook(tensor, name))")
 
 
 ListenerMode = unsupported_class("ListenerMode", "tensor listeners (cerebras.pytorch."

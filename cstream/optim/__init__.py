@@ -11,6 +11,7 @@ from cstream.optim.configure import (configure_optimizer_params, configure_param
                                      configure_scheduler_params)
 from cstream.optim.muon import Muon
 from cstream.optim.optimizer import Optimizer
+from cstream.optim.scheduler_config import configure_scheduler
 from workers.checks import did_you_mean
 from cstream.optim.optimizers import (
     ASGD, SGD, Adadelta, Adafactor, Adagrad, Adam, Adamax, AdamW, Lamb, Lion, NAdam, RAdam,
@@ -22,8 +23,8 @@ OPTIMIZERS = {cls.__name__: cls for cls in (
     Adafactor, Muon)}
 
 __all__ = ["Optimizer", "configure_lr_scheduler", "configure_optimizer",
-           "configure_optimizer_params", "configure_param_groups", "configure_scheduler_params",
-           "lr_scheduler", "scheduler", "weight_decay_scheduler",
+           "configure_optimizer_params", "configure_param_groups", "configure_scheduler",
+           "configure_scheduler_params", "lr_scheduler", "scheduler", "weight_decay_scheduler",
            *OPTIMIZERS]
 
 
