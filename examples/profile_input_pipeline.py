@@ -27,7 +27,7 @@ from data import digits
 from torch.utils.data import BatchSampler, RandomSampler
 
 import cstream as cstorch
-from cstream.cli_sweep import best_counts, plot_sweep, sweep_table
+from cstream_tools.sweep import best_counts, plot_sweep, sweep_table
 
 
 def decoded_digits_input_fn(batch_size: int = 64, decode_ms: float = 20.0, seed: int = 0):

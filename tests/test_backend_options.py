@@ -9,9 +9,9 @@ from typing import get_args
 import pytest
 
 import cstream
-from cstream.cli import build_parser
-from cstream.cli_run import _experiment
-from cstream.experiment import ExperimentError, experiment_from_dict, load_experiment
+from cstream_tools.cli import build_parser
+from cstream_tools.cli_run import _experiment
+from cstream_tools.experiment import ExperimentError, experiment_from_dict, load_experiment
 from executor.backends.options import Compiler, CPUOptions, CSXOptions, GPUOptions
 from executor.engine.compiler import COMPILERS
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from executor.report import pct
+from helpers import cstream, table_rows
 from workers.config import CSConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,18 +36,12 @@ backend:
 """
 
 
-def cstream(*args, cwd, timeout=240):
-    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="100")
-    return subprocess.run([sys.executable, "-m", "cstream.cli", *map(str, args)], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=timeout)
-
-
 @pytest.fixture
 def cstream_here(capsys, monkeypatch):
-    """``cstream ARGS`` through :func:`cstream.cli.main` in this process (no interpreter to
+    """``cstream ARGS`` through :func:`cstream_tools.cli.main` in this process (no interpreter to
     start): ``(exit status, stdout, stderr)``. For what fails before any run starts; the
     subprocess of :func:`cstream` checks the command as installed."""
-    from cstream.cli import main
+    from cstream_tools.cli import main
 
     monkeypatch.setenv("COLUMNS", "100")
 
@@ -59,16 +54,6 @@ def cstream_here(capsys, monkeypatch):
         out, err = capsys.readouterr()
         return subprocess.CompletedProcess(args, rc, out, err)
     return call
-
-
-def table_rows(text):
-    """{label: value} of the lines of a summary table."""
-    rows = {}
-    for line in text.splitlines():
-        parts = re.split(r"\s{2,}", line.strip(), maxsplit=1)
-        if len(parts) == 2:
-            rows[parts[0]] = parts[1]
-    return rows
 
 
 def scalar_tags(event_dir):
@@ -383,7 +368,7 @@ def _communicate(proc, timeout):
 
 def _popen(*args, cwd):
     env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="100", PYTHONUNBUFFERED="1")
-    return subprocess.Popen([sys.executable, "-m", "cstream.cli", *map(str, args)], cwd=cwd,
+    return subprocess.Popen([sys.executable, "-m", "cstream_tools.cli", *map(str, args)], cwd=cwd,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=deliverable_ctrl_c)
 

@@ -2,17 +2,11 @@
 lines, no file over 800, and no private name of torch, Ray or another package reached outside
 the compat modules (workers/torch_compat.py, workers/ray_compat.py)."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
+from tools import code_figures
 
-import code_figures  # noqa: E402
-
-PACKAGES = ("cstream", "executor", "workers")
+PACKAGES = ("cstream", "cstream_tools", "executor", "workers")
 
 
 @pytest.mark.parametrize("package", PACKAGES)

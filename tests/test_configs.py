@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cstream.experiment import (
+from cstream_tools.experiment import (
     BackendConfig,
     Experiment,
     ExperimentError,
@@ -169,7 +169,7 @@ def test_the_dataclasses_check_themselves_without_yaml():
 def test_the_fixed_choices_are_literals_that_match_what_the_code_accepts():
     from typing import get_args, get_type_hints
 
-    from cstream.experiment import LOSSES
+    from cstream_tools.experiment import LOSSES
     from executor.backends.options import OPTIONS
 
     assert get_args(get_type_hints(ModelConfig)["loss"]) == tuple(LOSSES)

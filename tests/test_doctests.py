@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("cstream", "executor", "workers")
+PACKAGES = ("cstream", "cstream_tools", "executor", "workers")
 
 
 def _modules() -> list[str]:
@@ -33,8 +33,8 @@ MODULES = [m for m in _modules() if _with_examples(m)]
 
 
 def test_the_doctests_are_found():
-    assert {"cstream.experiment", "executor.report", "executor.timeline", "executor.phases",
-            "cstream.cli_errors", "cstream.summaries", "workers.errors"} <= set(MODULES)
+    assert {"cstream_tools.experiment", "executor.report", "executor.timeline", "executor.phases",
+            "cstream_tools.cli_errors", "cstream.summaries", "workers.errors"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("name", MODULES)

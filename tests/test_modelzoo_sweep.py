@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cstream.cli import main
+from cstream_tools.cli import main
 from modelzoo_files import RELEASES, write_bert_csv, write_gpt_hdf5, write_mnist
 
 GPT2_PARAMS = {
@@ -260,7 +260,7 @@ def test_a_params_file_outside_a_model_folder_a_missing_section_and_no_wafer_spe
 
 
 def test_locate_reads_run_py_for_the_input_function_and_tells_the_release_layout(tmp_path):
-    from cstream.modelzoo_input import ModelZooError, locate
+    from cstream_tools.modelzoo_input import ModelZooError, locate
 
     p = locate(GPT2_PARAMS["2.2.x"])
     assert (p.release, p.import_root, p.data_module, p.input_fn, p.defaults_module) == (

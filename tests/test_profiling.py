@@ -8,8 +8,8 @@ import json
 import pandas as pd
 import pytest
 
-from cstream.cli_sweep import best_counts, sweep_points
-from cstream.experiment import experiment_from_dict, run_experiment
+from cstream_tools.sweep import best_counts, sweep_points
+from cstream_tools.experiment import experiment_from_dict, run_experiment
 from executor.report import step_rows, summarize, warmup_steps
 from executor.report_text import format_summary
 

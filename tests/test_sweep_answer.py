@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cstream.sweep_answer import answer, answer_lines, extrapolate
+from cstream_tools.sweep_answer import answer, answer_lines, extrapolate
 
 
 def row(w, utilisation, cores, occupancy=0.2, samples_per_s=None):

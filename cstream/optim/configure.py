@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from cstream.optim.registry import check_kwargs, optimizer_class, scheduler_class
 from workers.torch_compat import NormBase
 
 _NORMS = (NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm)
@@ -55,26 +56,18 @@ def configure_param_groups(model: torch.nn.Module, optimizer_params: dict) -> li
 def configure_optimizer_params(optimizer_type: str, kwargs: dict) -> dict:
     """Check that ``optimizer_type`` names a cstream optimizer and ``kwargs`` are its arguments
     (an error naming the wrong one otherwise); returns ``kwargs``."""
-    from cstream.optim import OPTIMIZERS, _check_kwargs
-
-    cls = {k.lower(): v for k, v in OPTIMIZERS.items()}.get(str(optimizer_type).lower())
-    if cls is None:
-        raise ValueError(f"unknown optimizer_type {optimizer_type!r}; choose one of "
-                         f"{', '.join(sorted(OPTIMIZERS))} (case-insensitive).")
-    _check_kwargs(cls, kwargs, "optimizer")
+    check_kwargs(optimizer_class(optimizer_type), kwargs, "optimizer")
     return kwargs
 
 
 def configure_scheduler_params(learning_rate) -> None:
     """Check a learning-rate setting: a number, or scheduler dicts whose ``scheduler`` names a
     cstream scheduler (an error naming the unknown one otherwise)."""
-    from cstream.optim import _scheduler_class
-
     if isinstance(learning_rate, (int, float)):
         return
     specs = learning_rate if isinstance(learning_rate, list) else [learning_rate]
     for spec in specs:
         if isinstance(spec, dict) and "scheduler" in spec:
-            _scheduler_class(spec["scheduler"])
+            scheduler_class(spec["scheduler"])
         elif isinstance(spec, dict) and "schedulers" in spec:
             configure_scheduler_params(spec["schedulers"])

@@ -27,6 +27,7 @@ from typing import Callable, Literal, Optional, Union, get_args, get_origin, get
 import torch
 
 from executor.backends.options import OPTIONS, BackendOptions
+from executor.data_executor import stop_reason
 from workers.checks import known_names, positive_int
 from workers.config import CSConfig
 
@@ -74,7 +75,7 @@ def _builtin_linear(in_features: int = 64, out_features: int = 10) -> torch.nn.M
 
 BUILTIN_MODELS: dict[str, Callable[..., torch.nn.Module]] = {
     "mlp": _builtin_mlp, "linear": _builtin_linear}
-BUILTIN_INPUTS = {"synthetic": "cstream.synthetic:synthetic_input_fn"}
+BUILTIN_INPUTS = {"synthetic": "cstream_tools.synthetic:synthetic_input_fn"}
 LOSSES = {"cross_entropy": torch.nn.functional.cross_entropy, "mse": torch.nn.functional.mse_loss}
 
 
@@ -106,7 +107,7 @@ class InputConfig:
 
     fn: str
     """Import path ``"package.module:function"``, or ``"synthetic"`` (batches of a known
-    per-batch cost: :func:`cstream.synthetic.synthetic_input_fn`)."""
+    per-batch cost: :func:`cstream_tools.synthetic.synthetic_input_fn`)."""
     kwargs: dict = field(default_factory=dict)
     """Keyword arguments of the input function."""
 
@@ -329,7 +330,7 @@ def load_experiment(path) -> Experiment:
     >>> load_experiment(f)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    cstream.experiment.ExperimentError: bad.yaml: cs_config.num_workers_per_csx: expected a ...
+    cstream_tools.experiment.ExperimentError: bad.yaml: cs_config.num_workers_per_csx: expected a ...
     """
     import yaml
 
@@ -458,7 +459,7 @@ def run_experiment(exp: Experiment, *, artifact_dir=None, progress: Optional[Cal
         except BaseException as e:
             steps.close()  # the executor writes the profile of the steps that ran
             if executor.run_dir is not None:
-                executor.mark_stopped(_stop_reason(e))
+                executor.mark_stopped(stop_reason(e))
                 e.partial_result = _result(exp, executor, t0, feed.last_loss)
             raise
     finally:
@@ -533,13 +534,6 @@ def _progress_rate(executor, i: int) -> Optional[float]:
     if stats is not None:
         return wafer_rate(stats)
     return executor.profiler.rate() if i > 0 else None
-
-
-def _stop_reason(e: BaseException) -> str:
-    if isinstance(e, KeyboardInterrupt):
-        return "KeyboardInterrupt (Ctrl-C)"
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
 def _training_step(exp: Experiment, backend, artifact_dir: Path):

@@ -1,6 +1,6 @@
 """The planning, record and advice of ``cstream sweep``: the grid's points, the rows measured
 per point and kept in ``sweep.json``, the table and the advice for a CS-X count no worker count
-served; :mod:`cstream.cli_run` parses the command line and calls these."""
+served; :mod:`cstream_tools.cli_run` parses the command line and calls these."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from cstream import sweep_answer
-from cstream.cli import CLIError
+from cstream_tools import sweep_answer
+from cstream_tools.cli_errors import CLIError
 
 
 def layout(cs) -> str:
@@ -25,7 +25,7 @@ def layout(cs) -> str:
 
 def sweep_points(exp, workers: list[int], csx: list[int]) -> list:
     """The experiments of a sweep grid, CS-X count outer, worker count inner."""
-    from cstream.experiment import with_layout
+    from cstream_tools.experiment import with_layout
 
     return [with_layout(exp, num_csx=c, num_workers_per_csx=w) for c in csx for w in workers]
 
@@ -140,7 +140,7 @@ def _pct(v) -> str:
 
 def plot_sweep(rows: list[dict], target: float, path: Path, title: str,
                note: Optional[list] = None) -> Path:
-    from cstream.cli_plots import plot_sweep as draw
+    from cstream_tools.cli_plots import plot_sweep as draw
 
     return draw(rows, target, path, title, best_counts(rows, target), note=note)
 
@@ -214,7 +214,7 @@ def earlier_rows(args, out: Path, sweep_file: Path) -> list[dict]:
 def run_points(points: list, record: SweepRecord, out: Path) -> None:
     """Run every point of the grid not measured yet, writing ``sweep.json`` after each; Ray is
     started once for them all (and stopped after, if this started it)."""
-    from cstream.experiment import run_experiment
+    from cstream_tools.experiment import run_experiment
 
     exp = points[0]
     csx = exp.backend.options if exp.backend.type == "CSX" else None

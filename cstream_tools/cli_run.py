@@ -1,7 +1,7 @@
 """``cstream run``, ``cstream sweep`` and ``cstream report``: experiments from the command line.
 
 ``add_parser(subparsers)`` adds the three subcommands to the ``cstream`` command's parser
-(:mod:`cstream.cli`); each subcommand's function returns the process exit status (0 ok, 1 the
+(:mod:`cstream_tools.cli`); each subcommand's function returns the process exit status (0 ok, 1 the
 run or its files failed, 2 bad arguments or a bad experiment file).
 """
 
@@ -14,10 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-from cstream import modelzoo_input, sweep_answer
-from cstream.cli import CLIError
-from cstream.cli_progress import ProgressDisplay
-from cstream.cli_sweep import (SweepRecord, earlier_rows, layout, plot_sweep, run_points, sweep_interrupted,
+from cstream_tools import modelzoo_input, sweep_answer
+from cstream_tools.cli_errors import CLIError
+from cstream_tools.cli_progress import ProgressDisplay
+from cstream_tools.sweep import (SweepRecord, earlier_rows, layout, plot_sweep, run_points, sweep_interrupted,
                                sweep_points, sweep_table)
 from workers.checks import positive_int, positive_number
 
@@ -63,7 +63,7 @@ def _add_overrides(p: argparse.ArgumentParser, layout: bool = True) -> None:
 
 def _check_overrides(args, command: str) -> None:
     """The override flags' values that must be positive (``run`` also takes the layout's)."""
-    from cstream.experiment import ExperimentError
+    from cstream_tools.experiment import ExperimentError
 
     ints = ["steps"] + (["num_csx", "num_workers_per_csx"] if command == "run" else [])
     numbers = ["wafer_samples_per_sec", "wafer_seconds_per_step"]
@@ -179,7 +179,7 @@ def _experiment(args, command: str):
     """The experiment file of ``args.config`` with the command line's overrides applied."""
     import dataclasses
 
-    from cstream.experiment import ExperimentError, load_experiment, with_layout
+    from cstream_tools.experiment import ExperimentError, load_experiment, with_layout
 
     _check_overrides(args, command)
     if getattr(args, "modelzoo", None):
@@ -218,7 +218,7 @@ def _experiment(args, command: str):
 
 
 def _config_errors():
-    from cstream.experiment import ExperimentError
+    from cstream_tools.experiment import ExperimentError
 
     return (ExperimentError, FileNotFoundError)
 
@@ -226,8 +226,8 @@ def _config_errors():
 def _run_failed(command: str, e: BaseException, args) -> int:
     """Exit status (and stderr text) for an exception that ended a run or a sweep: 130 for
     Ctrl-C, 2 for a bad experiment, 1 for anything else, shown as the user's exception."""
-    from cstream.cli_errors import format_error
-    from cstream.experiment import ExperimentError
+    from cstream_tools.cli_errors import format_error
+    from cstream_tools.experiment import ExperimentError
 
     if isinstance(e, KeyboardInterrupt):
         print(f"cstream {command}: interrupted (Ctrl-C)", file=sys.stderr)
@@ -253,7 +253,7 @@ def _print_result(result, exp, as_json: bool) -> None:
 
 
 def cmd_run(args) -> int:
-    from cstream.experiment import run_experiment
+    from cstream_tools.experiment import run_experiment
     from executor.ray_session import show_ray_messages
 
     show_ray_messages(args.debug)
@@ -331,7 +331,7 @@ def cmd_sweep(args) -> int:
 
 # -- report ----------------------------------------------------------------------------------------
 def cmd_report(args) -> int:
-    from cstream.cli_plots import plot_run, plot_workers
+    from cstream_tools.cli_plots import plot_run, plot_workers
     from executor.report import summarize_profile
     from executor.report_text import format_summary
     from executor.report_writers import load_run

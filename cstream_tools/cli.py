@@ -17,15 +17,13 @@ import importlib
 import signal
 import sys
 
+from cstream_tools.cli_errors import CLIError
+
 SUBCOMMANDS = {
-    "ckpt": "cstream.cli_ckpt",
-    "run": "cstream.cli_run",  # run, sweep and report
-    "trace": "cstream.cli_trace",
+    "ckpt": "cstream_tools.cli_ckpt",
+    "run": "cstream_tools.cli_run",  # run, sweep and report
+    "trace": "cstream_tools.cli_trace",
 }
-
-
-class CLIError(Exception):
-    """A user-facing error: printed as one line, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -64,7 +62,7 @@ def main(argv=None) -> int:
         return 130
 
 
-if __name__ == "__main__":  # python -m cstream.cli: run the importable module (one CLIError class)
-    from cstream.cli import main as _main
+if __name__ == "__main__":  # python -m cstream_tools.cli: run the importable module (one CLIError class)
+    from cstream_tools.cli import main as _main
 
     sys.exit(_main())

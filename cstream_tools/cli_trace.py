@@ -6,7 +6,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from cstream.cli import CLIError
+from cstream_tools.cli_errors import CLIError
 from workers.checks import positive_number
 
 
@@ -54,7 +54,7 @@ def cmd_trace(args) -> int:
     if args.png is not None:
         positive_number(args.png, "--png", error=CLIError,
                         fix="Give the seconds of the timeline to draw, e.g. --png 2.")
-        from cstream.cli_plots import plot_timeline
+        from cstream_tools.cli_plots import plot_timeline
 
         doc = json.loads(path.read_text())
         name = (doc.get("otherData") or {}).get("name") or "run"
