@@ -43,7 +43,7 @@ test-all: setup
 	$(PY) -m pytest -q
 
 lint: setup
-	$(VENV)/bin/ruff check cstream workers executor tests examples benchmarks
+	$(VENV)/bin/ruff check cstream cstream_tools workers executor tests examples benchmarks tools
 
 bench: setup
 	$(PY) benchmarks/step_replay.py

@@ -40,7 +40,7 @@ import threading
 import zlib
 from pathlib import Path
 
-import numpy as np
+from isal import isal_zlib
 
 from cstream._lazy import CheckpointError
 
@@ -52,7 +52,7 @@ _HEADER = struct.Struct("<24sIIQI")
 _NOTE = (b"\ncstream checkpoint: an HDF5 file follows this 512-byte user block, which holds the "
          b"file's length and the CRC-32 of everything after the block.\n")
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
-_CHUNK = 16 << 20
+_WINDOW = 16 << 20  # a multiple of mmap.ALLOCATIONGRANULARITY
 _GCOL_HEADER = 16  # "GCOL", version, 3 reserved bytes, collection size (8 bytes)
 _OBJECT_HEADER = 16  # index (2), reference count (2), reserved (4), object size (8)
 _WORD = 1 << 64  # HDF5 computes sizes in size_t: wrap as it does
@@ -71,18 +71,34 @@ def damaged(path, what: str) -> CheckpointError:
     return CheckpointError(f"{path} is not a readable checkpoint: {what}. {advice(path)}")
 
 
+def crc32(data, crc: int = 0) -> int:
+    """``zlib.crc32`` (the same numbers), computed by ISA-L: ~4x faster here (3.3 against 0.8 GB/s
+    on one core, 256 MiB), about the speed of copying the bytes once."""
+    return isal_zlib.crc32(data, crc)
+
+
+def _windows(f, start: int, length: int, overlap: int = 0):
+    """The bytes of the file ``f`` from ``start``, at most ``length`` of them, as read-only memory
+    maps of :data:`_WINDOW` bytes each (and ``overlap`` bytes more where the file has them), with
+    the offset of each: the file is read from the page cache without a copy, and at most one window
+    is resident at a time (a map of the whole file would count all of it in the process's memory)."""
+    size = os.fstat(f.fileno()).st_size
+    end = min(size, start + length)
+    at = start - start % mmap.ALLOCATIONGRANULARITY
+    while at < end:
+        n = min(_WINDOW + overlap, size - at)
+        with mmap.mmap(f.fileno(), n, offset=at, access=mmap.ACCESS_READ) as window:
+            yield at, window
+        at += _WINDOW
+
+
 def _crc32(f, start: int, length: int) -> int:
     """CRC-32 of (at most) ``length`` bytes of ``f`` from ``start``."""
-    f.seek(start)
-    buf = bytearray(min(_CHUNK, max(length, 1)))
-    view = memoryview(buf)
-    crc, done = 0, 0
-    while done < length:
-        n = f.readinto(view[: min(len(buf), length - done)])
-        if not n:
-            break
-        crc = zlib.crc32(view[:n], crc)
-        done += n
+    crc = 0
+    end = start + length
+    for at, window in _windows(f, start, length):
+        with memoryview(window) as view:
+            crc = crc32(view[max(0, start - at): max(0, min(len(window), _WINDOW, end - at))], crc)
     return crc
 
 
@@ -113,9 +129,12 @@ def check(path: str, head: bytes) -> None:
     if is_sealed(head):
         _check_sealed(path, size)
     elif head.startswith(_HDF5_SIGNATURE):
+        old_format = len(head) <= 8 or head[8] < 2  # superblock 0 or 1: no checksums on structures
+        if old_format:
+            _PROBER.start()  # its start (importing h5py) overlaps the heap scan
         _check_global_heaps(path, size)
-        if len(head) <= 8 or head[8] < 2:
-            probe(path)  # superblock 0 or 1: HDF5's structures there carry no checksums
+        if old_format:
+            probe(path)
     else:  # the HDF5 data after a user block, but not cstream's header before it
         raise damaged(path, f"its first {USERBLOCK} bytes, the header cstream.save writes, are "
                             f"damaged (they do not start with cstream's tag {TAG!r})")
@@ -150,22 +169,13 @@ def _check_sealed(path: str, size: int) -> None:
 
 
 def _signatures(f, signature: bytes):
-    """Every offset in the file ``f`` where the 4-byte ``signature`` starts, in order (the file read
-    in chunks and compared as 32-bit words at each of the 4 byte offsets: several GB/s)."""
-    word = np.frombuffer(signature, dtype="<u4")[0]
-    buf = bytearray(_CHUNK + 3)  # a chunk, after the previous chunk's last 3 bytes
-    start, carried = 0, 0
-    f.seek(0)
-    while n := f.readinto(memoryview(buf)[carried: carried + _CHUNK]):
-        have = carried + n
-        hits = []
-        for k in range(min(4, have - 3)):
-            words = np.frombuffer(buf, dtype="<u4", count=(have - k) // 4, offset=k)
-            hits.append(np.flatnonzero(words == word) * 4 + k)
-        for at in np.sort(np.concatenate(hits)) if hits else ():
-            yield start - carried + int(at)
-        buf[:3] = buf[have - 3: have] if have >= 3 else buf[:3]
-        start, carried = start + n, min(3, have)
+    """Every offset in the file ``f`` where ``signature`` starts, in order (``mmap.find`` over the
+    file's windows, each overlapping the next by the signature's length less one)."""
+    for at, window in _windows(f, 0, os.fstat(f.fileno()).st_size, len(signature) - 1):
+        i = window.find(signature)
+        while i != -1 and i < _WINDOW:
+            yield at + i
+            i = window.find(signature, i + 1)
 
 
 def _check_global_heaps(path: str, size: int) -> None:
@@ -225,6 +235,11 @@ class _Prober:
                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             self.owner = os.getpid()
         return self.proc
+
+    def start(self) -> None:
+        """Starts the child now if it is not running, so that it is ready by the first probe."""
+        with self.lock:
+            self._start()
 
     def stop(self) -> None:
         if self.proc is not None and self.owner == os.getpid() and self.proc.poll() is None:

@@ -14,35 +14,40 @@ HDF5 file holds:
   ``ScalarSerializer`` (``scalar_value``), ``StringSerializer`` (``string_value``),
   ``NoneSerializer``, ``LinkedObject`` (``key`` of the leaf it is tied to) or ``ObjectSerializer``;
 * a dataset per tensor, named ``K``, holding its values (bfloat16 as int16 bits, as the real package
-  stores it), with the attributes ``__NUMPY__`` (which the real package's reader needs), ``dtypes``
-  and ``cstream.crc32`` (the CRC-32 of the values, checked on read); the real package copies all
-  of the metadata there. A key HDF5 cannot use as a name (``/``, ``%``, control characters, ``""``,
-  ``.``) is stored under ``%`` + its percent-encoding, named by the metadata's ``key``, which the
-  real package follows. Numbers, strings and ``None`` live in the metadata only;
+  stores it), with the attributes ``__NUMPY__`` (which the real package's reader needs) and
+  ``dtypes``; the real package copies all of the metadata there. cstream's files of before
+  :func:`cstream.checkpoint_guard.seal` also hold ``cstream.crc32`` (the CRC-32 of the values),
+  checked when such a tensor is read. A key HDF5 cannot use as a name (``/``, ``%``, control
+  characters, ``""``, ``.``) is stored under ``%`` + its percent-encoding, named by the
+  metadata's ``key``, which the real package follows. Numbers, strings and ``None`` live in the metadata only;
 * for ``bytes``, ``complex`` and ``torch.dtype`` values (``ObjectSerializer``) an empty dataset whose
   ``__BYTES__`` attribute is a pickle; :mod:`cstream._safe_pickle` reads it without running code.
 
-cstream writes tensors uncompressed and contiguous; the real package compresses them with LZ4
-(HDF5 filter 32004), which :mod:`cstream._lz4` decodes. Tensors are read when first touched.
+Like the real package (its ``H5Writer``), :func:`write` stores every tensor but 0-d ones through
+HDF5's LZ4 filter (32004, ``hdf5plugin.LZ4()``: its default block size) in the chunks h5py picks
+(``chunks=True``), so files are the real package's size; ``compress=False`` stores them contiguous
+and uncompressed instead, which a reader maps into memory without a copy. HDF5 decodes LZ4 through
+``hdf5plugin``'s filter. Tensors are read when first touched.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import math
+import mmap
 import pickle
 import urllib.parse
-import zlib
 from collections.abc import Mapping
 from typing import Any
 
 import h5py
+import hdf5plugin  # registers HDF5's LZ4 filter (and its others) with h5py's HDF5
 import numpy as np
 import torch
 
-from cstream import _lz4, _safe_pickle
+from cstream import _safe_pickle
 from cstream._lazy import CheckpointError, Lazy, LazyDict, real
+from cstream.checkpoint_guard import crc32
 
 VERSION = 0.5
 SUPPORTED = ("torch.Tensor, dict (str or int keys), list, tuple, str, int, float, bool, None, "
@@ -62,9 +67,10 @@ _NUMPY = [torch.float64, torch.float32, torch.float16, torch.int64, torch.int32,
           torch.int8, torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.bool,
           torch.complex64, torch.complex128]
 DTYPES = {str(d): d for d in [*_NUMPY, *_BITS]}
+LZ4_FILTER = hdf5plugin.LZ4.filter_id  # 32004
 _MAX_COMPRESSION = 256
 # what h5py raises on a damaged file (HDF5's own checksums and structure checks fail)
-_H5_ERRORS = (OSError, RuntimeError, KeyError, TypeError, ValueError, _lz4.LZ4Error)
+_H5_ERRORS = (OSError, RuntimeError, KeyError, TypeError, ValueError)
 
 
 def one(value):
@@ -176,7 +182,7 @@ def _tensor_metadata(t: torch.Tensor) -> dict:
     return meta
 
 
-def _write_leaf(f: h5py.File, key: str, where: str, value, first_of: dict) -> dict:
+def _write_leaf(f: h5py.File, key: str, where: str, value, first_of: dict, compress: bool) -> dict:
     """Writes one leaf's dataset (if it has one) and returns its serializer metadata."""
     if isinstance(value, torch.Tensor):
         if id(value) in first_of:  # the same tensor again (tied weights): a link, as cstorch writes
@@ -188,12 +194,13 @@ def _write_leaf(f: h5py.File, key: str, where: str, value, first_of: dict) -> di
         name = _dataset_name(key)
         if name != key:
             meta["key"] = name
-        ds = f.create_dataset(name, data=array)
+        # as the real package's H5Writer: LZ4 in h5py's chunks for all but 0-d tensors
+        filters = {"chunks": True, **hdf5plugin.LZ4()} if compress and array.ndim else {}
+        ds = f.create_dataset(name, data=array, **filters)
         # the reader of the real package needs __NUMPY__ here (the rest of the metadata is in the
         # root attribute; each attribute costs ~0.1 ms, so a model's thousands add up)
         ds.attrs["__NUMPY__"] = True
         ds.attrs["dtypes"] = meta["dtypes"]
-        ds.attrs["cstream.crc32"] = np.uint32(zlib.crc32(array.reshape(-1).view(np.uint8)))
         return meta
     if isinstance(value, (bool, int, float)):
         return {"scalar_value": value, "__TYPE__": "ScalarSerializer", "__NONE__": True}
@@ -222,9 +229,10 @@ def _unflattened(schema: dict, values: list):
     return children
 
 
-def write(obj, path, writer: str, userblock_size: int = 0) -> None:
+def write(obj, path, writer: str, userblock_size: int = 0, compress: bool = True) -> None:
     """Write ``obj`` to the new file ``path`` in the real package's layout, after an empty user
-    block of ``userblock_size`` bytes (0, or a power of 2 from 512) that HDF5 leaves to its caller."""
+    block of ``userblock_size`` bytes (0, or a power of 2 from 512) that HDF5 leaves to its caller;
+    tensors LZ4-compressed as the real package writes them, or contiguous if not ``compress``."""
     flat = _Flattener()
     schema = flat.visit(obj, [], "")
     for key, where, value in flat.leaves:
@@ -235,13 +243,16 @@ def write(obj, path, writer: str, userblock_size: int = 0) -> None:
         spec_text = json.dumps([unflattened, _dumps_spec(schema)], indent=4)
     except (TypeError, ValueError):
         spec_text = json.dumps([None, _dumps_spec(schema)], indent=4)
-    with h5py.File(path, "w", libver=("v108", "v110"), userblock_size=userblock_size) as f:
+    # uncompressed tensors from 4 KiB start at multiples of 64 bytes: mapped, they are aligned
+    aligned = {} if compress else {"alignment_threshold": 4096, "alignment_interval": 64}
+    with h5py.File(path, "w", libver=("v108", "v110"), userblock_size=userblock_size,
+                   **aligned) as f:
         f.attrs["__spec__"] = spec_text
         f.attrs["__version__"] = np.float64(VERSION)
         f.attrs["__cstorch_version__"] = writer
         first_of: dict[int, str] = {}
         for key, where, value in flat.leaves:
-            meta = _write_leaf(f, key, where, value, first_of)
+            meta = _write_leaf(f, key, where, value, first_of, compress)
             f.attrs[f"{key}.__metadata__"] = json.dumps({
                 "__spec__": [{key: "*"}, _dumps_spec({"type": "builtins.dict",
                                                       "context": json.dumps([key]),
@@ -253,16 +264,6 @@ def write(obj, path, writer: str, userblock_size: int = 0) -> None:
 
 
 # -- reading ------------------------------------------------------------------------------------
-@functools.cache
-def _hdf5_has_lz4() -> bool:
-    """Whether HDF5 decodes LZ4 itself: with ``hdf5plugin`` installed (optional), C-fast."""
-    try:
-        import hdf5plugin  # noqa: F401  (importing it registers its filters with HDF5)
-    except ImportError:
-        pass
-    return bool(h5py.h5z.filter_avail(_lz4.FILTER_ID))
-
-
 class _Node:
     """One node of a parsed tree spec: its container type (None for a leaf), keys and children."""
 
@@ -296,6 +297,7 @@ class H5Checkpoint:
 
     def __init__(self, path: str):
         self.path = path
+        self.mapped: mmap.mmap | None = None  # the file in memory, for contiguous datasets
         try:
             self.file = h5py.File(path, "r")
         except OSError as e:
@@ -439,7 +441,7 @@ class H5Checkpoint:
                 raise
             raise CheckpointError(f"{self.path}: the tensor {where} cannot be read: "
                                   f"{' '.join(str(e).split())}") from e
-        if crc is not None and zlib.crc32(array.reshape(-1).view(np.uint8)) != int(crc):
+        if crc is not None and crc32(array.reshape(-1).view(np.uint8)) != int(crc):
             raise CheckpointError(f"{self.path}: the tensor {where} is corrupted: its data does not "
                                   "match its checksum.")
         array = array.view(want) if array.dtype != want else array
@@ -459,16 +461,29 @@ class H5Checkpoint:
             raise self.error(f"the entry {where} has the shape {ds.shape} ({nbytes} bytes), but the "
                              f"file stores {stored} bytes for it")
 
-    @staticmethod
-    def _values(ds) -> np.ndarray:
-        plist = ds.id.get_create_plist()
-        filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
-        if filters == [_lz4.FILTER_ID] and not _hdf5_has_lz4():
-            values = _lz4.read_dataset(ds)
-        else:
-            values = np.array(ds[...], order="C")  # [...] keeps a 0-d dataset an array
-        # HDF5 stores numbers in either byte order; torch reads this machine's
-        return values if values.dtype.isnative else values.astype(values.dtype.newbyteorder("="))
+    def _values(self, ds: h5py.Dataset) -> np.ndarray:
+        """The dataset's values, in this machine's byte order (HDF5 stores either). A contiguous,
+        unfiltered dataset is a view of the file mapped into memory (copy-on-write: changing the
+        tensor leaves the file as it is), read by the first touch of each page; any other is read
+        by HDF5 (through its filters, chunk by chunk) straight into the array returned."""
+        dtype = ds.dtype
+        if dtype.isnative and ds.size:
+            offset = ds.id.get_offset()  # None unless the values lie contiguous in the file
+            if offset is not None and offset % dtype.alignment == 0:
+                mapped = self._mapped()
+                if offset + ds.size * dtype.itemsize > len(mapped):
+                    raise self.error(f"the dataset {ds.name!r} lies past the end of the file")
+                return np.frombuffer(mapped, dtype, ds.size, offset).reshape(ds.shape)
+        values = np.empty(ds.shape, dtype)
+        if values.size:
+            ds.read_direct(values)
+        return values if dtype.isnative else values.astype(dtype.newbyteorder("="))
+
+    def _mapped(self) -> mmap.mmap:
+        if self.mapped is None:
+            with open(self.path, "rb") as f:
+                self.mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        return self.mapped
 
     def read_object(self, meta: dict, key: str, where: str):
         ds = self.dataset(meta, key, where)

@@ -19,8 +19,8 @@ import torch
 from cstream import checkpoint_guard, checkpoint_h5, checkpoint_v2
 from cstream._lazy import CheckpointError, LazyDict
 
-__all__ = ["CheckpointError", "LazyDict", "describe", "describe_and_layout", "layout", "load", "save",
-           "to_eager"]
+__all__ = ["CheckpointError", "LazyDict", "describe", "describe_and_layout", "layout", "load",
+           "looks_like_checkpoint", "save", "to_eager"]
 
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
@@ -47,11 +47,15 @@ def _check_path_argument(path, fn: str) -> str:
     return os.fspath(path)
 
 
-def save(obj: Any, path) -> None:
+def save(obj: Any, path, *, compress: bool = True) -> None:
     """Save ``obj`` (nested dicts/lists/tuples of tensors and plain values) to ``path`` (HDF5).
 
     Used exactly like ``torch.save``. The file is in ``cerebras.pytorch``'s layout: its ``load``
-    reads it with the same keys, dtypes (bfloat16 and float16 included) and values. The write is
+    reads it with the same keys, dtypes (bfloat16 and float16 included) and values. Tensors are
+    LZ4-compressed as the real package writes them (files of its size: zeros, as in a young
+    optimizer state, take almost no room); ``compress=False`` stores them uncompressed and
+    contiguous, which loads without decoding (each tensor a view of the file mapped into memory)
+    at the cost of the file's full size. The write is
     atomic: the file appears under ``path`` only when complete, so a crash leaves any earlier file
     there intact. Within a run, the backend's ``max_checkpoints`` keeps only the newest files
     saved. Subclasses of the supported types are stored as the base type (a namedtuple loads as a
@@ -75,7 +79,7 @@ def save(obj: Any, path) -> None:
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # the umask applies
     try:
         checkpoint_h5.write(obj, tmp, writer=f"cstream {_version()}",
-                            userblock_size=checkpoint_guard.USERBLOCK)
+                            userblock_size=checkpoint_guard.USERBLOCK, compress=compress)
         checkpoint_guard.seal(tmp)
         _fsync(tmp)
         os.replace(tmp, path)
@@ -101,6 +105,23 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def _heads(path) -> tuple[bytes, bytes]:
+    """The file's first bytes and those after a user block: what tells its format."""
+    with open(path, "rb") as fh:
+        head = fh.read(len(checkpoint_guard.TAG))
+        fh.seek(checkpoint_guard.USERBLOCK)
+        return head, fh.read(len(_HDF5_SIGNATURE))
+
+
+def looks_like_checkpoint(path) -> bool:
+    """Whether the file at ``path`` starts as a checkpoint :func:`load` reads (cstream's seal, HDF5
+    at its start or after a user block, cstream's earlier layout), damaged or not, whatever its
+    name."""
+    head, after_userblock = _heads(path)
+    return (head.startswith((checkpoint_v2.MAGIC, _HDF5_SIGNATURE)) or after_userblock == _HDF5_SIGNATURE
+            or bool(head) and checkpoint_guard.TAG.startswith(head))  # sealed, or cut inside the tag
+
+
 def _open(path, fn: str):
     """The reader for the file at ``path``: cstream's earlier layout or the real package's."""
     path = _check_path_argument(path, fn)
@@ -108,13 +129,13 @@ def _open(path, fn: str):
         raise FileNotFoundError(f"no checkpoint at {path}")
     if os.path.isdir(path):
         raise CheckpointError(f"{path} is a directory, not a checkpoint file.")
-    with open(path, "rb") as fh:
-        head = fh.read(len(checkpoint_guard.TAG))
-        fh.seek(checkpoint_guard.USERBLOCK)
-        after_userblock = fh.read(len(_HDF5_SIGNATURE))
+    head, after_userblock = _heads(path)
     if head.startswith(checkpoint_v2.MAGIC):
         return checkpoint_v2
-    if head and len(head) < len(checkpoint_guard.TAG) and checkpoint_guard.TAG.startswith(head):
+    if not head:
+        raise checkpoint_guard.damaged(path, "it is empty (0 bytes): its writer stopped before it "
+                                             "wrote anything")
+    if len(head) < len(checkpoint_guard.TAG) and checkpoint_guard.TAG.startswith(head):
         raise checkpoint_guard.damaged(path, f"it is truncated: it has {len(head)} bytes, fewer "
                                              "than its header")
     if not (checkpoint_guard.is_sealed(head) or head.startswith(_HDF5_SIGNATURE)

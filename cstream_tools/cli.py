@@ -17,15 +17,13 @@ import importlib
 import signal
 import sys
 
+from cstream_tools.cli_errors import CLIError
+
 SUBCOMMANDS = {
     "ckpt": "cstream_tools.cli_ckpt",
     "run": "cstream_tools.cli_run",  # run, sweep and report
     "trace": "cstream_tools.cli_trace",
 }
-
-
-class CLIError(Exception):
-    """A user-facing error: printed as one line, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):

@@ -7,7 +7,14 @@ import os
 import time
 from pathlib import Path
 
-from cstream_tools.cli import CLIError
+from cstream_tools.cli_errors import CLIError
+
+
+# names that mark a checkpoint, damaged or not: cstream's and the real package's (.h5), the seed's
+# and the Model Zoo's (checkpoint_{step}.mdl)
+CHECKPOINT_SUFFIXES = (".h5", ".hdf5", ".mdl")
+# what `convert --to` writes, and what it picks from the output's name
+_TARGETS = ("torch", "compressed", "uncompressed")
 
 
 def add_parser(subparsers) -> None:
@@ -21,18 +28,27 @@ def add_parser(subparsers) -> None:
                          description="Print every entry of a checkpoint: key path, dtype, shape "
                                      "and size of tensors, the other values, and the total size of "
                                      "the tensors, and the file's layout. Reads no tensor "
-                                     "values. Given a folder, list its checkpoints (*.h5), oldest "
-                                     "first, and whether each is intact or why it is not.")
+                                     "values. Given a folder, list its checkpoints (files named "
+                                     f"{', '.join('*' + s for s in CHECKPOINT_SUFFIXES)}, and any "
+                                     "other that starts as a checkpoint), oldest first, and "
+                                     "whether each is intact or why it is not.")
     ins.add_argument("file", help="a checkpoint written by cstream.save or cerebras.pytorch.save, "
                                   "or a folder of them")
     ins.set_defaults(func=inspect)
-    conv = sub.add_parser("convert", help="convert to PyTorch's torch.save format",
-                          description="Load a checkpoint on the CPU and write it with "
-                                      "torch.save (pickle format, loadable with torch.load). "
-                                      "The output appears only when complete.")
-    conv.add_argument("src", help="a checkpoint written by cstream.save or cerebras.pytorch.save "
-                                   "(.h5)")
-    conv.add_argument("dst", help="the torch.save file to write (.pt)")
+    conv = sub.add_parser("convert", help="convert to torch.save's format or between the "
+                                          "compressed and uncompressed layouts",
+                          description="Load a checkpoint on the CPU and write it again: with "
+                                      "torch.save (pickle format, loadable with torch.load), or "
+                                      "with cstream.save, its tensors LZ4-compressed (the real "
+                                      "package's layout and size) or uncompressed (larger, "
+                                      "loaded without decoding). The output appears only when "
+                                      "complete.")
+    conv.add_argument("src", help="a checkpoint written by cstream.save or cerebras.pytorch.save")
+    conv.add_argument("dst", help="the file to write")
+    conv.add_argument("--to", choices=_TARGETS, default=None,
+                      help="what to write: torch.save's format, or cstream.save's compressed or "
+                           f"uncompressed layout (default: compressed for a name ending in "
+                           f"{', '.join(CHECKPOINT_SUFFIXES)}, else torch)")
     conv.set_defaults(func=convert)
 
 
@@ -63,12 +79,15 @@ def inspect(args: argparse.Namespace) -> int:
 def _inspect_folder(folder: Path) -> int:
     """One line per checkpoint in ``folder``, oldest first: intact (and its layout) or damaged."""
     from cstream import checkpoint_guard
-    from cstream.saving import CheckpointError, layout
+    from cstream.saving import CheckpointError, layout, looks_like_checkpoint
 
-    files = sorted((p for p in folder.glob("*.h5") if p.is_file()),
+    files = sorted((p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")
+                    and (p.suffix in CHECKPOINT_SUFFIXES or looks_like_checkpoint(p))),
                    key=lambda p: (p.stat().st_mtime, p.name))
     if not files:
-        raise CLIError(f"{folder} holds no checkpoints (*.h5 files)")
+        raise CLIError(f"{folder} holds no checkpoints (files named "
+                       f"{', '.join('*' + s for s in CHECKPOINT_SUFFIXES)}, or any other that "
+                       "starts as a checkpoint)")
     rows = []
     for path in files:
         try:
@@ -93,15 +112,22 @@ def _inspect_folder(folder: Path) -> int:
 def convert(args: argparse.Namespace) -> int:
     import torch
 
-    from cstream.saving import load, to_eager
+    from cstream.saving import load, save, to_eager
 
     src, dst = Path(args.src), Path(args.dst)
+    target = args.to or ("compressed" if dst.suffix in CHECKPOINT_SUFFIXES else "torch")
     if dst.exists() and src.exists() and dst.resolve() == src.resolve():
-        raise CLIError(f"the output {dst} is the input checkpoint; name another file, e.g. "
-                       f"{src.with_suffix('.pt')}")
+        example = src.with_suffix(".pt" if target == "torch" else f".{target}{src.suffix}")
+        raise CLIError(f"the output {dst} is the input checkpoint; name another file, e.g. {example}")
     if not dst.parent.is_dir():
         raise CLIError(f"the output directory {dst.parent} does not exist; create it first")
-    state = to_eager(load(src, map_location="cpu"))
+    state = load(src, map_location="cpu")
+    if target != "torch":
+        save(state, dst, compress=target == "compressed")
+        print(f"wrote {dst} (cstream.save's {target} layout; load it with cstream.load or "
+              "cerebras.pytorch.load)")
+        return 0
+    state = to_eager(state)
     tmp = dst.parent / f".{dst.name}.{os.getpid()}.tmp"
     try:
         torch.save(state, tmp)

@@ -31,6 +31,10 @@ _EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|E
                        r" (?P<message>.*)$")
 
 
+class CLIError(Exception):
+    """A user-facing error of a ``cstream`` command: printed as one line, exit status 2."""
+
+
 def strip_ansi(text: str) -> str:
     return _ANSI.sub("", text)
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from cstream_tools import modelzoo_input, sweep_answer
-from cstream_tools.cli import CLIError
+from cstream_tools.cli_errors import CLIError
 from cstream_tools.cli_progress import ProgressDisplay
 from cstream_tools.sweep import (SweepRecord, earlier_rows, layout, plot_sweep, run_points, sweep_interrupted,
                                sweep_points, sweep_table)

@@ -6,7 +6,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from cstream_tools.cli import CLIError
+from cstream_tools.cli_errors import CLIError
 from workers.checks import positive_number
 
 

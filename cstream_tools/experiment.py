@@ -27,6 +27,7 @@ from typing import Callable, Literal, Optional, Union, get_args, get_origin, get
 import torch
 
 from executor.backends.options import OPTIONS, BackendOptions
+from executor.data_executor import stop_reason
 from workers.checks import known_names, positive_int
 from workers.config import CSConfig
 
@@ -458,7 +459,7 @@ def run_experiment(exp: Experiment, *, artifact_dir=None, progress: Optional[Cal
         except BaseException as e:
             steps.close()  # the executor writes the profile of the steps that ran
             if executor.run_dir is not None:
-                executor.mark_stopped(_stop_reason(e))
+                executor.mark_stopped(stop_reason(e))
                 e.partial_result = _result(exp, executor, t0, feed.last_loss)
             raise
     finally:
@@ -533,13 +534,6 @@ def _progress_rate(executor, i: int) -> Optional[float]:
     if stats is not None:
         return wafer_rate(stats)
     return executor.profiler.rate() if i > 0 else None
-
-
-def _stop_reason(e: BaseException) -> str:
-    if isinstance(e, KeyboardInterrupt):
-        return "KeyboardInterrupt (Ctrl-C)"
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
 def _training_step(exp: Experiment, backend, artifact_dir: Path):

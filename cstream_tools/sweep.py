@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from cstream_tools import sweep_answer
-from cstream_tools.cli import CLIError
+from cstream_tools.cli_errors import CLIError
 
 
 def layout(cs) -> str:

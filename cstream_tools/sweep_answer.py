@@ -13,130 +13,20 @@ From a sweep's rows (one per worker count) and the wafer's speed, :func:`answer`
 * an extrapolation to ``num_csx`` CS-Xs fed by ``K`` input nodes of ``C`` cores each, from
   the per-worker rate and CPU cost (not measured; stated as such).
 
-The wafer's speed comes one of three ways (:class:`WaferSpeed` says which): given on the
-command line, read from the user's own table of measured rates (:func:`rate_from_table`), or
-measured by running the Model Zoo program's model on the simulated wafer
-(:func:`measured_rate`).
+The wafer's speed comes given on the command line or from the Model Zoo program
+(:class:`cstream_tools.modelzoo_input.WaferSpeed` says which).
 """
 
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
-import tempfile
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
-from workers.checks import did_you_mean, positive_int
+from workers.checks import positive_int
 
 CORES_BOUND_SHARE = 0.75
 """Input workers whose CPU demand reaches this share of the machine's cores are limited by
 the cores: more of them share the same cores."""
-
-
-@dataclass
-class WaferSpeed:
-    """The wafer's speed the sweep paces to, and where it came from."""
-
-    samples_per_s: Optional[float]
-    """Samples/s per CS-X."""
-    source: str
-    """How it was chosen, as the report says it."""
-    caveat: Optional[str] = None
-
-
-# -- the wafer's speed -----------------------------------------------------------------------------
-def rate_from_table(path: Path, program) -> WaferSpeed:
-    """The entry of ``program``'s model in a YAML table ``{model name: samples/s per CS-X}``;
-    the params file's stem (``params_gpt2_small``) is looked up first, then the model's name
-    (``model.name``, else its folder: ``gpt2``)."""
-    import yaml
-
-    from cstream_tools.modelzoo_input import ModelZooError
-
-    if not path.is_file():
-        raise ModelZooError(f"--wafer-rates {path}: no such file.")
-    try:
-        table = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ModelZooError(f"--wafer-rates {path}: not valid YAML ({e}).") from None
-    if not isinstance(table, dict) or not table:
-        raise ModelZooError(f"--wafer-rates {path}: expected a mapping of model names to measured "
-                            "samples/s per CS-X, e.g. 'gpt2: 240'.")
-    names = [program.params_file.stem, program.model_name]
-    for name in names:
-        if name in table:
-            rate = table[name]
-            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
-                raise ModelZooError(f"--wafer-rates {path}: {name}: expected a positive number "
-                                    f"of samples/s per CS-X, got {rate!r}.")
-            return WaferSpeed(float(rate), f"your measured rate for {name!r} in {path}")
-    raise ModelZooError(
-        f"--wafer-rates {path}: no entry for {' or '.join(map(repr, names))}; it has "
-        f"{', '.join(map(str, table))}.{did_you_mean(names[-1], [str(k) for k in table])}")
-
-
-MEASURE_STEPS = 8
-
-
-def measured_rate(program, steps: int = MEASURE_STEPS, timeout_s: float = 900) -> WaferSpeed:
-    """Run the program's own ``run.py`` on the simulated wafer (``CSX --mode train``, the params
-    file with ``max_steps`` set to ``steps`` and no checkpoints, one input worker) and take
-    the wafer's compute time per step after its warm-up."""
-    import yaml
-
-    from cstream_tools.modelzoo_input import ModelZooError
-    from executor.report import summarize_profile
-    from executor.report_writers import load_run
-
-    params = dict(program.params)
-    run = dict(params.get("runconfig") or {})
-    run.update(max_steps=steps, checkpoint_steps=10 ** 9, save_initial_checkpoint=False,
-               log_steps=1)
-    run.pop("num_epochs", None)  # max_steps alone sets the length
-    run.pop("steps_per_epoch", None)
-    params["runconfig"] = run
-    with tempfile.TemporaryDirectory(prefix="cstream-measure-") as tmp:
-        tmp = Path(tmp)
-        params_file = tmp / program.params_file.name
-        params_file.write_text(yaml.safe_dump(params))
-        model_dir = tmp / "model_dir"
-        repo = str(Path(__file__).resolve().parents[1])
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [repo, str(program.import_root)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-        cmd = [sys.executable, str(program.model_dir / "run.py"), "CSX", "--mode", "train",
-               "--params", str(params_file), "--model_dir", str(model_dir)]
-        print(f"measuring the wafer's step: {program.model_name}'s run.py CSX, {steps} steps",
-              flush=True)
-        try:
-            done = subprocess.run(cmd, cwd=str(Path.cwd()), env=env, capture_output=True,
-                                  text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise ModelZooError(f"--measure-step: {program.model_dir / 'run.py'} did not finish "
-                                f"{steps} steps in {timeout_s:.0f} s.") from None
-        profiles = sorted(model_dir.rglob("profile.json"))
-        if done.returncode != 0 or not profiles:
-            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-6:])
-            raise ModelZooError(f"--measure-step: {' '.join(cmd[1:3])} ... exited with "
-                                f"{done.returncode}" + ("" if profiles else " and wrote no "
-                                                        "profile") + f":\n{tail}")
-        report = summarize_profile(load_run(profiles[-1].parent))
-    timed = report["steps"] - (report.get("warmup_steps") or 0)
-    if not timed or not report.get("compute_s"):
-        raise ModelZooError("--measure-step: the run recorded no timed step after its warm-up; "
-                            f"try more steps than {steps}.")
-    step_s = report["compute_s"] / timed
-    batch = report["samples"] / report["steps"]
-    return WaferSpeed(batch / step_s,
-                      f"measured: {program.model_name}'s run.py on the simulated wafer, "
-                      f"{1000 * step_s:.1f} ms per step of {batch:g} samples (mean of {timed} "
-                      "steps after warm-up, on this machine's CPU)",
-                      caveat="a CS-X runs this model much faster than the simulated wafer on "
-                             "this machine; plan with your system's measured rate "
-                             "(--wafer-rates or --wafer-samples-per-sec)")
 
 
 # -- figures per row -------------------------------------------------------------------------------

@@ -162,6 +162,14 @@ def write_summary_scalars(writer, report: dict, step: int) -> int:
 
 
 # -- files -----------------------------------------------------------------------------------------
+def write_profile(path: Path, profile: dict) -> None:
+    """Write ``profile`` as ``path`` (``profile.json``) atomically: a reader sees the old file
+    or the new one, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(profile, indent=1, default=float))
+    os.replace(tmp, path)
+
+
 def write_steps_parquet(path: Path, records: list[dict]) -> None:
     """One row per step (lists, such as the per-CS-X worker ids, stay list columns)."""
     import pyarrow as pa

@@ -26,8 +26,9 @@ import pytest
 import torch
 
 import cstream
-from cstream import checkpoint_guard, checkpoint_h5
+from cstream import checkpoint_guard
 from cstream.saving import CheckpointError, describe
+from checkpoint_files import values_offset, write_unsealed
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "reference" / "fixtures"
@@ -329,11 +330,6 @@ def test_only_the_globals_a_real_file_pickles_are_admitted(tmp_path, payload, na
     assert cstream.load(path)["x"] is torch.float16
 
 
-def _tensor_offset(path, name):
-    with h5py.File(path, "r") as f:
-        return f[name].id.get_offset()
-
-
 def _legacy_file(path):
     with h5py.File(path, "w") as f:
         f.attrs["__version__"] = 0.4
@@ -342,9 +338,8 @@ def _legacy_file(path):
 
 @pytest.mark.parametrize("make, what", [
     ("truncated half", "is not a readable checkpoint: it is truncated: it has "),
-    ("empty", "is not a readable checkpoint: it is not an HDF5 file (it does not start with the "
-              "HDF5 signature); cstream.load reads files written by cstream.save or "
-              "cerebras.pytorch.save."),
+    ("empty", "is not a readable checkpoint: it is empty (0 bytes): its writer stopped before it "
+              "wrote anything. Load an earlier checkpoint instead"),
     ("text", "it is not an HDF5 file"),
     ("plain hdf5", "it is an HDF5 file but not a checkpoint (it has no __version__ attribute); "
                    "write checkpoints with cstream.save or cerebras.pytorch.save."),
@@ -399,9 +394,9 @@ def test_tensors_of_an_unsealed_file_are_read_lazily_so_an_untouched_damaged_one
         tmp_path):
     """A file cstream wrote before it sealed its files: each tensor's CRC-32 is checked when read."""
     path = tmp_path / "c.h5"
-    checkpoint_h5.write({"good": torch.arange(5), "bad": torch.zeros(10),
-                         "more": {"x": torch.ones(3)}}, path, writer="cstream 0.1.0")
-    offset = _tensor_offset(path, "bad")
+    write_unsealed({"good": torch.arange(5), "bad": torch.zeros(10), "more": {"x": torch.ones(3)}},
+                   path)
+    offset = values_offset(path, "bad")
     data = bytearray(path.read_bytes())
     data[offset + 3] ^= 0x40  # one bit of the tensor's values
     path.write_bytes(data)
@@ -412,6 +407,54 @@ def test_tensors_of_an_unsealed_file_are_read_lazily_so_an_untouched_damaged_one
         state["bad"]
     assert str(info.value) == (f"{path}: the tensor bad is corrupted: its data does not match its "
                                "checksum.")
+
+
+def _mapped_file(address: int) -> str | None:
+    """The file mapped into this process's memory at ``address`` (Linux's /proc/self/maps)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            start, end = (int(a, 16) for a in fields[0].split("-"))
+            if start <= address < end:
+                return fields[5].strip() if len(fields) == 6 else None
+    return None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads Linux's /proc/self/maps")
+def test_uncompressed_tensors_are_copy_on_write_views_of_the_mapped_file(tmp_path):
+    path = tmp_path / "c.h5"
+    w = torch.arange(4096.0).reshape(64, 64)
+    cstream.save({"w": w, "b": w.to(torch.bfloat16), "s": torch.tensor(2)}, path, compress=False)
+    before = path.read_bytes()
+    state = cstream.load(path)
+    for key in ("w", "b"):
+        with h5py.File(path, "r") as f:  # contiguous, at a 64-byte boundary of the file
+            offset = f[key].id.get_offset()
+        assert offset % 64 == 0
+        assert _mapped_file(state[key].data_ptr()) == str(path)  # its memory is the file, mapped
+        assert torch.equal(state[key], w.to(state[key].dtype))
+    state["w"].add_(1)  # changing a loaded tensor leaves the file as it was
+    assert torch.equal(state["w"], w + 1)
+    assert path.read_bytes() == before
+    assert torch.equal(cstream.load(path)["w"], w)
+    assert cstream.load(path)["s"].item() == 2
+
+
+def test_compressed_tensors_are_lz4_chunks_the_real_package_writes_and_load_the_same(tmp_path):
+    path = tmp_path / "c.h5"
+    state = {"zeros": torch.zeros(512, 512), "w": torch.randn(300, 7, 5), "s": torch.tensor(1.5),
+             "empty": torch.zeros(0, 2)}
+    cstream.save(state, path)
+    with h5py.File(path, "r") as f:
+        # the chunks h5py picks (as it does for the real package), and hdf5plugin.LZ4()'s options
+        for k in ("zeros", "w", "empty"):
+            assert f[k].chunks == h5py.filters.guess_chunk(state[k].shape, None, 4)
+        assert f["s"].chunks is None and f["s"].id.get_create_plist().get_nfilters() == 0
+        plist = f["zeros"].id.get_create_plist()
+        assert plist.get_nfilters() == 1 and plist.get_filter(0)[:3] == (32004, 1, (0,))
+        assert f["zeros"].id.get_storage_size() < 512 * 512 * 4 // 100  # zeros take ~nothing
+    loaded = cstream.load(path)
+    assert all(torch.equal(loaded[k], v) for k, v in state.items())
 
 
 @pytest.mark.parametrize("map_location", ["cpu", torch.device("cpu"), {"cpu": "cpu"},
@@ -467,7 +510,7 @@ def test_describe_lists_entries_without_reading_tensor_values(tmp_path):
     path = tmp_path / "c.h5"
     cstream.save({"model": {"w": torch.ones(2, 3, dtype=torch.bfloat16)}, "groups": [{"lr": 0.5}],
                   "e": {}, "n": None}, path)
-    offset = _tensor_offset(path, "model.w")
+    offset = values_offset(path, "model.w")
     with open(path, "r+b") as fh:  # damaged values (behind a matching seal) are never read
         fh.seek(offset)
         fh.write(b"\xff")
@@ -568,8 +611,7 @@ def test_save_seals_the_file_with_its_length_and_checksum_in_a_user_block_hdf5_s
 
 def _damage(path, region: str) -> None:
     data = bytearray(path.read_bytes())
-    with h5py.File(path, "r") as f:
-        values = f["w"].id.get_offset()
+    values = values_offset(path, "w")
     at = {"superblock": 512 + 20, "global heap": data.find(b"GCOL") + 40, "data": values + 5,
           "header length": 40, "header tag": 1}[region]
     data[at] ^= 0x10
@@ -647,17 +689,24 @@ def test_the_damaged_global_heap_of_an_unsealed_file_is_refused_before_hdf5_loop
         + _advice(path))
 
 
-@pytest.mark.parametrize("chunk", [4, 5, 7, 4096])
-def test_the_heap_scan_finds_a_collection_whose_signature_straddles_two_reads(monkeypatch, chunk):
-    """The scan reads the file in chunks (16 MiB); a ``GCOL`` cut by a chunk's end is found too."""
-    monkeypatch.setattr(checkpoint_guard, "_CHUNK", chunk)
+@pytest.mark.parametrize("window", [4096, 8192])
+def test_the_heap_scan_finds_a_collection_whose_signature_straddles_two_windows(tmp_path, monkeypatch,
+                                                                               window):
+    """The scan maps the file in windows (16 MiB); a ``GCOL`` cut by a window's end is found too."""
+    monkeypatch.setattr(checkpoint_guard, "_WINDOW", window)
     path = REPO / "tests" / "data" / "corrupt_global_heap.h5"
     with pytest.raises(CheckpointError, match="the global heap collection at byte 10240 is damaged"):
         cstream.load(path)
-    with open(path, "rb") as f:
-        data = f.read()
+    data = bytearray(3 * window + 100)
+    for at in (0, window - 3, 2 * window - 1, 3 * window - 2, 3 * window + 96):  # 3 cut by an end
+        data[at:at + 4] = b"GCOL"
+    (tmp_path / "f").write_bytes(data)
+    with open(tmp_path / "f", "rb") as f:
         assert list(checkpoint_guard._signatures(f, b"GCOL")) == [
-            i for i in range(len(data)) if data.startswith(b"GCOL", i)] == [2048, 10240]
+            i for i in range(len(data)) if data.startswith(b"GCOL", i)]
+        assert len(list(checkpoint_guard._signatures(f, b"GCOL"))) == 5
+        for start, length in ((0, len(data)), (512, len(data)), (window + 5, window), (7, 0)):
+            assert checkpoint_guard._crc32(f, start, length) == zlib.crc32(data[start:start + length])
 
 
 def test_a_damaged_object_header_of_an_unsealed_file_is_read_by_a_child_process_first(tmp_path):

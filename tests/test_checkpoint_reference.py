@@ -50,6 +50,12 @@ def _fixture(name: str) -> dict:
     return json.loads((FIXTURES / name).read_text())
 
 
+def _filters(ds: h5py.Dataset) -> list[tuple]:
+    """The dataset's HDF5 filters: (id, flags, parameters) of each."""
+    plist = ds.id.get_create_plist()
+    return [plist.get_filter(i)[:3] for i in range(plist.get_nfilters())]
+
+
 def _first_difference(got: list, want: list) -> str:
     for a, b in zip(got, want):
         if a != b:
@@ -85,32 +91,41 @@ def test_the_real_files_hold_compressed_tied_and_pickled_entries_cstream_decodes
     assert entries["model/decoder.weight"]["shape"] == (2, 3)
 
 
-def test_a_file_cstream_wrote_loads_in_the_real_package_with_the_same_keys_dtypes_and_values():
+@pytest.mark.parametrize("layout", ["compressed", "uncompressed"])
+def test_a_file_cstream_wrote_loads_in_the_real_package_with_the_same_keys_dtypes_and_values(layout):
     make = _module(REFERENCE / "cstream_written" / "make.py")
-    read_by_real = _fixture("ckpt_cstream_read_by_real.json")
-    assert read_by_real["file"] == "cstream_written/cstream_state.h5"
+    path = make.FILE if layout == "compressed" else make.UNCOMPRESSED
+    read_by_real = _fixture("ckpt_cstream_read_by_real.json")[layout]
+    assert read_by_real["file"] == f"cstream_written/{path.name}"
     # the real package read this very file, sealed as cstream.save seals every file (a user block
     # with its length and checksum before the HDF5 data)
-    assert read_by_real["sha256"] == hashlib.sha256(make.FILE.read_bytes()).hexdigest()
-    assert checkpoint_guard.is_sealed(make.FILE.read_bytes()[:512])
+    assert read_by_real["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert checkpoint_guard.is_sealed(path.read_bytes()[:512])
+    with h5py.File(path, "r") as f:  # every tensor but the 0-d ones through the LZ4 filter, or none
+        tensors = [f[k] for k in f if f[k].attrs.get("__NUMPY__")]
+        lz4 = [ds.name for ds in tensors if [f[0] for f in _filters(ds)] == [32004]]
+        assert lz4 == ([ds.name for ds in tensors if ds.ndim] if layout == "compressed" else [])
+        assert len(lz4) >= (12 if layout == "compressed" else 0)
     want = record(make.state())
     assert read_by_real["record"] == want, _first_difference(read_by_real["record"], want)
     assert read_by_real["types"] == {"model": "OrderedDict", "optimizer": "dict"}
-    assert record(cstorch.load(make.FILE)) == want  # and cstream reads its own file the same way
+    assert record(cstorch.load(path)) == want  # and cstream reads its own file the same way
 
 
-def test_the_committed_cstream_file_is_what_cstream_writes_today(tmp_path):
+@pytest.mark.parametrize("layout", ["compressed", "uncompressed"])
+def test_the_committed_cstream_files_are_what_cstream_writes_today(tmp_path, layout):
     make = _module(REFERENCE / "cstream_written" / "make.py")
-    cstorch.save(make.state(), tmp_path / "now.h5")
+    cstorch.save(make.state(), tmp_path / "now.h5", compress=layout == "compressed")
 
-    def layout(path):
+    def layout_of(path):
         with h5py.File(path, "r") as f:
             attrs = {k: v for k, v in f.attrs.items() if k != "__cstorch_version__"}
-            datasets = {k: dict(f[k].attrs) for k in f}
+            datasets = {k: (dict(f[k].attrs), f[k].chunks, _filters(f[k])) for k in f}
         return repr(attrs), repr(datasets)
 
-    assert layout(tmp_path / "now.h5") == layout(make.FILE), (
-        "cstream.save writes another layout than tests/reference/cstream_written/cstream_state.h5: "
+    committed = make.FILE if layout == "compressed" else make.UNCOMPRESSED
+    assert layout_of(tmp_path / "now.h5") == layout_of(committed), (
+        f"cstream.save writes another layout than tests/reference/cstream_written/{committed.name}: "
         "rerun tests/reference/cstream_written/make.py, then gen_ckpt under the real package")
 
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import h5py
 import pytest
 import torch
 
@@ -100,7 +101,7 @@ def test_convert_writes_a_torch_save_file_with_the_same_values(checkpoint, tmp_p
      "cerebras.pytorch.save."),
     (["ckpt", "convert", "{tmp}/c.h5", "{tmp}/c.h5"],
      "cstream ckpt: error: the output {tmp}/c.h5 is the input checkpoint; name another file, e.g. "
-     "{tmp}/c.pt"),
+     "{tmp}/c.compressed.h5"),
     (["ckpt", "convert", "{tmp}/c.h5", "{tmp}/no/such/dir/c.pt"],
      "cstream ckpt: error: the output directory {tmp}/no/such/dir does not exist; create it first"),
     (["ckpt"], "cstream ckpt: error: the following arguments are required: ACTION"),
@@ -132,7 +133,7 @@ def test_help_lists_the_ckpt_actions(capsys):
     assert info.value.code == 0
     out = capsys.readouterr().out
     assert "    inspect   list a checkpoint's entries, or a folder's checkpoints\n" in out
-    assert "    convert   convert to PyTorch's torch.save format\n" in out
+    assert "    convert   convert to torch.save's format or between the compressed and\n" in out
 
 
 def _env():
@@ -185,6 +186,92 @@ def test_inspect_of_a_folder_lists_its_checkpoints_oldest_first_and_which_can_be
 
 
 def test_inspect_of_a_folder_without_checkpoints_says_so(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    (tmp_path / ".ckpt_1.h5.0a1b.tmp").write_bytes(b"")  # a save still writing: not listed
     assert _status(["ckpt", "inspect", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == (f"cstream ckpt: error: {tmp_path} holds no checkpoints "
-                                       "(*.h5 files)\n")
+    assert capsys.readouterr().err == (
+        f"cstream ckpt: error: {tmp_path} holds no checkpoints (files named *.h5, *.hdf5, *.mdl, "
+        "or any other that starts as a checkpoint)\n")
+
+
+def _folder_rows(capsys) -> list[list[str]]:
+    rows = [line.split("  ") for line in capsys.readouterr().out.splitlines()]
+    return [[c.strip() for c in r if c.strip()] for r in rows]
+
+
+def test_inspect_lists_the_seeds_checkpoint_step_mdl_files_and_checkpoints_of_any_name(tmp_path,
+                                                                                       capsys):
+    """The seed's example saves ``checkpoint_{step}.mdl``; a file that starts as a checkpoint is one
+    whatever its name."""
+    for i, step in enumerate((10, 20, 30)):
+        cstream.save({"model": {"w": torch.full((100,), float(step))}, "step": step},
+                     tmp_path / f"checkpoint_{step}.mdl")
+        os.utime(tmp_path / f"checkpoint_{step}.mdl", (0, 1_000_000 + i))
+    (tmp_path / "weights.bin").write_bytes((REPO / "tests/reference/fixtures/ckpt_real_train.h5")
+                                           .read_bytes())  # the real package's, under another name
+    os.utime(tmp_path / "weights.bin", (0, 1_000_003))
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    assert main(["ckpt", "inspect", str(tmp_path)]) == 0
+    rows = _folder_rows(capsys)
+    assert [r[0] for r in rows[:-1]] == ["checkpoint_10.mdl", "checkpoint_20.mdl",
+                                         "checkpoint_30.mdl", "weights.bin"]
+    assert [r[3] for r in rows[:3]] == [("intact (its checksum matches): cerebras.pytorch layout "
+                                         f"0.5, written by cstream {_cstream_version()}")] * 3
+    assert rows[3][3].startswith("readable (it has no checksum; its tensors are not checked): ")
+    assert rows[-1] == [f"4 of 4 checkpoints in {tmp_path} can be loaded"]
+
+
+def test_inspect_marks_each_damaged_mdl_file_with_its_reason(tmp_path, capsys):
+    good = tmp_path / "checkpoint_0.mdl"
+    cstream.save({"w": torch.arange(1000.0), "step": 0}, good)
+    data = good.read_bytes()
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0x10
+    damaged = {"checkpoint_1.mdl": data[: len(data) // 2],  # cut short
+               "checkpoint_2.mdl": bytes(flipped),
+               "checkpoint_3.mdl": b"",
+               "checkpoint_4.mdl": b"PK\x03\x04 a zip archive, not HDF5",
+               "checkpoint_5.mdl": data[:10]}  # cut inside cstream's tag
+    for i, (name, content) in enumerate(damaged.items(), 1):
+        (tmp_path / name).write_bytes(content)
+        os.utime(tmp_path / name, (0, 1_000_000 + i))
+    os.utime(good, (0, 1_000_000))
+    assert main(["ckpt", "inspect", str(tmp_path)]) == 0
+    rows = _folder_rows(capsys)
+    assert [r[0] for r in rows[:-1]] == ["checkpoint_0.mdl", *damaged]
+    assert rows[0][3].startswith("intact (its checksum matches)")
+    assert rows[1][3] == (f"DAMAGED: it is truncated: it has {len(data) // 2} bytes, its header "
+                          f"records the {len(data)} bytes written.")
+    assert rows[2][3].startswith("DAMAGED: its contents do not match the checksum in its header")
+    assert rows[3][3] == "DAMAGED: it is empty (0 bytes): its writer stopped before it wrote anything."
+    assert rows[4][3] == ("DAMAGED: it is not an HDF5 file (it does not start with the HDF5 "
+                          "signature); cstream.load reads files written by cstream.save or "
+                          "cerebras.pytorch.save.")
+    assert rows[5][3] == "DAMAGED: it is truncated: it has 10 bytes, fewer than its header."
+    assert rows[-1] == [f"1 of 6 checkpoints in {tmp_path} can be loaded"]
+
+
+@pytest.mark.parametrize("first", ["compressed", "uncompressed"])
+def test_convert_moves_a_checkpoint_between_the_compressed_and_uncompressed_layouts(tmp_path, capsys,
+                                                                                    first):
+    state = {"model": {"w": torch.zeros(256, 256), "b": torch.arange(256.0).to(torch.bfloat16)},
+             "step": 7}
+    src = tmp_path / "src.mdl"
+    cstream.save(state, src, compress=first == "compressed")
+    other = "uncompressed" if first == "compressed" else "compressed"
+    out = tmp_path / f"{other}.h5"
+    args = ["ckpt", "convert", str(src), str(out)] + ([] if other == "compressed" else ["--to", other])
+    assert main(args) == 0
+    assert capsys.readouterr().out == (f"wrote {out} (cstream.save's {other} layout; load it with "
+                                       "cstream.load or cerebras.pytorch.load)\n")
+    back = cstream.load(out)
+    assert back["step"] == 7 and torch.equal(back["model"]["w"], state["model"]["w"])
+    assert torch.equal(back["model"]["b"], state["model"]["b"])
+    with h5py.File(out, "r") as f:
+        plist = f["model.w"].id.get_create_plist()
+        filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
+        assert filters == ([32004] if other == "compressed" else [])  # LZ4
+        assert (f["model.w"].chunks is not None) == (other == "compressed")
+    sizes = {first: src.stat().st_size, other: out.stat().st_size}
+    assert sizes["compressed"] < sizes["uncompressed"] / 4  # 256 KiB of zeros compress to ~1 KiB
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from executor.report import pct
+from helpers import cstream, table_rows
 from workers.config import CSConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,12 +36,6 @@ backend:
 """
 
 
-def cstream(*args, cwd, timeout=240):
-    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="100")
-    return subprocess.run([sys.executable, "-m", "cstream_tools.cli", *map(str, args)], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=timeout)
-
-
 @pytest.fixture
 def cstream_here(capsys, monkeypatch):
     """``cstream ARGS`` through :func:`cstream_tools.cli.main` in this process (no interpreter to
@@ -59,16 +54,6 @@ def cstream_here(capsys, monkeypatch):
         out, err = capsys.readouterr()
         return subprocess.CompletedProcess(args, rc, out, err)
     return call
-
-
-def table_rows(text):
-    """{label: value} of the lines of a summary table."""
-    rows = {}
-    for line in text.splitlines():
-        parts = re.split(r"\s{2,}", line.strip(), maxsplit=1)
-        if len(parts) == 2:
-            rows[parts[0]] = parts[1]
-    return rows
 
 
 def scalar_tags(event_dir):

@@ -2,15 +2,9 @@
 lines, no file over 800, and no private name of torch, Ray or another package reached outside
 the compat modules (workers/torch_compat.py, workers/ray_compat.py)."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tools"))
-
-import code_figures  # noqa: E402
+from tools import code_figures
 
 PACKAGES = ("cstream", "cstream_tools", "executor", "workers")
 

@@ -18,7 +18,7 @@ from executor.backends.options import CSXOptions
 from executor.engine.errors import TracingError
 from executor.wafer.cuda_graph import plan, spec_of
 from test_device_capture import lm_batches, mlp, mse, next_token, vectors
-from test_seed_models import TinyLM
+from helpers import TinyLM
 
 HAS_CUDA = torch.cuda.is_available()
 

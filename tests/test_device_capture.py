@@ -15,7 +15,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import cstream as cstorch
 from executor.engine.devices import (DeviceBoundError, check_device_clean, device_bound_ops,
                                      neutral_dispatch, op_runs_on, retarget)
-from test_seed_models import TinyLM, lm_input_fn
+from helpers import TinyLM, lm_input_fn
 
 
 # -- the engine's passes on plain graphs -----------------------------------------------------------

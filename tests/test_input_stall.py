@@ -18,8 +18,8 @@ import cstream as cstorch
 from workers.config import CSConfig
 from workers.stall import STALL_COST_FACTOR, STALL_FLOOR_S, stall_bound
 
+from helpers import cstream, table_rows
 from input_helpers import cstream_actors
-from test_cli_run import cstream, table_rows
 
 HERE = os.path.abspath(__file__)
 STALL_LINE = "_GATES[gate].wait()  # the stall: nothing sets this gate in a worker"

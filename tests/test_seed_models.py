@@ -10,43 +10,10 @@ import pytest
 import torch
 
 import cstream as cstorch
+from helpers import TinyLM, lm_input_fn
 from test_optim import CustomOptimizer, CustomScheduler
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-class TinyLM(torch.nn.Module):
-    """A small transformer language model: embeddings, 2 pre-norm blocks, causal attention."""
-
-    def __init__(self, vocab=64, d=32, heads=4, layers=2, seq=16):
-        super().__init__()
-        self.heads = heads
-        self.tok = torch.nn.Embedding(vocab, d)
-        self.pos = torch.nn.Embedding(seq, d)
-        self.blocks = torch.nn.ModuleList(torch.nn.ModuleDict({
-            "ln1": torch.nn.LayerNorm(d), "qkv": torch.nn.Linear(d, 3 * d),
-            "proj": torch.nn.Linear(d, d), "ln2": torch.nn.LayerNorm(d),
-            "fc1": torch.nn.Linear(d, 4 * d), "fc2": torch.nn.Linear(4 * d, d),
-        }) for _ in range(layers))
-        self.ln = torch.nn.LayerNorm(d)
-        self.head = torch.nn.Linear(d, vocab)
-
-    def forward(self, idx):
-        b, t = idx.shape
-        x = self.tok(idx) + self.pos(torch.arange(t))
-        for blk in self.blocks:
-            q, k, v = blk["qkv"](blk["ln1"](x)).chunk(3, dim=-1)
-            q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
-            a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + blk["proj"](a.transpose(1, 2).reshape(b, t, -1))
-            x = x + blk["fc2"](torch.nn.functional.gelu(blk["fc1"](blk["ln2"](x))))
-        return self.head(self.ln(x))
-
-
-def lm_input_fn(batch=4, seq=16, n=50):
-    g = torch.Generator().manual_seed(5)
-    text = torch.randint(0, 64, (n * batch * (seq + 1),), generator=g).view(n, batch, seq + 1)
-    return [(chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()) for chunk in text]
 
 
 def train_lm(kind, make_optimizer, make_scheduler, use_scaler, steps=50, **options):

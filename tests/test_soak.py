@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from soak import soak  # noqa: E402
-
-from workers.flow import DEFAULT_LOOKAHEAD_STEPS  # noqa: E402
+from benchmarks.soak import soak
+from workers.flow import DEFAULT_LOOKAHEAD_STEPS
 
 
 def _check(r):

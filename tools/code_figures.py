@@ -1,13 +1,14 @@
-"""The size figures of the three packages and the private names they reach.
+"""The size figures of the packages, their import circles and the private names they reach.
 
-For ``cstream/``, ``executor/`` and ``workers/``: the three largest files (lines) and classes
-(lines from ``class`` to its last line); then every private name (a leading underscore, not a
+For ``cstream/``, ``cstream_tools/``, ``executor/`` and ``workers/``: the three largest files
+(lines) and classes (lines from ``class`` to its last line); the import circles within the
+package (:mod:`tools.import_graph`); then every private name (a leading underscore, not a
 dunder) of another module reached outside the compat modules (``torch_compat.py``,
 ``ray_compat.py``): imported from another package, or read as an attribute of anything but
 ``self``/``cls`` that the file itself does not define (assign, bind in a class body, or
 declare as a function or class).
 
-    python tools/code_figures.py [PACKAGE ...]
+    python -m tools.code_figures [PACKAGE ...]
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import ast
 import sys
 from pathlib import Path
+
+from tools import import_graph
 
 REPO = Path(__file__).resolve().parents[1]
 COMPAT = ("torch_compat.py", "ray_compat.py")
@@ -83,10 +86,14 @@ def figures(package: str, root: Path = REPO) -> tuple[list, list, list]:
 
 
 def main(packages: list[str]) -> int:
-    for package in packages or ["cstream", "executor", "workers"]:
+    circles = import_graph.circles_per_package(import_graph.imports())
+    for package in packages or import_graph.PACKAGES:
         files, classes, reached = figures(package)
         print(f"{package}: largest files {files[:3]}")
         print(f"{package}: largest classes {classes[:3]}")
+        print(f"{package}: import circles: {len(circles[package])}")
+        for group in circles[package]:
+            print("  " + " <-> ".join(group))
         print(f"{package}: private names reached outside the compat modules: {len(reached)}")
         for row in reached:
             print(f"  {row}")

@@ -8,7 +8,7 @@ from typing import Optional, Union
 
 import torch
 
-import cstream
+from cstream import creation
 from cstream.optim.optimizer import group_tensors
 from executor import runtime
 from workers.torch_compat import foreach
@@ -63,11 +63,11 @@ class GradScaler:
             if self._overflow_tolerance < 0:
                 raise ValueError(f"GradScaler: overflow_tolerance must be >= 0, got "
                                  f"{overflow_tolerance!r}.")
-            self._loss_scale = cstream.full((), min(self._max_loss_scale, float(init_scale)),
+            self._loss_scale = creation.full((), min(self._max_loss_scale, float(init_scale)),
                                             dtype=torch.float32)
-            self._steps_since_rescale = cstream.zeros((), dtype=torch.int64)
-            self._overflows_since_rescale = cstream.zeros((), dtype=torch.int64)
-            self._num_skipped_steps = cstream.zeros((), dtype=torch.int64)
+            self._steps_since_rescale = creation.zeros((), dtype=torch.int64)
+            self._overflows_since_rescale = creation.zeros((), dtype=torch.int64)
+            self._num_skipped_steps = creation.zeros((), dtype=torch.int64)
         else:
             self._loss_scale = float(loss_scale)
         self._squared_local_norms: list = []
@@ -258,7 +258,7 @@ def _params(optimizer) -> list:
 
 
 def _optimizers(optimizer) -> list:
-    from cstream.optim import Optimizer
+    from cstream.optim.optimizer import Optimizer
 
     if isinstance(optimizer, Optimizer):
         return [optimizer]

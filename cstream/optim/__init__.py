@@ -2,41 +2,28 @@
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from typing import Any
 
 from cstream.optim import lr_scheduler, scheduler, weight_decay_scheduler
 from cstream.optim.configure import (configure_optimizer_params, configure_param_groups,
                                      configure_scheduler_params)
-from cstream.optim.muon import Muon
+from cstream.optim.muon import Muon  # noqa: F401  (in __all__ through OPTIMIZERS)
 from cstream.optim.optimizer import Optimizer
-from workers.checks import did_you_mean
-from cstream.optim.optimizers import (
+from cstream.optim.registry import (
+    IGNORED_SCHEDULER_ARGUMENTS, OPTIMIZERS, check_kwargs, optimizer_class, scheduler_class,
+)
+from cstream.optim.scheduler_config import configure_scheduler
+from cstream.optim.optimizers import (  # noqa: F401  (in __all__ through OPTIMIZERS)
     ASGD, SGD, Adadelta, Adafactor, Adagrad, Adam, Adamax, AdamW, Lamb, Lion, NAdam, RAdam,
     RMSprop, Rprop,
 )
 
-OPTIMIZERS = {cls.__name__: cls for cls in (
-    SGD, Adam, AdamW, Adagrad, Adadelta, Adamax, ASGD, NAdam, RAdam, RMSprop, Rprop, Lamb, Lion,
-    Adafactor, Muon)}
 
 __all__ = ["Optimizer", "configure_lr_scheduler", "configure_optimizer",
-           "configure_optimizer_params", "configure_param_groups", "configure_scheduler_params",
-           "lr_scheduler", "scheduler", "weight_decay_scheduler",
+           "configure_optimizer_params", "configure_param_groups", "configure_scheduler",
+           "configure_scheduler_params", "lr_scheduler", "scheduler", "weight_decay_scheduler",
            *OPTIMIZERS]
-
-
-def _check_kwargs(cls, kwargs: dict, what: str, skip=("self", "optimizer", "params")) -> None:
-    params = inspect.signature(cls.__init__).parameters
-    valid = [n for n in params if n not in skip and params[n].kind not in (
-        inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
-    for name in kwargs:
-        if name not in valid:
-            raise TypeError(
-                f"{what} {cls.__name__} has no argument {name!r}.{did_you_mean(name, valid)} "
-                "Valid arguments: "
-                f"{', '.join(valid)}.")
 
 
 SCHEDULED_LR_PLACEHOLDER = 0.1
@@ -63,12 +50,7 @@ def configure_optimizer(optimizer_type: str, params, **kwargs: Any) -> Optimizer
     >>> type(opt).__name__, opt.param_groups[0]["lr"]
     ('SGD', 0.1)
     """
-    by_lower = {k.lower(): v for k, v in OPTIMIZERS.items()}
-    cls = by_lower.get(str(optimizer_type).lower())
-    if cls is None:
-        raise ValueError(
-            f"unknown optimizer_type {optimizer_type!r}; choose one of "
-            f"{', '.join(sorted(OPTIMIZERS))} (case-insensitive).")
+    cls = optimizer_class(optimizer_type)
     if "learning_rate" in kwargs:
         if "lr" in kwargs:
             raise ValueError("configure_optimizer: give learning_rate or lr (the same "
@@ -82,26 +64,8 @@ def configure_optimizer(optimizer_type: str, params, **kwargs: Any) -> Optimizer
         warnings.warn(f"configure_optimizer: {', '.join(unused)} configure other parts of the "
                       f"run, not the {cls.__name__} optimizer; left out.", stacklevel=2)
         kwargs = {k: v for k, v in kwargs.items() if k not in NOT_OPTIMIZER_KEYS}
-    _check_kwargs(cls, kwargs, "optimizer")
+    check_kwargs(cls, kwargs, "optimizer")
     return cls(params, **kwargs)
-
-
-def _scheduler_class(name: str):
-    key = str(name).lower()
-    for cls_name, cls in lr_scheduler.SCHEDULERS.items():
-        low = cls_name.lower()
-        if key in (low, low[:-2] if low.endswith("lr") else low):
-            return cls
-    raise ValueError(
-        f"unknown scheduler {name!r}; choose one of {', '.join(sorted(lr_scheduler.SCHEDULERS))} "
-        "(case-insensitive, the 'LR' suffix optional).")
-
-
-IGNORED_SCHEDULER_ARGUMENTS = {"LinearLR": ("alpha",),
-                               "PiecewiseConstantLR": ("initial_learning_rate",)}
-"""Arguments the Model Zoo's Release 2.0 configurations give schedulers that do not take them
-(GPT-2 small's ``Linear`` carries ``alpha``; two ``PiecewiseConstant`` schedules carry
-``initial_learning_rate``): dropped with a warning. Any other unknown argument is an error."""
 
 
 def _from_dict(optimizer, spec: dict, where: str):
@@ -110,14 +74,14 @@ def _from_dict(optimizer, spec: dict, where: str):
             f"learning_rate{where}: a scheduler dict needs a 'scheduler' key naming the class, "
             f"e.g. {{'scheduler': 'Linear', 'initial_learning_rate': 0.1, ...}}; got {spec!r}.")
     kwargs = {k: v for k, v in spec.items() if k not in ("scheduler", "main_scheduler")}
-    cls = _scheduler_class(spec["scheduler"])
+    cls = scheduler_class(spec["scheduler"])
     dropped = [k for k in IGNORED_SCHEDULER_ARGUMENTS.get(cls.__name__, ()) if k in kwargs]
     if dropped:
         warnings.warn(f"learning_rate{where}: scheduler {cls.__name__} takes no "
                       f"{', '.join(map(repr, dropped))}; ignored (remove it from the "
                       "configuration to silence this warning).", stacklevel=3)
         kwargs = {k: v for k, v in kwargs.items() if k not in dropped}
-    _check_kwargs(cls, kwargs, f"learning_rate{where}: scheduler")
+    check_kwargs(cls, kwargs, f"learning_rate{where}: scheduler")
     return cls(optimizer, **kwargs)
 
 

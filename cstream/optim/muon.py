@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-import cstream
+from cstream import creation
 from cstream.optim.optimizer import Optimizer
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -61,7 +61,7 @@ class Muon(Optimizer):
                         "parameters (biases, norms) in a group of another optimizer, e.g. AdamW.")
 
     def initial_state(self, group, p):
-        return {"momentum_buffer": cstream.zeros_like(p)} if group["momentum"] != 0 else {}
+        return {"momentum_buffer": creation.zeros_like(p)} if group["momentum"] != 0 else {}
 
     def state_names_to_sparsify(self):
         return ["momentum_buffer"]

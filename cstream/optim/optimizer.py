@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import functools
 from collections import defaultdict
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Dict, Iterable, Optional, Union
 
 import torch
 
-import cstream
+from cstream import creation
 from workers.checks import did_you_mean
 from workers.torch_compat import group_tensors_by_device_and_dtype
+
+
+ParamsT = Union[Iterable[torch.Tensor], Iterable[Dict[str, Any]]]
+"""What an optimizer takes as ``params``: tensors, or parameter groups (dicts)."""
 
 
 def group_tensors(tensors: list) -> list[tuple[list, list[int]]]:
@@ -139,7 +143,7 @@ class Optimizer:
         this once and writes each new rate into the tensor in place."""
         lr = group["lr"]
         if not isinstance(lr, torch.Tensor):
-            lr = group["lr"] = cstream.full((), float(lr), dtype=torch.float32)
+            lr = group["lr"] = creation.full((), float(lr), dtype=torch.float32)
         return lr
 
     def increment_global_step(self, p: torch.Tensor) -> torch.Tensor:
@@ -202,7 +206,7 @@ class Optimizer:
         if self.enable_global_step:
             for group in self.param_groups:
                 for p in group["params"]:
-                    self.state[p]["step"] = cstream.zeros((), dtype=torch.float32)
+                    self.state[p]["step"] = creation.zeros((), dtype=torch.float32)
         self._state_keys = {id(p): set(s) for p, s in self.state.items()}
 
     def _check_state_keys(self) -> None:

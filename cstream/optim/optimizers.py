@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-import cstream
+from cstream import creation
 from cstream.optim.optimizer import Optimizer, group_tensors, with_grads
 from workers.torch_compat import foreach
 
@@ -89,7 +89,7 @@ class SGD(_ForeachOptimizer):
                                       maximize=maximize))
 
     def initial_state(self, group, p):
-        return {"momentum_buffer": cstream.zeros_like(p)} if group["momentum"] != 0 else {}
+        return {"momentum_buffer": creation.zeros_like(p)} if group["momentum"] != 0 else {}
 
     def state_names_to_sparsify(self):
         return ["momentum_buffer"]
@@ -129,12 +129,12 @@ class _AdamBase(_ForeachOptimizer):
 
     def initial_state(self, group, p):
         beta1, beta2 = group["betas"]
-        st = {"exp_avg": cstream.zeros_like(p), "exp_avg_sq": cstream.zeros_like(p)}
+        st = {"exp_avg": creation.zeros_like(p), "exp_avg_sq": creation.zeros_like(p)}
         if group["amsgrad"]:
-            st["max_exp_avg_sq"] = cstream.zeros_like(p)
+            st["max_exp_avg_sq"] = creation.zeros_like(p)
         if group["correct_bias"]:
-            st["beta1_power"] = cstream.full((), beta1, dtype=torch.float32)
-            st["beta2_power"] = cstream.full((), beta2, dtype=torch.float32)
+            st["beta1_power"] = creation.full((), beta1, dtype=torch.float32)
+            st["beta2_power"] = creation.full((), beta2, dtype=torch.float32)
         return st
 
     def state_names_to_sparsify(self):
@@ -247,7 +247,7 @@ class Adagrad(Optimizer):
                                       maximize=maximize), enable_global_step=True)
 
     def initial_state(self, group, p):
-        return {"sum": cstream.full_like(p, group["initial_accumulator_value"])}
+        return {"sum": creation.full_like(p, group["initial_accumulator_value"])}
 
     def state_names_to_sparsify(self):
         return ["sum"]
@@ -275,11 +275,11 @@ class RMSprop(Optimizer):
                                       centered=centered, weight_decay=weight_decay))
 
     def initial_state(self, group, p):
-        st = {"square_avg": cstream.zeros_like(p)}
+        st = {"square_avg": creation.zeros_like(p)}
         if group["momentum"] > 0:
-            st["momentum_buffer"] = cstream.zeros_like(p)
+            st["momentum_buffer"] = creation.zeros_like(p)
         if group["centered"]:
-            st["grad_avg"] = cstream.zeros_like(p)
+            st["grad_avg"] = creation.zeros_like(p)
         return st
 
     def state_names_to_sparsify(self):
@@ -315,7 +315,7 @@ class Lion(Optimizer):
         super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
 
     def initial_state(self, group, p):
-        return {"exp_avg": cstream.zeros_like(p)}
+        return {"exp_avg": creation.zeros_like(p)}
 
     def state_names_to_sparsify(self):
         return ["exp_avg"]
@@ -341,7 +341,7 @@ class Adadelta(Optimizer):
                                       maximize=maximize))
 
     def initial_state(self, group, p):
-        return {"square_avg": cstream.zeros_like(p), "acc_delta": cstream.zeros_like(p)}
+        return {"square_avg": creation.zeros_like(p), "acc_delta": creation.zeros_like(p)}
 
     def state_names_to_sparsify(self):
         return ["square_avg", "acc_delta"]
@@ -370,8 +370,8 @@ class Adamax(Optimizer):
                                       maximize=maximize))
 
     def initial_state(self, group, p):
-        return {"exp_avg": cstream.zeros_like(p), "exp_inf": cstream.zeros_like(p),
-                "beta1_power": cstream.full((), group["betas"][0], dtype=torch.float32)}
+        return {"exp_avg": creation.zeros_like(p), "exp_inf": creation.zeros_like(p),
+                "beta1_power": creation.full((), group["betas"][0], dtype=torch.float32)}
 
     def state_names_to_sparsify(self):
         return ["exp_avg", "exp_inf"]
@@ -403,9 +403,9 @@ class ASGD(Optimizer):
                          enable_global_step=True)
 
     def initial_state(self, group, p):
-        return {"eta": cstream.full((), float(group["lr"]), dtype=torch.float32),
-                "mu": cstream.ones((), dtype=torch.float32),
-                "ax": cstream.zeros_like(p)}
+        return {"eta": creation.full((), float(group["lr"]), dtype=torch.float32),
+                "mu": creation.ones((), dtype=torch.float32),
+                "ax": creation.zeros_like(p)}
 
     def state_names_to_sparsify(self):
         return ["ax"]
@@ -439,8 +439,8 @@ class NAdam(Optimizer):
                                       momentum_decay=momentum_decay), enable_global_step=True)
 
     def initial_state(self, group, p):
-        return {"mu_product": cstream.ones((), dtype=torch.float32),
-                "exp_avg": cstream.zeros_like(p), "exp_avg_sq": cstream.zeros_like(p)}
+        return {"mu_product": creation.ones((), dtype=torch.float32),
+                "exp_avg": creation.zeros_like(p), "exp_avg_sq": creation.zeros_like(p)}
 
     def state_names_to_sparsify(self):
         return ["exp_avg", "exp_avg_sq"]
@@ -477,7 +477,7 @@ class RAdam(Optimizer):
                          enable_global_step=True)
 
     def initial_state(self, group, p):
-        return {"exp_avg": cstream.zeros_like(p), "exp_avg_sq": cstream.zeros_like(p)}
+        return {"exp_avg": creation.zeros_like(p), "exp_avg_sq": creation.zeros_like(p)}
 
     def state_names_to_sparsify(self):
         return ["exp_avg", "exp_avg_sq"]
@@ -520,8 +520,8 @@ class Rprop(Optimizer):
         super().__init__(params, dict(lr=lr, etas=etas, step_sizes=step_sizes))
 
     def initial_state(self, group, p):
-        return {"prev": cstream.zeros_like(p),
-                "step_size": cstream.full_like(p, float(group["lr"]))}
+        return {"prev": creation.zeros_like(p),
+                "step_size": creation.full_like(p, float(group["lr"]))}
 
     def state_names_to_sparsify(self):
         return ["prev", "step_size"]
@@ -555,7 +555,7 @@ class Lamb(Optimizer):
                                       adam=adam))
 
     def initial_state(self, group, p):
-        return {"exp_avg": cstream.zeros_like(p), "exp_avg_sq": cstream.zeros_like(p)}
+        return {"exp_avg": creation.zeros_like(p), "exp_avg_sq": creation.zeros_like(p)}
 
     def state_names_to_sparsify(self):
         return ["exp_avg", "exp_avg_sq"]
@@ -610,12 +610,12 @@ class Adafactor(Optimizer):
     def initial_state(self, group, p):
         st = {}
         if group["beta1"] is not None:
-            st["exp_avg"] = cstream.zeros_like(p)
+            st["exp_avg"] = creation.zeros_like(p)
         if p.dim() >= 2:
-            st["exp_avg_sq_row"] = cstream.zeros(p.shape[:-1])
-            st["exp_avg_sq_col"] = cstream.zeros(p.shape[:-2] + p.shape[-1:])
+            st["exp_avg_sq_row"] = creation.zeros(p.shape[:-1])
+            st["exp_avg_sq_col"] = creation.zeros(p.shape[:-2] + p.shape[-1:])
         else:
-            st["exp_avg_sq"] = cstream.zeros_like(p)
+            st["exp_avg_sq"] = creation.zeros_like(p)
         return st
 
     def state_names_to_sparsify(self):

@@ -16,6 +16,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from executor.backends.base import Backend, CompiledModel, RunContext
+from executor.backends.csx_dry_run import CompileOnlyRun, ValidateOnlyRun
 from executor.backends.csx_run import CSXRun
 from executor.backends.options import CSXOptions
 from executor.engine.handles import Slot, SlotKind, StateHandle, Store
@@ -270,7 +271,11 @@ class CSXBackend(Backend):
         return self._run.step(traced, args, kwargs)
 
     def start_run(self, context: RunContext) -> CSXRun:
-        self._run = self._last_run = CSXRun(self, context)
+        """A run that executes its steps, or, with ``validate_only`` or ``compile_only``, the dry
+        run that stops before the wafer runs one (:mod:`executor.backends.csx_dry_run`)."""
+        kind = ValidateOnlyRun if self.options.validate_only else \
+            CompileOnlyRun if self.options.compile_only else CSXRun
+        self._run = self._last_run = kind(self, context)
         return self._run
 
     @property

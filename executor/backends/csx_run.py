@@ -33,6 +33,7 @@ from executor.engine.capture import Captured, OutputLeaf, capture, first_differe
 from executor.engine.devices import device_bound_ops
 from executor.engine.errors import CompileError
 from executor.engine.handles import SlotKind, StateHandle, StepOutput
+from executor.tensor_hooks import after_tensor_to_cpu
 from executor.wafer import cuda_graph as cuda_graphs
 from workers.errors import UnshardedInputWarning
 from workers.flow import FlowPolicy
@@ -82,7 +83,6 @@ class CSXRun:
         self.traced = None
         self.captured: Optional[Captured] = None
         self.started = False
-        self.executes = not backend.forces_single_step
         self.outputs = WaferOutputs(self.driver, self.policy, context)
         """The steps' outputs and figures as they come back from the wafer."""
         self._checkpoint_step: Optional[int] = None  # the step whose checkpoint closures run
@@ -95,7 +95,7 @@ class CSXRun:
     # -- batches -------------------------------------------------------------------------------
     def next_batch(self, step: int):
         la = self.policy.lookahead_steps
-        if self.started and self.executes and step - self.outputs.wafer_done > la:
+        if self.started and step - self.outputs.wafer_done > la:
             # wait until the wafer is half the look-ahead behind, not just inside it: the next
             # la/2 steps then go without a call
             self.outputs.collect(step - self.policy.ack_every_steps)
@@ -163,10 +163,12 @@ class CSXRun:
         else:
             sent = [v.to("cpu", copy=True) for v in values]
             self._last_consts = sent
-        if self.executes:
-            if self._consts_sent is not None and self._consts_sent.ready():
-                self._consts_sent.result()
-            self._consts_sent = self.driver.feed_consts_async(step, sent)
+        self._send_consts(step, sent)
+
+    def _send_consts(self, step: int, sent: Optional[list]) -> None:
+        if self._consts_sent is not None and self._consts_sent.ready():
+            self._consts_sent.result()
+        self._consts_sent = self.driver.feed_consts_async(step, sent)
 
     def _outputs(self, cap: Captured, step: int) -> dict:
         out = {}
@@ -177,15 +179,25 @@ class CSXRun:
         return out
 
     def _launch(self, cap: Captured, consts: list) -> None:
-        b = self.backend
+        """Compile the captured step on the wafer and start it."""
         self.started = True
+        self._compile(cap, consts, compile_only=False)
+        # the wafer's random stream continues the client's (torch.manual_seed before the run),
+        # or on a CUDA wafer its own from the last run
+        self.driver.set_rng_state(self.backend.next_run_rng_state())
+        self.driver.start(self.context.num_steps, sorted(self.context.checkpoint_steps))
+
+    def _device_bound_ops(self, cap: Captured) -> list:
+        """The captured step's ops tied to a device other than the wafer's."""
+        device = self.backend.options.device
         # a graph for the CPU was captured with the CPU's own dispatch: nothing to check
+        return [] if torch.device(device).type == "cpu" else device_bound_ops(cap.graph, device)
+
+    def _compile(self, cap: Captured, consts: list, compile_only: bool) -> None:
+        """Ship the state (or, ``compile_only``, its specs) and compile the step on the wafer."""
+        b = self.backend
         device = b.options.device
-        bound = [] if torch.device(device).type == "cpu" else device_bound_ops(cap.graph, device)
-        if b.options.validate_only:
-            self.compile_report = validation_report(cap, consts, b.options, bound)
-            log.info("validate_only: traced %d ops; nothing compiled or run", cap.num_ops)
-            return
+        bound = self._device_bound_ops(cap)
         if bound:
             raise CompileError(
                 f"the traced step cannot run on the wafer's device {device}: "
@@ -198,32 +210,21 @@ class CSXRun:
             self.compile_report = self.driver.load_program(
                 cap.graph, [s.key for s in cap.state_slots], consts, cap.batch_metas,
                 [(tuple(s.value.shape), s.value.dtype) for s in cap.state_slots],
-                b.options.compile_only, self.context.num_steps,
+                compile_only, self.context.num_steps,
                 matmul_flops_per_step=matmul_flops(cap.graph), graph_code=cap.graph.code,
                 retrace=b.options.retrace_every_iteration)
         self.outputs.streamed = streamed_outputs(cap)
         self.compile_report["trace_s"] = cap.trace_s
         self.compile_report["ops"] = cap.num_ops
-        if b.options.compile_only:
-            log.info("compile_only: compiled; nothing run")
-            return
-        # the wafer's random stream continues the client's (torch.manual_seed before the run),
-        # or on a CUDA wafer its own from the last run
-        self.driver.set_rng_state(b.next_run_rng_state())
-        self.driver.start(self.context.num_steps, sorted(self.context.checkpoint_steps))
 
     # -- end of step ---------------------------------------------------------------------------
     def end_step(self, step: int) -> dict:
         if not self.started:
             self._launch_without_model()
-        if not self.executes:
-            self.context.closures.drop_step_closures()
         return {"samples": self.samples}
 
     def _launch_without_model(self):
         self.started = True
-        if not self.executes:
-            return
         self.compile_report = self.driver.load_program(None, [], [], [])
         self.driver.start(self.context.num_steps, sorted(self.context.checkpoint_steps))
 
@@ -232,16 +233,10 @@ class CSXRun:
         ``collect``, or by an asynchronous ack every ``lookahead // 2`` steps when the client
         has nothing to collect: the wafer stays between half and all of the look-ahead in
         front of the client, for a fraction of the calls."""
-        if self.executes:
-            self.outputs.step_done(step)
+        self.outputs.step_done(step)
 
     def read_output(self, slot) -> torch.Tensor:
         """The value of a step output's handle (an ``OUTPUT`` slot)."""
-        if not self.executes:
-            raise RuntimeError(
-                "the backend was created with compile_only/validate_only: nothing runs, so "
-                "step outputs have no values."
-            )
         return self.outputs.outputs_of(slot.output.step, [slot.output.index])[0]
 
     def read_state(self, slot) -> torch.Tensor:
@@ -273,7 +268,10 @@ class CSXRun:
         fetched = {}
         for s, idx in wanted.items():
             idx = sorted(set(idx))
-            fetched.update({StepOutput(s, i): v for i, v in zip(idx, self.outputs.outputs_of(s, idx))})
+            for i, v in zip(idx, self.outputs.outputs_of(s, idx)):
+                fetched[StepOutput(s, i)] = v
+                if isinstance(v, torch.Tensor):
+                    after_tensor_to_cpu(v, f"step{s}.output{i}")
         return tree_unflatten([fetched[x.slot.output] if isinstance(x, StateHandle)
                                and x.slot.kind is SlotKind.OUTPUT else x for x in leaves], spec)
 
@@ -282,7 +280,7 @@ class CSXRun:
         """Inside a step closure: readable state (metrics) reads return the values after
         ``step``, exported by the step itself."""
         cap = self.captured
-        if not self.executes or cap is None or not cap.readable:
+        if cap is None or not cap.readable:
             yield
             return
         cache: dict = {}
@@ -305,9 +303,6 @@ class CSXRun:
     @contextlib.contextmanager
     def checkpoint_reads(self, step: int):
         """Inside a checkpoint closure: state reads return the values at ``step``."""
-        if not self.executes:
-            yield
-            return
         cache: dict = {}
 
         def reader(slot):
@@ -327,15 +322,16 @@ class CSXRun:
 
     def rng_state(self) -> torch.Tensor:
         """The wafer's generator state after the step of the running checkpoint closure."""
-        step = self._checkpoint_step
-        if step is None:
+        return self.driver.snapshot(self._closure_step(), ["rng"])["rng"]
+
+    def _closure_step(self) -> int:
+        """The step of the running checkpoint closure."""
+        if self._checkpoint_step is None:
             raise RuntimeError(
                 "the random number generator state lives on the wafer during a run and can be "
                 "read only on checkpoint steps: call cstream.get_rng_state() inside a "
                 "@cstream.checkpoint_closure, or after the run.")
-        if not self.executes:
-            return torch.get_rng_state()
-        return self.driver.snapshot(step, ["rng"])["rng"]
+        return self._checkpoint_step
 
     def worker_states(self, step: int) -> list:
         return self.driver.worker_states(step)
@@ -348,23 +344,14 @@ class CSXRun:
     def progress_stats(self, step: int) -> Optional[dict]:
         """The wafer's newest per-step figures, fetched now (waits for ``step``, the step being
         run by the client, to finish on the wafer); None before the wafer started."""
-        if not (self.started and self.executes):
+        if not self.started:
             return None
         return self.outputs.newest(step)
 
     def close(self, ok: bool) -> dict:
         summary = {}
         try:
-            if self.started and self.executes:
-                summary = self.driver.finish(wait=ok)
-                t_finished = time.perf_counter()
-                rng_state = summary.pop("rng_state", None)
-                if ok and rng_state is not None:
-                    self.backend.wafer_rng_ended(rng_state)
-                self.outputs.add_stats(summary.pop("stats", []))
-                summary["startup"] = self._startup(summary, t_finished)
-            else:
-                self.driver.finish(wait=False)
+            summary = self._finish(ok)
         except DriverError as e:
             if ok:
                 raise
@@ -376,6 +363,20 @@ class CSXRun:
         summary["compile"] = {**self.compile_report, **summary.pop("program", {})}
         summary["collect_calls"] = self.outputs.collect_calls
         summary["input_checks"] = self.input_checks
+        return summary
+
+    def _finish(self, ok: bool) -> dict:
+        """End the wafer's run (waiting for its last step when ``ok``); its summary."""
+        if not self.started:
+            self.driver.finish(wait=False)
+            return {}
+        summary = self.driver.finish(wait=ok)
+        t_finished = time.perf_counter()
+        rng_state = summary.pop("rng_state", None)
+        if ok and rng_state is not None:
+            self.backend.wafer_rng_ended(rng_state)
+        self.outputs.add_stats(summary.pop("stats", []))
+        summary["startup"] = self._startup(summary, t_finished)
         return summary
 
     def _startup(self, summary: dict, t_finished: float) -> dict:

@@ -1,7 +1,8 @@
 """Talking to the wafer driver: one typed interface, in-process or to a Ray actor.
 
-:class:`DriverClient` names every call the client makes. :class:`LocalDriverClient` calls the
-driver in this process; :class:`RayDriverClient` sends the same calls to the driver actor. The
+:class:`DriverClient` (a ``Protocol``) declares every call the client makes, once;
+:class:`LocalDriverClient` calls the driver in this process and :class:`RayDriverClient` sends
+the same calls to the driver actor (its replies of outputs packed, :func:`_unpacked`). The
 Ray actor (and Ray itself, when embedded) is started in a background thread as soon as the
 backend exists, so Ray's start-up overlaps the user building the model; the first call waits
 for it.
@@ -13,7 +14,7 @@ import atexit
 import contextlib
 import os
 import time
-from typing import Optional
+from typing import Optional, Protocol
 
 from executor.driver import Collected, DriverError, WaferDriver
 from executor.phases import phase
@@ -80,8 +81,12 @@ class Future:
         return self._value
 
 
-class DriverClient:
-    """The calls the client makes to the wafer driver (see :class:`WaferDriver`)."""
+class DriverClient(Protocol):
+    """The calls the client makes to the wafer driver, each declared once here (the driver's
+    method of the same name, :class:`WaferDriver`, says what it does). A client implements
+    :meth:`_call` (a call that returns its result) and :meth:`_call_async` (one that returns a
+    :class:`Future`); :class:`LocalDriverClient` calls the driver in this process,
+    :class:`RayDriverClient` sends the call to the driver actor."""
 
     startup: dict
     last_checkpoint_step: Optional[int] = None
@@ -93,26 +98,64 @@ class DriverClient:
             return LocalDriverClient(backend)
         return RayDriverClient(backend)
 
-    def put_state(self, items: dict) -> int: ...
-    def get_state(self, keys: list) -> dict: ...
+    def _call(self, name: str, *args, **kwargs): ...
+    def _call_async(self, name: str, *args) -> Future: ...
+
+    def put_state(self, items: dict) -> int:
+        return self._call("put_state", items)
+
+    def get_state(self, keys: list) -> dict:
+        return self._call("get_state", keys)
+
     def load_program(self, graph, state_order, consts, batch_metas, state_metas=None,
                      compile_only=False, num_steps=None,
-                     matmul_flops_per_step=None, graph_code=None, retrace=False) -> dict: ...
-    def open_input(self, dataloader, cs_config, resume_states, policy): ...
-    def start(self, num_steps: int, checkpoint_steps: list) -> None: ...
+                     matmul_flops_per_step=None, graph_code=None, retrace=False) -> dict:
+        return self._call("load_program", graph, state_order, consts, batch_metas, state_metas,
+                          compile_only, num_steps, matmul_flops_per_step=matmul_flops_per_step,
+                          graph_code=graph_code, retrace=retrace)
+
+    def open_input(self, dataloader, cs_config, resume_states, policy):
+        return self._call("open_input", dataloader, cs_config, resume_states, policy)
+
+    def start(self, num_steps: int, checkpoint_steps: list) -> None:
+        return self._call("start", num_steps, checkpoint_steps)
+
     def collect(self, since: int, until: int, indices: list, ack: int,
-                more: int = 0) -> Collected: ...
-    def fetch(self, step: int, indices: list) -> tuple: ...
-    def wait_done(self, step: int) -> int: ...
-    def ack_async(self, step: int) -> Future: ...
-    def snapshot(self, step: int, keys: list) -> dict: ...
-    def set_rng_state(self, state) -> None: ...
-    def input_checks(self) -> dict: ...
-    def feed_consts_async(self, step: int, values) -> Future: ...
-    def worker_states(self, step: int) -> list: ...
-    def autoscale_state(self, step: int) -> Optional[dict]: ...
-    def finish(self, wait: bool) -> dict: ...
-    def describe(self) -> dict: ...
+                more: int = 0) -> Collected:
+        return self._call("collect", since, until, indices, ack, more)
+
+    def fetch(self, step: int, indices: list) -> tuple:
+        return self._call("fetch", step, indices)
+
+    def wait_done(self, step: int) -> int:
+        return self._call("wait_done", step)
+
+    def ack_async(self, step: int) -> Future:
+        return self._call_async("ack", step)
+
+    def snapshot(self, step: int, keys: list) -> dict:
+        return self._call("snapshot", step, keys)
+
+    def set_rng_state(self, state) -> None:
+        return self._call("set_rng_state", state)
+
+    def input_checks(self) -> dict:
+        return self._call("input_checks")
+
+    def feed_consts_async(self, step: int, values) -> Future:
+        return self._call_async("feed_consts", step, values)
+
+    def worker_states(self, step: int) -> list:
+        return self._call("worker_states", step)
+
+    def autoscale_state(self, step: int) -> Optional[dict]:
+        return self._call("autoscale_state", step)
+
+    def finish(self, wait: bool) -> dict:
+        return self._call("finish", wait=wait)
+
+    def describe(self) -> dict:
+        return self._call("describe")
 
     def checkpoint_done(self, step: int) -> None:
         """The client finished the checkpoint closures of ``step`` (counted from 1): a
@@ -132,62 +175,14 @@ class LocalDriverClient(DriverClient):
                                   cuda_graph=backend.options.cuda_graph)
         self.startup = {"driver_s": time.perf_counter() - t0}
 
-    def put_state(self, items):
-        return self.driver.put_state(items)
+    def _call(self, name, *args, **kwargs):
+        return getattr(self.driver, name)(*args, **kwargs)
 
-    def get_state(self, keys):
-        return self.driver.get_state(keys)
-
-    def load_program(self, *args, **kwargs):
-        return self.driver.load_program(*args, **kwargs)
-
-    def open_input(self, dataloader, cs_config, resume_states, policy):
-        return self.driver.open_input(dataloader, cs_config, resume_states, policy)
-
-    def start(self, num_steps, checkpoint_steps):
-        return self.driver.start(num_steps, checkpoint_steps)
-
-    def collect(self, since, until, indices, ack, more=0):
-        return self.driver.collect(since, until, indices, ack, more)
-
-    def fetch(self, step, indices):
-        return self.driver.fetch(step, indices)
-
-    def wait_done(self, step):
-        return self.driver.wait_done(step)
-
-    def ack_async(self, step):
+    def _call_async(self, name, *args):
         try:
-            return Future(self.driver.ack(step))
+            return Future(getattr(self.driver, name)(*args))
         except Exception as e:  # surfaced when the result is read
             return Future(error=e)
-
-    def snapshot(self, step, keys):
-        return self.driver.snapshot(step, keys)
-
-    def set_rng_state(self, state):
-        return self.driver.set_rng_state(state)
-
-    def input_checks(self):
-        return self.driver.input_checks()
-
-    def feed_consts_async(self, step, values):
-        try:
-            return Future(self.driver.feed_consts(step, values))
-        except Exception as e:  # surfaced when the result is read
-            return Future(error=e)
-
-    def worker_states(self, step):
-        return self.driver.worker_states(step)
-
-    def autoscale_state(self, step):
-        return self.driver.autoscale_state(step)
-
-    def finish(self, wait):
-        return self.driver.finish(wait=wait)
-
-    def describe(self):
-        return self.driver.describe()
 
     def close(self):
         with contextlib.suppress(Exception):
@@ -288,14 +283,12 @@ class RayDriverClient(DriverClient):
             f"continue: cstream stopped the {len(stopped)} input workers Ray still listed. "
             f"{resume}")
 
-    def put_state(self, items):
-        return self._get(self._actor().put_state.remote(items), "put_state")
+    def _call(self, name, *args, **kwargs):
+        return self._get(getattr(self._actor(), name).remote(*args, **kwargs), name)
 
-    def get_state(self, keys):
-        return self._get(self._actor().get_state.remote(keys), "get_state")
-
-    def load_program(self, *args, **kwargs):
-        return self._get(self._actor().load_program.remote(*args, **kwargs), "load_program")
+    def _call_async(self, name, *args):
+        return Future(ref=getattr(self._actor(), name).remote(*args),
+                      get=lambda r: self._get(r, name))
 
     def open_input(self, dataloader, cs_config, resume_states, policy):
         from workers.stream import kill_workers, start_workers_ahead
@@ -304,16 +297,14 @@ class RayDriverClient(DriverClient):
         self._input_config = cs_config
         ahead = start_workers_ahead(cs_config)
         try:
-            return self._get(self._actor().open_input.remote(
-                dataloader, cs_config, resume_states, policy, workers_ahead=ahead), "open_input")
+            return self._call("open_input", dataloader, cs_config, resume_states, policy,
+                              workers_ahead=ahead)
         except BaseException:
             kill_workers(ahead)  # the driver took none, or closed the streams that did
             raise
 
-    def start(self, num_steps, checkpoint_steps):
-        return self._get(self._actor().start.remote(num_steps, checkpoint_steps), "start")
-
     def collect(self, since, until, indices, ack, more=0):
+        # the outputs travel packed (one buffer each), unpacked here
         got = self._get(self._actor().collect_packed.remote(since, until, indices, ack, more),
                         "collect")
         got.values = _unpacked(got.values)
@@ -322,37 +313,6 @@ class RayDriverClient(DriverClient):
     def fetch(self, step, indices):
         values, stats = self._get(self._actor().fetch_packed.remote(step, indices), "fetch")
         return _unpacked(values), stats
-
-    def wait_done(self, step):
-        return self._get(self._actor().wait_done.remote(step), "wait_done")
-
-    def ack_async(self, step):
-        return Future(ref=self._actor().ack.remote(step), get=lambda r: self._get(r, "ack"))
-
-    def snapshot(self, step, keys):
-        return self._get(self._actor().snapshot.remote(step, keys), "snapshot")
-
-    def set_rng_state(self, state):
-        return self._get(self._actor().set_rng_state.remote(state), "set_rng_state")
-
-    def input_checks(self):
-        return self._get(self._actor().input_checks.remote(), "input_checks")
-
-    def feed_consts_async(self, step, values):
-        return Future(ref=self._actor().feed_consts.remote(step, values),
-                      get=lambda r: self._get(r, "feed_consts"))
-
-    def worker_states(self, step):
-        return self._get(self._actor().worker_states.remote(step), "worker_states")
-
-    def autoscale_state(self, step):
-        return self._get(self._actor().autoscale_state.remote(step), "autoscale_state")
-
-    def finish(self, wait):
-        return self._get(self._actor().finish.remote(wait=wait), "finish")
-
-    def describe(self):
-        return self._get(self._actor().describe.remote(), "describe")
 
     def close(self):
         import ray

@@ -231,8 +231,8 @@ class InputFeed:
                 check_leaves(leaves, where)
                 raise BatchSpecError(
                     f"{where}: leaf {i} of the batch is {tuple(got.shape)} {got.dtype}, the traced "
-                    f"graph expects {tuple(want.shape)} {want.dtype}. The graph is static (seed "
-                    "002): every batch must have the same shapes and dtypes; a short last batch "
+                    f"graph expects {tuple(want.shape)} {want.dtype}. The graph is static: "
+                    "every batch must have the same shapes and dtypes; a short last batch "
                     "is the usual cause (use drop_last=True).")
 
     # -- taking --------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from typing import Callable, Optional
 
 import torch
 
-from executor.wafer.feed import InputFeed, StepInput
+from executor.wafer.feed import BatchSpecError, InputFeed, StepInput
 from executor.wafer.state import StateStore
 from workers.flow import FlowPolicy
 
@@ -290,8 +290,7 @@ class WaferLoop:
         e = self.error
         if e is None:
             return
-        if type(e).__module__.startswith("workers") or isinstance(e, ValueError) and \
-                type(e).__name__ == "BatchSpecError":
+        if type(e).__module__.startswith("workers") or isinstance(e, BatchSpecError):
             raise e
         raise DriverError(f"the wafer failed while running: {self.error_text}")
 

@@ -17,8 +17,9 @@ never imports cstream. It writes into ``fixtures/``:
   (``cerebras.pytorch.storage._legacy``) expects, and that reader (``cerebras.pytorch.load``) must
   read it back to the recorded values;
 * ``ckpt_cstream_read_by_real.json``: what ``cerebras.pytorch.load`` read from the cstream-written
-  ``cstream_written/cstream_state.h5`` (its record, and the SHA-256 of the file it read), which the
-  suite compares with what cstream saved there.
+  ``cstream_written/cstream_state.h5`` (LZ4-compressed) and ``cstream_state_uncompressed.h5`` (for
+  each its record, and the SHA-256 of the file it read), which the suite compares with what cstream
+  saved there.
 """
 
 from __future__ import annotations
@@ -199,12 +200,16 @@ def write_legacy(out: pathlib.Path) -> None:
 
 
 def read_cstream_file(out: pathlib.Path) -> None:
-    path = HERE / "cstream_written" / "cstream_state.h5"
-    loaded = cstorch.load(str(path))
+    def read(name: str) -> dict:
+        path = HERE / "cstream_written" / name
+        loaded = cstorch.load(str(path))
+        return {"file": str(path.relative_to(HERE)),
+                "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "record": record(loaded),
+                "types": {"model": type(loaded["model"]).__name__,
+                          "optimizer": type(loaded["optimizer"]).__name__}}
+
     _write(out, "ckpt_cstream_read_by_real.json", {
-        "file": str(path.relative_to(HERE)), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-        "record": record(loaded),
-        "types": {"model": type(loaded["model"]).__name__, "optimizer": type(loaded["optimizer"]).__name__}})
+        "compressed": read("cstream_state.h5"), "uncompressed": read("cstream_state_uncompressed.h5")})
 
 
 def main(out: pathlib.Path) -> None:

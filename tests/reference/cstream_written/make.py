@@ -1,9 +1,11 @@
-"""Writes ``cstream_state.h5`` with cstream: the file the real package is asked to read; and
-``newcomer_cstream_step_10.h5``, the step-10 checkpoint of ``../newcomer.py`` run under cstream (CSX).
+"""Writes with cstream ``cstream_state.h5`` (tensors LZ4-compressed, the default) and
+``cstream_state_uncompressed.h5`` (``compress=False``): the files the real package is asked to read;
+and, unless ``--no-newcomer`` is given, ``newcomer_cstream_step_10.h5``, the step-10 checkpoint of
+``../newcomer.py`` run under cstream (CSX).
 
 Run it under cstream (``python tests/reference/cstream_written/make.py``) when the object below or
 cstream's writer changes, then ``make reference`` (or ``/work/cbref/bin/python
-tests/reference/generate.py gen_ckpt``) so the real package reads it again and records what it read
+tests/reference/generate.py gen_ckpt``) so the real package reads them again and records what it read
 in ``fixtures/ckpt_cstream_read_by_real.json``. ``tests/test_checkpoint_reference.py`` checks that
 record against :func:`state`. :func:`state` uses only torch, so the test can rebuild it.
 """
@@ -17,7 +19,8 @@ import pathlib
 import torch
 
 HERE = pathlib.Path(__file__).resolve().parent
-FILE = HERE / "cstream_state.h5"
+FILE = HERE / "cstream_state.h5"  # tensors LZ4-compressed, as cstream.save writes by default
+UNCOMPRESSED = HERE / "cstream_state_uncompressed.h5"  # cstream.save(..., compress=False)
 
 
 def state() -> dict:
@@ -56,7 +59,10 @@ def main() -> None:
     import cstream
 
     cstream.save(state(), FILE)
-    print(f"wrote {FILE}")
+    cstream.save(state(), UNCOMPRESSED, compress=False)
+    print(f"wrote {FILE} and {UNCOMPRESSED}")
+    if "--no-newcomer" in sys.argv:
+        return
     with tempfile.TemporaryDirectory() as out:
         subprocess.run([sys.executable, str(HERE.parent / "newcomer.py"), "--backend", "CSX",
                         "--out", out], check=True, timeout=600)
