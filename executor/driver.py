@@ -33,6 +33,7 @@ from executor.wafer.heap import keep_freed_memory, keep_freed_memory_here
 from executor.wafer.loop import Collected, DriverError, Phase, RunPlan, WaferLoop
 from executor.wafer import autoscaler as autoscale
 from executor.wafer.autoscaler import RunAutoscaler
+from workers.errors import AutoscaleError
 from executor.wafer.program import Program
 from executor.wafer.state import StateStore
 from workers import torch_compat
@@ -151,6 +152,7 @@ class WaferDriver:
         self.policy: Optional[FlowPolicy] = None
         self._duplicates: Optional[dict] = None
         self._autoscaler: Optional[RunAutoscaler] = None
+        self._autoscale_not_possible: Optional[str] = None
 
     # -- state ---------------------------------------------------------------------------------
     def _computed(self, fn, what: str):
@@ -283,9 +285,16 @@ class WaferDriver:
             from workers.local_stream import LocalInputStream as Stream
         self.cs_config = cs_config
         self.policy = policy
+        self._autoscale_not_possible = None
         autoscale_state = None
         if cs_config.autoscaling:
-            autoscale.check_stream_kind(self.use_ray_workers)
+            try:
+                autoscale.check_stream_kind(self.use_ray_workers)
+            except AutoscaleError as refusal:
+                cs_config = autoscale.fixed_where_unchangeable(cs_config, refusal)
+                self.cs_config = cs_config
+                self._autoscale_not_possible = str(refusal)
+        if cs_config.autoscaling:
             autoscale_state = (getattr(dataloader, "resume_state", None) or {}).get("autoscale")
         layouts = autoscale.start_layouts(cs_config, resume_states)
         streams = []
@@ -302,7 +311,13 @@ class WaferDriver:
             self._duplicates = None if report is None else report.to_dict()
             self._autoscaler = None
             if cs_config.autoscaling:
-                autoscale.check_reformable(streams, dataloader.input_fn_name)
+                try:
+                    autoscale.check_reformable(streams, dataloader.input_fn_name)
+                except AutoscaleError as refusal:
+                    cs_config = autoscale.fixed_where_unchangeable(cs_config, refusal)
+                    self.cs_config = cs_config
+                    self._autoscale_not_possible = str(refusal)
+            if cs_config.autoscaling:
                 self._autoscaler = RunAutoscaler(
                     cs_config, [s.active_workers() for s in streams],
                     self.policy.input_buffer_batches,
@@ -424,6 +439,8 @@ class WaferDriver:
         summary["workers"] = self._close_run()
         if autoscaler is not None:
             summary["autoscale"] = autoscaler.summary()
+        if self._autoscale_not_possible is not None:
+            summary["autoscale_not_possible"] = self._autoscale_not_possible
         if wait and loop.phase is Phase.FAILED:
             loop.raise_if_failed()
         return summary

@@ -136,19 +136,45 @@ def test_autoscaling_a_loader_that_cannot_be_re_formed_is_refused_at_start(ray_s
     assert msg.startswith("CSConfig.num_workers_per_csx='auto': the loader own_list_input_fn "
                           "builds in CS-X 0's input workers cannot be re-formed exactly with "
                           "another worker count (")
-    assert msg.endswith("Workers join and leave a running stream only where every batch is "
-                        "named by its global batch number (cstream.utils.data.ShardedSampler, "
-                        "a ParquetDataset, a DistributedSampler or shard_iterable), so that the "
-                        "wafer's sequence stays a fixed-count run's. Shard with one of them, or "
-                        "give a fixed num_workers_per_csx.")
+    assert msg.endswith("), so with workers joining or leaving the wafer's sequence would "
+                        "not stay a fixed-count run's. Do as that says, or give a fixed "
+                        "num_workers_per_csx.")
 
 
 def test_autoscaling_in_process_is_refused_with_the_reason():
     with pytest.raises(cstorch.AutoscaleError, match=r"this run streams its input in this process "
                                          r"\(in_process=True\), where the workers run one "
                                          r"after another"):
-        run_and_record("CSX", io_input_fn, 5, cstorch.utils.CSConfig(num_workers_per_csx=0),
+        run_and_record("CSX", io_input_fn, 5, cstorch.utils.CSConfig(num_workers_per_csx="auto"),
                        in_process=True)
+
+
+def test_zero_workers_in_process_keeps_one_worker_and_says_why():
+    # 0 is the Cerebras "chosen automatically" that Model Zoo programs pass: where the input
+    # cannot change its workers the run is not refused but keeps min_workers_per_csx
+    seen, _, executor = run_and_record(
+        "CSX", functools.partial(io_input_fn, n=40, wait_s=0.0), 5,
+        cstorch.utils.CSConfig(num_workers_per_csx=0), in_process=True)
+    fixed, _, _ = run_and_record("CSX", functools.partial(io_input_fn, n=40, wait_s=0.0), 5,
+                                 cstorch.utils.CSConfig(num_workers_per_csx=1), in_process=True)
+    assert seen == fixed and len(seen) == 5 * SAMPLES
+    summary = json.loads((executor.run_dir / "profile.json").read_text())["summary"]
+    assert "autoscale" not in summary
+    assert summary["autoscale_not_possible"].startswith(
+        "CSConfig.num_workers_per_csx='auto' finds the input workers while the run runs, and "
+        "this run streams its input in this process (in_process=True)")
+
+
+def test_zero_workers_with_a_loader_that_cannot_be_re_formed_runs_fixed(ray_session):
+    seen, _, executor = run_and_record("CSX", own_list_input_fn, 5,
+                                       cstorch.utils.CSConfig(num_workers_per_csx=None))
+    fixed, _, _ = run_and_record("CSX", own_list_input_fn, 5,
+                                 cstorch.utils.CSConfig(num_workers_per_csx=1))
+    assert seen == fixed and len(seen) == 5  # one value a step
+    summary = json.loads((executor.run_dir / "profile.json").read_text())["summary"]
+    assert summary["autoscale_not_possible"].startswith(
+        "CSConfig.num_workers_per_csx='auto': the loader own_list_input_fn builds in CS-X 0's "
+        "input workers cannot be re-formed exactly")
 
 
 def test_cstream_run_auto_prints_where_the_workers_settled(tmp_path):

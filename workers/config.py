@@ -52,6 +52,12 @@ class Autoscale:
     """An add that raised the CS-X's production by less than this share of what the added
     workers were expected to produce gained nothing: the machine's cores are the limit, and the
     controller adds no more there."""
+    required: bool = True
+    """Whether a run whose input cannot change its workers (an in-process stream, a loader
+    that cannot be re-formed with another worker count) is refused (True: ``"auto"`` or an
+    explicit ``Autoscale``). False where ``num_workers_per_csx`` was 0 or None, the Cerebras
+    spelling of "chosen automatically" that Model Zoo programs pass by default: such a run
+    keeps ``min_workers_per_csx`` fixed and says why in the log and its summary."""
 
     def __post_init__(self):
         for name in ("min_workers_per_csx", "max_workers_per_csx", "window_steps",
@@ -191,7 +197,8 @@ class CSConfig:
                 "cstream.utils.Autoscale(min_workers_per_csx=..., max_workers_per_csx=...).")
         if self.num_workers_per_csx in AUTOMATIC and not isinstance(self.num_workers_per_csx,
                                                                      bool):
-            self.autoscale = self.autoscale or Autoscale()
+            self.autoscale = self.autoscale or Autoscale(
+                required=self.num_workers_per_csx == "auto")
             self.num_workers_per_csx = self.autoscale.min_workers_per_csx
         for name in ("num_csx", "num_workers_per_csx", "input_buffer_batches",
                      "batches_per_fetch", "duplicate_check_batches",

@@ -27,6 +27,18 @@ from workers.resume import ResumeStates
 log = logging.getLogger("cstream")
 
 
+def fixed_where_unchangeable(cs_config, refusal: AutoscaleError):
+    """``cs_config`` without autoscaling, where the run's input cannot change its workers:
+    ``refusal`` is raised when autoscaling was asked for (``"auto"``, an explicit
+    ``Autoscale``), else logged once and the run keeps ``min_workers_per_csx`` fixed."""
+    if cs_config.autoscale.required:
+        raise refusal
+    log.warning("cstream: num_workers_per_csx 0 or None chooses the input workers automatically; "
+                "this run keeps %d per CS-X, since its input cannot change its workers: %s",
+                cs_config.num_workers_per_csx, refusal)
+    return dataclasses.replace(cs_config, autoscale=None)
+
+
 def check_stream_kind(ray_workers: bool) -> None:
     """Autoscaling adds and retires Ray input workers: refuse it for in-process streams."""
     if not ray_workers:
@@ -67,10 +79,8 @@ def check_reformable(streams: list, input_fn_name: str) -> None:
             raise AutoscaleError(
                 f"CSConfig.num_workers_per_csx='auto': the loader {input_fn_name} builds in "
                 f"CS-X {c}'s input workers cannot be re-formed exactly with another worker "
-                f"count ({why}). Workers join and leave a running stream only where every "
-                "batch is named by its global batch number (cstream.utils.data.ShardedSampler, "
-                "a ParquetDataset, a DistributedSampler or shard_iterable), so that the wafer's "
-                "sequence stays a fixed-count run's. Shard with one of them, or give a fixed "
+                f"count ({why}), so with workers joining or leaving the wafer's sequence would "
+                "not stay a fixed-count run's. Do as that says, or give a fixed "
                 "num_workers_per_csx.")
 
 
