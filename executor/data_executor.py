@@ -154,6 +154,45 @@ def add_wafer_figures(records: list[dict], wafer_stats: Optional[dict]) -> None:
             record.update({k: v for k, v in stats.items() if k != "step"})
 
 
+def run_profile(executor: DataExecutor, completed: bool) -> dict:
+    """What ``profile.json`` holds for ``executor``'s run so far: its layout, steps, phases,
+    summary, the client's spans and, for a run that ended early, how far it got and why."""
+    t_first = executor.profiler.first_step_end
+    steps = [
+        {**r, "time": (r["time"] - t_first) if t_first is not None else 0.0}
+        for r in executor.step_records
+    ]
+    startup = executor.summary.setdefault("startup", {})
+    if t_first is not None and "time_to_first_step_s" not in startup:
+        run_start = time.perf_counter() - executor.summary["wall_s"]
+        startup["time_to_first_step_s"] = t_first - run_start
+    profile = {
+        "num_steps": executor.num_steps,
+        "steps_run": len(executor.step_records),
+        "cs_config": executor.cs_config.to_dict(),
+        "total_samples": executor.profiler.samples,
+        "accepted_without_effect": {
+            **getattr(runtime.current_backend(), "accepted_without_effect", {}),
+            **executor.accepted_without_effect},
+        "global_rate": executor.profiler.global_rate_at_end(),
+        "summary": executor.summary,
+        "steps": steps,
+        "phases": phases.take(),
+        "machine_cpus": _machine_cpus(),
+        "client_spans": executor.client_spans,
+    }
+    if not completed or len(steps) < executor.num_steps:
+        from executor.report import has_wafer_figures
+
+        on_wafer = sum(1 for r in steps if has_wafer_figures(r))
+        profile["interrupted"] = {
+            "steps_run": on_wafer or len(steps), "num_steps": executor.num_steps,
+            "reason": executor.stop_reason or "the run ended before its last step"}
+    if executor.name is not None:
+        profile["name"] = executor.name
+    return profile
+
+
 class DataExecutor:
     """Run ``num_steps`` steps over a cstream :class:`DataLoader`.
 
@@ -440,51 +479,19 @@ class DataExecutor:
     def _write_profile(self, completed: bool) -> None:
         if self.run_dir is None:
             return
-        t_first = self.profiler.first_step_end
-        steps = [
-            {**r, "time": (r["time"] - t_first) if t_first is not None else 0.0}
-            for r in self.step_records
-        ]
-        startup = self.summary.setdefault("startup", {})
-        if t_first is not None and "time_to_first_step_s" not in startup:
-            run_start = time.perf_counter() - self.summary["wall_s"]
-            startup["time_to_first_step_s"] = t_first - run_start
-        profile = {
-            "num_steps": self.num_steps,
-            "steps_run": len(self.step_records),
-            "cs_config": self.cs_config.to_dict(),
-            "total_samples": self.profiler.samples,
-            "accepted_without_effect": {
-                **getattr(runtime.current_backend(), "accepted_without_effect", {}),
-                **self.accepted_without_effect},
-            "global_rate": self.profiler.global_rate_at_end(),
-            "summary": self.summary,
-            "steps": steps,
-            "phases": phases.take(),
-            "machine_cpus": _machine_cpus(),
-            "client_spans": self.client_spans,
-        }
-        if not completed or len(steps) < self.num_steps:
-            from executor.report import has_wafer_figures
-
-            on_wafer = sum(1 for r in steps if has_wafer_figures(r))
-            profile["interrupted"] = {
-                "steps_run": on_wafer or len(steps), "num_steps": self.num_steps,
-                "reason": self.stop_reason or "the run ended before its last step"}
-        if self.name is not None:
-            profile["name"] = self.name
+        profile = run_profile(self, completed)
         from executor import report, report_writers, timeline
 
         self.report = report.summarize_profile(profile)
         profile["report"] = self.report
         report_writers.write_profile(self.run_dir / "profile.json", profile)
-        report_writers.write_steps_parquet(self.run_dir / "steps.parquet", steps)
+        report_writers.write_steps_parquet(self.run_dir / "steps.parquet", profile["steps"])
         timeline.write_trace(self.run_dir / "trace.json", profile)
         if self.writer is not None:
             self._scalars.write_ready(self.writer, self.step_records, None, final=True)
             with report_writers.ctrl_c_after_block():
                 report_writers.write_summary_scalars(self.writer, self.report,
-                                             self.step_records[-1]["step"] if steps else 0)
+                                             self.step_records[-1]["step"] if profile["steps"] else 0)
 
     def mark_stopped(self, reason: str) -> None:
         """Say why the run stopped early when the loop body stopped it (an exception, Ctrl-C):

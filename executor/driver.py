@@ -31,13 +31,11 @@ from executor.wafer.compute_thread import ComputeThread
 from executor.wafer.feed import BatchSpecError, InputFeed
 from executor.wafer.heap import keep_freed_memory, keep_freed_memory_here
 from executor.wafer.loop import Collected, DriverError, Phase, RunPlan, WaferLoop
-from executor.wafer import autoscaler as autoscale
 from executor.wafer.autoscaler import RunAutoscaler
-from workers.errors import AutoscaleError
 from executor.wafer.program import Program
+from executor.wafer.run_input import open_run_input
 from executor.wafer.state import StateStore
 from workers import torch_compat
-from workers.duplicates import check_streams
 from workers.flow import FlowPolicy
 from workers.torch_compat import import_for_unpickling_graphs
 
@@ -278,55 +276,14 @@ class WaferDriver:
 
     def _open_input(self, dataloader, cs_config, resume_states, policy, workers_ahead):
         self._close_run()
-        if self.use_ray_workers:
-            from workers.stream import configured_stream as Stream
-        else:
-            workers_ahead = None  # in-process streams start no workers
-            from workers.local_stream import LocalInputStream as Stream
-        self.cs_config = cs_config
         self.policy = policy
-        self._autoscale_not_possible = None
-        autoscale_state = None
-        if cs_config.autoscaling:
-            try:
-                autoscale.check_stream_kind(self.use_ray_workers)
-            except AutoscaleError as refusal:
-                cs_config = autoscale.fixed_where_unchangeable(cs_config, refusal)
-                self.cs_config = cs_config
-                self._autoscale_not_possible = str(refusal)
-        if cs_config.autoscaling:
-            autoscale_state = (getattr(dataloader, "resume_state", None) or {}).get("autoscale")
-        layouts = autoscale.start_layouts(cs_config, resume_states)
-        streams = []
-        try:
-            for c, (cfg, states) in enumerate(layouts):
-                streams.append(Stream(dataloader, cfg, c, resume_states=states,
-                                      zero_copy=True, policy=self.policy,
-                                      workers_ahead=None if workers_ahead is None
-                                      else workers_ahead[c]))
-            self._feed = InputFeed(streams, self.policy, cs_config)
-            self._feed.wait_for_sample_keys()
-            report = check_streams(streams, dataloader.input_fn_name,
-                                   cs_config.duplicate_samples)
-            self._duplicates = None if report is None else report.to_dict()
-            self._autoscaler = None
-            if cs_config.autoscaling:
-                try:
-                    autoscale.check_reformable(streams, dataloader.input_fn_name)
-                except AutoscaleError as refusal:
-                    cs_config = autoscale.fixed_where_unchangeable(cs_config, refusal)
-                    self.cs_config = cs_config
-                    self._autoscale_not_possible = str(refusal)
-            if cs_config.autoscaling:
-                self._autoscaler = RunAutoscaler(
-                    cs_config, [s.active_workers() for s in streams],
-                    self.policy.input_buffer_batches,
-                    cluster_cpus=autoscale.cluster_cpus, state=autoscale_state)
-                self._feed.autoscaler = self._autoscaler
-        except BaseException:
-            for s in streams:
-                s.close()
-            raise
+        opened = open_run_input(dataloader, cs_config, resume_states, policy, workers_ahead,
+                                self.use_ray_workers)
+        self.cs_config = opened.cs_config
+        self._feed = opened.feed
+        self._duplicates = opened.duplicates
+        self._autoscaler = opened.autoscaler
+        self._autoscale_not_possible = opened.autoscale_not_possible
         return self._feed.spec
 
     def input_checks(self) -> dict:
