@@ -23,8 +23,8 @@ import pytest
 import torch
 
 import cstream as cstorch
-from cstream import checkpoint_guard
-from cstream.saving import CheckpointError, describe
+from cstream.checkpoint import guard
+from cstream.checkpoint.saving import CheckpointError, describe
 from reference.tolerance import assert_number_close, assert_tensor_close
 
 # compares with numbers another program made on another CPU (make test reruns these under
@@ -100,7 +100,7 @@ def test_a_file_cstream_wrote_loads_in_the_real_package_with_the_same_keys_dtype
     # the real package read this very file, sealed as cstream.save seals every file (a user block
     # with its length and checksum before the HDF5 data)
     assert read_by_real["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
-    assert checkpoint_guard.is_sealed(path.read_bytes()[:512])
+    assert guard.is_sealed(path.read_bytes()[:512])
     with h5py.File(path, "r") as f:  # every tensor but the 0-d ones through the LZ4 filter, or none
         tensors = [f[k] for k in f if f[k].attrs.get("__NUMPY__")]
         lz4 = [ds.name for ds in tensors if [f[0] for f in _filters(ds)] == [32004]]

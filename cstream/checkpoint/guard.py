@@ -20,7 +20,7 @@ Python-side timeout can stop it. So every file is checked here first:
   object headers, B-trees, fractal heaps) and refuses a damaged one itself. Files of the older
   format (superblock 0 or 1, as the real package writes) have no such checksums, and a damaged
   object header can crash HDF5; for them :func:`probe` has a child process
-  (:mod:`cstream._h5_probe`) read every attribute, type, shape and chunk index of the file, the
+  (:mod:`cstream.checkpoint._h5_probe`) read every attribute, type, shape and chunk index of the file, the
   structure a load reads. A child that crashes, fails or runs past :data:`PROBE_TIMEOUT_S` makes
   the file refused; one that passes read the same bytes with the same HDF5 the caller then uses.
   The child is started once (~0.3 s: it imports h5py) and kept for later files.
@@ -42,7 +42,7 @@ from pathlib import Path
 
 from isal import isal_zlib
 
-from cstream._lazy import CheckpointError
+from cstream.checkpoint.lazy import CheckpointError
 
 TAG = b"\x89CSTREAM-H5-CHECKSUM\r\n\x1a\n"
 USERBLOCK = 512
@@ -219,7 +219,7 @@ def _global_heap_problem(data, at: int, size: int) -> str | None:
 
 
 class _Prober:
-    """The child process running :mod:`cstream._h5_probe`, started on first use and kept (importing
+    """The child process running :mod:`cstream.checkpoint._h5_probe`, started on first use and kept (importing
     h5py costs ~0.3 s); killed and started afresh after a probe it did not answer in time."""
 
     def __init__(self):

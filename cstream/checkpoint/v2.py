@@ -1,7 +1,7 @@
 """Reading checkpoints in cstream's own earlier layout (format "cstream.checkpoint", version 2).
 
 cstream 0.1 wrote this layout; :func:`cstream.save` now writes the ``cerebras.pytorch`` layout
-(:mod:`cstream.checkpoint_h5`) and this module keeps files of the earlier layout loading. It is an
+(:mod:`cstream.checkpoint.h5`) and this module keeps files of the earlier layout loading. It is an
 HDF5 file whose nodes mirror the saved object, with a 512-byte user block starting with
 :data:`MAGIC` and, after HDF5's end of data, an index (JSON) and a 32-byte footer (``<8sQQI4s``:
 ``b"CSTRMIDX"``, index offset, index length, CRC-32 of the index, ``b"END\\n"``). The index lists
@@ -22,7 +22,7 @@ import zlib
 import numpy as np
 import torch
 
-from cstream._lazy import CheckpointError, Lazy, LazyDict, real
+from cstream.checkpoint.lazy import CheckpointError, Lazy, LazyDict, real
 
 FORMAT = "cstream.checkpoint"
 VERSION = 2
@@ -218,7 +218,8 @@ def load(path: str, device):
 
 
 def describe(path: str) -> list[dict]:
-    """Every entry of a version-2 file, from its index only (see :func:`cstream.saving.describe`)."""
+    """Every entry of a version-2 file, from its index only (see
+    :func:`cstream.checkpoint.saving.describe`)."""
     file = _File(path)
     out: list[dict] = []
 
