@@ -24,7 +24,11 @@ import torch
 
 import cstream as cstorch
 from cstream.checkpoint import guard
+from cstream.checkpoint.h5 import H5Checkpoint
+from cstream.checkpoint.h5_legacy import LegacyH5Checkpoint
+from cstream.checkpoint.opener import open_checkpoint
 from cstream.checkpoint.saving import CheckpointError, describe
+from cstream.checkpoint.v2 import V2Checkpoint
 from reference.tolerance import assert_number_close, assert_tensor_close
 
 # compares with numbers another program made on another CPU (make test reruns these under
@@ -69,6 +73,30 @@ def test_files_the_real_package_wrote_load_with_the_same_keys_dtypes_and_values(
     got = record(cstorch.load(FIXTURES / f"{name}.h5"))
     want = _fixture(f"{name}.json")["record"]
     assert got == want, _first_difference(got, want)
+
+
+@pytest.mark.parametrize("path, reader, opens, layout", [
+    (FIXTURES / "ckpt_real_state.h5", H5Checkpoint, 1,
+     "cerebras.pytorch layout 0.5, written by cerebras.pytorch 2.10.0"),
+    (FIXTURES / "ckpt_legacy_0_4.h5", LegacyH5Checkpoint, 1,
+     "cerebras.pytorch layout 0.4, written by cerebras.pytorch 2.0.3"),
+    (Path(__file__).resolve().parent / "data" / "cstream_v2_layout.h5", V2Checkpoint, 0,
+     "cstream's earlier layout (version 2), written by cstream 0.1"),
+])
+def test_the_opener_reads_the_layout_version_once_and_gives_that_layouts_reader(
+        monkeypatch, path, reader, opens, layout):
+    opened = []
+    h5_file = h5py.File
+
+    def counted(name, *args, **kwargs):
+        opened.append(os.fspath(name))
+        return h5_file(name, *args, **kwargs)
+
+    monkeypatch.setattr(h5py, "File", counted)
+    checkpoint = open_checkpoint(path, "test")
+    assert type(checkpoint) is reader and checkpoint.layout == layout
+    assert opened == [os.fspath(path)] * opens  # HDF5 opens the file once, the v2 reader never
+    assert record(checkpoint.load(None)) == record(cstorch.load(path))
 
 
 def test_the_real_files_hold_compressed_tied_and_pickled_entries_cstream_decodes():

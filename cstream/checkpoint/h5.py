@@ -273,72 +273,39 @@ class _Node:
         self.kind, self.keys, self.children = kind, keys, children
 
 
-class LegacyLayout(Exception):
-    """The file is in a layout of cerebras.pytorch 2.0 and earlier (:mod:`cstream.checkpoint.h5_legacy`)."""
-
-    def __init__(self, version: float):
-        super().__init__(version)
-        self.version = version
-
-
-def open_checkpoint(path: str) -> H5Checkpoint:
-    """The reader of the HDF5 checkpoint at ``path``: layout 0.5, or 0.1 to 0.4."""
-    try:
-        return H5Checkpoint(path)
-    except LegacyLayout:
-        from cstream.checkpoint.h5_legacy import LegacyH5Checkpoint
-
-        return LegacyH5Checkpoint(path)
+def unreadable(path: str, what: str) -> CheckpointError:
+    return CheckpointError(f"{path} is not a readable checkpoint: {what}.")
 
 
 class H5Checkpoint:
     """An open checkpoint in the real package's layout: its spec, leaves, and the file lazy tensors
-    are read from."""
+    are read from. :func:`cstream.checkpoint.opener.open_checkpoint` opens the file, reads its root
+    attributes and layout version, and makes the reader of that version (this class for 0.5)."""
 
-    def __init__(self, path: str):
-        self.path = path
+    def __init__(self, path: str, file: h5py.File, attrs: dict, version: float):
+        self.path, self.file, self.attrs, self.version = path, file, attrs, version
         self.mapped: mmap.mmap | None = None  # the file in memory, for contiguous datasets
-        try:
-            self.file = h5py.File(path, "r")
-        except OSError as e:
-            raise self.error(f"HDF5 cannot open it ({' '.join(str(e).split())})") from e
-        try:
-            self.attrs = self._read_root()
-            self.tree = self._read_tree()
-        except BaseException:
-            self.file.close()
-            raise
+        self._check_root()
+        self.tree = self._read_tree()
 
     def error(self, what: str) -> CheckpointError:
-        return CheckpointError(f"{self.path} is not a readable checkpoint: {what}.")
+        return unreadable(self.path, what)
 
     @property
     def writer(self) -> str:
         """``__cstorch_version__``: the real package's release ("2.10.0"), or "cstream 0.1.0"."""
         return str(self.attrs.get("__cstorch_version__", "an unknown program"))
 
-    def _read_root(self) -> dict:
-        try:
-            attrs = dict(self.file.attrs)
-        except _H5_ERRORS as e:
-            raise self.error(f"its attributes cannot be read ({' '.join(str(e).split())})") from e
-        if "__version__" not in attrs:
-            raise self.error("it is an HDF5 file but not a checkpoint (it has no __version__ "
-                             "attribute); write checkpoints with cstream.save or cerebras.pytorch.save")
-        version = one(attrs["__version__"])
-        if version is None:
-            raise self.error("its __version__ attribute is not a single value")
-        version = float(version) if isinstance(version, (float, np.floating)) else version
-        if isinstance(version, float) and version < VERSION:
-            raise LegacyLayout(version)
-        if version != VERSION:
-            raise self.error(f"its layout version is {version!r}; cstream reads version {VERSION} "
-                             "(and the layouts of cerebras.pytorch 2.0 and earlier, 0.1 to 0.4)")
-        self.version = version
-        if not one(attrs.get("__SUCCESS__", False)):
+    @property
+    def layout(self) -> str:
+        """The layout and its writer, in words (:func:`cstream.checkpoint.saving.layout`)."""
+        writer = self.writer if self.writer.startswith("cstream") else f"cerebras.pytorch {self.writer}"
+        return f"cerebras.pytorch layout {self.version}, written by {writer}"
+
+    def _check_root(self) -> None:
+        if not one(self.attrs.get("__SUCCESS__", False)):
             raise self.error("it was not written to the end (no __SUCCESS__ attribute); the program "
                              "that saved it stopped while saving")
-        return attrs
 
     def _json(self, name: str):
         text = self.attrs.get(name)

@@ -37,13 +37,8 @@ _KINDS = {dict: "builtins.dict", list: "builtins.list", tuple: "builtins.tuple"}
 class LegacyH5Checkpoint(H5Checkpoint):
     """An open checkpoint in a layout of ``cerebras.pytorch`` 2.0 and earlier."""
 
-    def _read_root(self) -> dict:
-        try:
-            attrs = dict(self.file.attrs)
-        except _H5_ERRORS as e:
-            raise self.error(f"its attributes cannot be read ({' '.join(str(e).split())})") from e
-        self.version = float(attrs["__version__"])
-        return attrs
+    def _check_root(self) -> None:
+        pass  # these layouts have no __SUCCESS__ attribute
 
     @property
     def writer(self) -> str:
