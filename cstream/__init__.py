@@ -13,10 +13,12 @@ import os as _os
 _os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 from cstream import _cerebras_check  # noqa: E402,F401
-from cstream import amp, core, distributed, metrics, nn, optim, profiler, sparse, utils  # noqa: E402
+from cstream import (amp, cirh, core, distributed, lib, metrics, nn, optim, profiler,  # noqa: E402
+                     sparse, storage, utils)
 from cstream._compile import compile  # noqa: E402,A004
 from cstream._trace import TracedStep, compile_step, trace  # noqa: E402
-from cstream.backend import backend, current_backend, use_cs  # noqa: E402
+from cstream.backend import backend, current_backend, current_torch_device, use_cs  # noqa: E402
+from cstream.backends import backends  # noqa: E402  (the settings object, not the module)
 from cstream.closures import checkpoint_closure, current_executor, step_closure  # noqa: E402
 from cstream.core.name_scope import (  # noqa: E402
     add_debug_name,
@@ -45,6 +47,10 @@ from cstream.utils.pol import current_pol, pol  # noqa: E402
 
 __version__ = "0.1.0"
 
+_generating_docs = False
+"""The Cerebras package's flag for building its documentation (some imports are skipped then);
+never set in cstream."""
+
 __all__ = [
     "CompileError", "ExhaustedIteratorError", "InputStallError", "InputWorkerError", "ResumeError",
     "UnshardedInputError", "UnshardedInputWarning", "WorkerCrashLoopError",
@@ -54,7 +60,8 @@ __all__ = [
     "step_closure", "summarize_scalar", "trace", "utils", "zeros", "zeros_like",
     "add_debug_name", "core", "current_pol", "experimental", "from_numpy", "get_debug_name",
     "make_constant", "manual_seed", "name_scope", "nn", "pol", "profiler", "set_debug_scope",
-    "sparse", "summarize_tensor", "to_numpy", "use_cs",
+    "sparse", "summarize_tensor", "to_numpy", "use_cs", "backends", "current_torch_device",
+    "cirh", "lib", "storage",
 ]
 
 # cstream.experimental holds the same names (and its own two): the top level's are copied into

@@ -10,13 +10,25 @@ from executor import runtime
 
 def _one_step(fn):
     """``fn`` with what every step does around the user's code (run eagerly, or traced): the
-    schedulers' param group values of this step (:func:`group_values_in_step`)."""
+    schedulers' param group values of this step (:func:`group_values_in_step`) and the hooks
+    of :mod:`cstream.core.compile`; the backend's ``is_tracing`` is True meanwhile."""
     @functools.wraps(fn)
     def step(*args, **kwargs):
+        from cstream.core.compile import run_post_hooks, run_pre_hooks
         from cstream.optim.scheduler import group_values_in_step
 
+        backend = runtime.current_backend()
         with group_values_in_step():
-            return fn(*args, **kwargs)
+            if backend is not None:
+                backend.is_tracing = True
+            try:
+                run_pre_hooks()
+                out = fn(*args, **kwargs)
+                run_post_hooks()
+            finally:
+                if backend is not None:
+                    backend.is_tracing = False
+            return out
 
     return step
 
@@ -29,8 +41,20 @@ class TracedStep:
     def __init__(self, fn):
         if not callable(fn):
             raise TypeError(f"cstream.trace expects a function, got {type(fn).__name__}.")
+        self.user_fn = fn
         self.fn = _one_step(fn)
         functools.update_wrapper(self, fn)
+
+    def __get__(self, obj, objtype=None):
+        """A decorated method: the step bound to ``obj``, made once per object and kept in its
+        ``__dict__`` (so the CSX backend traces it once, as a function)."""
+        if obj is None:
+            return self
+        bound = TracedStep(functools.partial(self.user_fn, obj))
+        name = getattr(self.user_fn, "__name__", None)
+        if name is not None and hasattr(obj, "__dict__"):
+            obj.__dict__[name] = bound
+        return bound
 
     def __call__(self, *args, **kwargs):
         from workers.dataloader import DataLoader

@@ -164,8 +164,8 @@ class DataExecutor:
         dataloader: a :class:`cstream.utils.data.DataLoader`.
         num_steps: steps to run; defaults to ``len(dataloader)`` where known. The dataloader is
             cycled (new epochs) when it is shorter.
-        checkpoint_steps: an int N (checkpoint every N steps and always on the final step) or a
-            :class:`Schedule`; None for no checkpoints.
+        checkpoint_steps: an int N (checkpoint every N steps and on the final step; 0 for
+            none), a :class:`Schedule` of 0-based iterations (exactly those), or None for none.
         cs_config: a :class:`cstream.utils.CSConfig`.
         writer: a ``torch.utils.tensorboard.SummaryWriter``; receives every step, once the
             wafer has reported it, ``rate``, ``global_rate``, the wafer's and every input
@@ -198,7 +198,11 @@ class DataExecutor:
                  listeners=(), micro_batch_size="auto", **unknown: Any):
         _check_arguments(unknown, dataloader)
         if cs_config is None:
-            cs_config = CSConfig()
+            # Release 2.3 on: the layout is the CSX backend's cluster_config
+            cluster = getattr(getattr(runtime.current_backend(), "cluster", None), "config", None)
+            cs_config = CSConfig(**{k: getattr(cluster, k) for k in ("num_csx",
+                                                                   "num_workers_per_csx")}
+                                 if cluster is not None else {})
         if not isinstance(cs_config, CSConfig):
             raise TypeError(
                 f"cs_config: expected cstream.utils.CSConfig, got {type(cs_config).__name__}."
@@ -214,9 +218,10 @@ class DataExecutor:
         # unix time (the wafer's step ends) to the profiler's clock, one offset for the run so
         # that intervals between the wafer's times stay exact
         self._perf_minus_unix = time.perf_counter() - time.time()
-        self.checkpoint_schedule: Optional[Schedule] = normalize_checkpoint_steps(checkpoint_steps)
         self.checkpoint_steps = checkpoint_steps
         self.num_steps = _num_steps(num_steps, dataloader, runtime.current_backend())
+        self.checkpoint_schedule: Schedule = normalize_checkpoint_steps(checkpoint_steps,
+                                                                        self.num_steps)
         self._init_run_state()
 
     def _init_run_state(self) -> None:
@@ -243,6 +248,14 @@ class DataExecutor:
 
     # -- step bookkeeping ----------------------------------------------------------------
     @property
+    def artifact_dir(self) -> Path:
+        """This run's directory (``<backend artifact_dir>/executors/<n>``), made when the
+        executor is iterated: the Cerebras API's name for :attr:`run_dir`."""
+        if self.run_dir is None:
+            raise RuntimeError("DataExecutor must be iterated before having an artifact directory.")
+        return self.run_dir
+
+    @property
     def user_iteration(self) -> int:
         """The current step counted from 1 (the global step of the run)."""
         return self.iteration + 1
@@ -252,10 +265,7 @@ class DataExecutor:
         return self.iteration == self.num_steps - 1
 
     def is_checkpoint_step(self, iteration: int) -> bool:
-        if self.checkpoint_schedule is None:
-            return False
-        step = iteration + 1
-        return step == self.num_steps or self.checkpoint_schedule.contains(step, self.num_steps)
+        return self.checkpoint_schedule.match(iteration)
 
     @property
     def on_checkpoint_step(self) -> bool:

@@ -197,11 +197,15 @@ def test_checkpoint_steps_every_n_and_the_final_step_or_a_schedule():
     cstorch.backend("CPU")
     ex = make_executor(num_steps=7, checkpoint_steps=3)
     assert ex.checkpoint_iterations() == [2, 5, 6]
-    sched = cstorch.utils.data.Schedule([cstorch.utils.data.Schedule.Range(start=2, step=2), 5])
+    Range = cstorch.utils.data.Schedule.Range
+    sched = cstorch.utils.data.Schedule([Range(start=1, end=4, step=2, include_last=False),
+                                         Range(start=4, end=7, step=5, include_last=True)])
+    # a Schedule names 0-based iterations, exactly those (no implied final step)
     assert make_executor(num_steps=8, checkpoint_steps=sched).checkpoint_iterations() == [
-        1, 3, 4, 5, 7]
-    with pytest.raises(ValueError, match="checkpoint_steps: expected a positive int"):
-        make_executor(num_steps=3, checkpoint_steps=0)
+        1, 3, 4, 6]
+    assert make_executor(num_steps=3, checkpoint_steps=0).checkpoint_iterations() == []
+    with pytest.raises(ValueError, match=r"checkpoint_steps: expected an int >= 0"):
+        make_executor(num_steps=3, checkpoint_steps=-1)
 
 
 # -- closures ----------------------------------------------------------------------------------

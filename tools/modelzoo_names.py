@@ -2,6 +2,7 @@
 which of them resolve with cstream installed.
 
     python tools/modelzoo_names.py PATH [PATH ...] [--json OUT] [--missing]
+    python tools/modelzoo_names.py PATH [PATH ...] --table [--real-python PY]
 
 PATH is a Model Zoo checkout (or any folder of Python files). Every ``.py`` file is parsed (never
 imported); a name is each dotted chain rooted at an import of ``cerebras_pytorch``,
@@ -11,7 +12,14 @@ cerebras_pytorch.distributed as dist``, ``modes.TRAIN`` after ``from cerebras_py
 modes``. The chain stops at a call or a subscript: ``cstorch.backend(...).device`` counts as
 ``cerebras.pytorch.backend``. Both spellings are counted as the ``cerebras.*`` one.
 
-A name resolves when importing its longest module prefix and reading the rest as attributes works.
+``--table`` prints a markdown table, one row per PATH: the names referenced, how many resolve
+with cstream and, with ``--real-python`` (the interpreter of a virtual environment holding the
+Cerebras package), how many resolve with that package; then the names that package does not
+resolve, with the releases that reference them and what it said.
+
+A name resolves when importing its longest module prefix and reading the rest as attributes works,
+or when reading it from the top package as attributes does (importing submodules on the way), as
+``cstorch.backends.csx.debug`` does after ``import cerebras.pytorch as cstorch``.
 """
 
 from __future__ import annotations
@@ -114,8 +122,27 @@ def _names(tree: ast.AST) -> set[str]:
     return found
 
 
+def _by_attributes(parts: list[str]):
+    """``parts`` read as Python reads ``a.b.c`` after ``import a``: an attribute of the object so
+    far, or else the submodule of that name (imported). A package attribute that shadows a
+    submodule wins (``cstorch.backends`` is the settings object, not the module of that name)."""
+    obj = importlib.import_module(".".join(parts[:2]))
+    for i in range(2, len(parts)):
+        if hasattr(obj, parts[i]):
+            obj = getattr(obj, parts[i])
+            continue
+        if not isinstance(obj, type(sys)):
+            raise AttributeError(".".join(parts[:i + 1]))
+        obj = importlib.import_module(".".join(parts[:i + 1]))
+    return obj
+
+
 def resolves(name: str) -> tuple[bool, str]:
+    """Whether ``name`` resolves, and why not. It does when importing its longest module prefix
+    and reading the rest as attributes works (``from a.b import c``), or when reading it from the
+    top package as attributes does (``cstorch.backends.csx.debug``)."""
     parts = name.split(".")
+    why = f"no module {parts[0]}"
     for cut in range(len(parts), 1, -1):
         module = ".".join(parts[:cut])
         try:
@@ -126,13 +153,61 @@ def resolves(name: str) -> tuple[bool, str]:
             return False, f"importing {module}: {e}"
         except Exception as e:  # noqa: BLE001 - report what the import raised
             return False, f"importing {module}: {type(e).__name__}: {e}"
-        for attr in parts[cut:]:
-            try:
+        try:
+            for attr in parts[cut:]:
                 obj = getattr(obj, attr)
-            except AttributeError:
-                return False, f"{module} has no {'.'.join(parts[cut:])}"
+            return True, ""
+        except AttributeError:
+            why = f"{module} has no {'.'.join(parts[cut:])}"
+            break
+    try:
+        _by_attributes(parts)
         return True, ""
-    return False, f"no module {parts[0]}"
+    except Exception:  # noqa: BLE001 - the first way's reason is the one reported
+        return False, why
+
+
+def _real_results(python: str, path: pathlib.Path) -> dict:
+    """``{name: {"resolves", "why", "files"}}`` for ``path`` as another interpreter (one with the
+    Cerebras package, without cstream on its path) resolves the names."""
+    import os
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = pathlib.Path(tmp) / "names.json"
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        subprocess.run([python, str(pathlib.Path(__file__).resolve()), str(path), "--json",
+                        str(out)], cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
+        if not out.exists():
+            raise SystemExit(f"--real-python {python}: the run on {path} wrote no results")
+        return json.loads(out.read_text())
+
+
+def table(paths: list[pathlib.Path], real_python: str | None) -> str:
+    rows = ["| release | referenced | resolve in cstream | resolve in the real package |",
+            "| --- | --- | --- | --- |"]
+    real_lacks: dict[str, list] = defaultdict(list)
+    for path in paths:
+        where = scan([path])
+        ours = {name: resolves(name)[0] for name in where}
+        real = _real_results(real_python, path) if real_python else None
+        n = len(where)
+        real_cell = "-" if real is None else f"{sum(v['resolves'] for v in real.values())} of {n}"
+        rows.append(f"| {path.name.replace('Release_', '')} | {n} | {sum(ours.values())} of {n} "
+                    f"| {real_cell} |")
+        for name, v in (real or {}).items():
+            if not v["resolves"]:
+                real_lacks[name].append((path.name.replace("Release_", ""), ours[name], v["why"]))
+    if real_lacks:
+        rows += ["", "| name | referenced by | resolves in cstream | the real package says |",
+                 "| --- | --- | --- | --- |"]
+        for name in sorted(real_lacks):
+            seen = real_lacks[name]
+            releases = seen[0][0] if len(seen) == 1 else f"{seen[0][0]} to {seen[-1][0]}"
+            rows.append(f"| `{name}` | {releases} | {'yes' if all(s[1] for s in seen) else 'no'} "
+                        f"| {seen[-1][2]} |")
+    return "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,7 +215,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("paths", nargs="+", type=pathlib.Path)
     ap.add_argument("--json", type=pathlib.Path, help="write every name, its result and files here")
     ap.add_argument("--missing", action="store_true", help="list the names that do not resolve")
+    ap.add_argument("--table", action="store_true", help="a markdown table, one row per path")
+    ap.add_argument("--real-python", help="with --table: an interpreter with the Cerebras package")
     args = ap.parse_args(argv)
+    if args.table:
+        print(table(args.paths, args.real_python))
+        return 0
     where = scan(args.paths)
     results = {name: resolves(name) for name in sorted(where)}
     ok = sum(1 for good, _ in results.values() if good)

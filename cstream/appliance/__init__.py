@@ -7,6 +7,7 @@ recorded and otherwise without effect), :mod:`.log` (the cluster servers' logger
 :mod:`.utils` (file and unit helpers). See docs/modelzoo.md.
 """
 
-from cstream.appliance import environment, errors, log, run_utils, utils
+from cstream.appliance import cluster, environment, errors, log, run_utils, storage, utils
+from cstream.appliance.log import logger
 
-__all__ = ["environment", "errors", "log", "run_utils", "utils"]
+__all__ = ["cluster", "environment", "errors", "log", "logger", "run_utils", "storage", "utils"]

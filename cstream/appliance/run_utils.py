@@ -49,6 +49,23 @@ class DebugArgs:
             out[key] = value
         return out
 
+    def MergeFrom(self, other: "DebugArgs") -> None:  # noqa: N802 - the protobuf message's name
+        """Merge ``other`` into this message: its sub-messages recursively, its other fields
+        overwriting these (protobuf's ``MergeFrom``)."""
+        if not isinstance(other, DebugArgs):
+            raise TypeError(f"Parameter to MergeFrom() must be instance of same class: expected "
+                            f"DebugArgs got {type(other).__name__}.")
+        for key, value in other._fields.items():
+            if isinstance(value, DebugArgs):
+                getattr(self, key).MergeFrom(value)
+            else:
+                self._fields[key] = value
+
+    def CopyFrom(self, other: "DebugArgs") -> None:  # noqa: N802 - the protobuf message's name
+        """Make this message a copy of ``other``."""
+        self._fields.clear()
+        self.MergeFrom(other)
+
     def __eq__(self, other):
         return isinstance(other, DebugArgs) and self.to_dict() == other.to_dict()
 

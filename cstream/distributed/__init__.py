@@ -24,7 +24,8 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from cstream.distributed import cluster_resolver
+from cstream.distributed import cluster_config, cluster_resolver
+from cstream.distributed.cluster_config import ClusterConfig
 from cstream.distributed.cluster_resolver import TaskRole
 from cstream.distributed.service_resolver import service_resolver
 from workers.context import (DataLoaderCheckpoint, WorkerInfo, get_worker_info, get_worker_state,
@@ -138,7 +139,8 @@ def hit_worker_cache_limit(src_dir: str, dest_dir: str):
 
 
 __all__ = [
-    "DataLoaderCheckpoint", "SSD_LIMIT", "WORKER_CACHE_ROOT", "WorkerInfo", "cluster_resolver",
+    "ClusterConfig", "DataLoaderCheckpoint", "SSD_LIMIT", "WORKER_CACHE_ROOT", "WorkerInfo", "cluster_config",
+    "cluster_resolver",
     "get_ordinal", "get_rank", "get_streaming_batch_size", "get_streaming_rank",
     "get_worker_info", "get_worker_state", "get_world_size", "hit_worker_cache_limit",
     "is_master_ordinal", "is_receiver", "is_streamer", "num_receivers", "num_streamers",

@@ -89,3 +89,24 @@ class DiceCELoss(torch.nn.Module):
         ce = self.cross_entropy(outputs, labels.long())
         dice = self.mean_correction * torch.mean(self._dice(outputs, labels, input_shape))
         return self.wc * ce + self.wd * (1.0 - dice)
+
+
+class SmoothL1Loss(torch.nn.Module):
+    """The Cerebras Smooth L1 loss: ``0.5 z^2 / beta`` where ``z = |input - target| < beta``,
+    else ``z - 0.5 beta``; reduced by ``"mean"``, ``"sum"`` or not at all (any other value)."""
+
+    def __init__(self, reduction: str = "mean", beta: float = 1.0):
+        super().__init__()
+        if beta < 0:
+            raise ValueError(f"SmoothL1Loss only supports non-negative values for beta, got {beta}.")
+        self.reduction = reduction
+        self.beta = beta
+
+    def forward(self, input, target):
+        z = torch.abs(input - target)
+        loss = torch.where(z < self.beta, 0.5 * z * z / self.beta, z - 0.5 * self.beta)
+        if self.reduction == "mean":
+            return loss.mean()
+        if self.reduction == "sum":
+            return loss.sum()
+        return loss

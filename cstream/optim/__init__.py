@@ -11,6 +11,7 @@ from cstream.optim.configure import (configure_optimizer_params, configure_param
 from cstream.optim.muon import Muon  # noqa: F401  (in __all__ through OPTIMIZERS)
 from cstream.optim.optimizer import Optimizer
 from cstream.optim.registry import OPTIMIZERS, check_kwargs, optimizer_class, scheduler_class
+from cstream.optim.scheduler_config import configure_scheduler
 from cstream.optim.optimizers import (  # noqa: F401  (in __all__ through OPTIMIZERS)
     ASGD, SGD, Adadelta, Adafactor, Adagrad, Adam, Adamax, AdamW, Lamb, Lion, NAdam, RAdam,
     RMSprop, Rprop,
@@ -18,8 +19,8 @@ from cstream.optim.optimizers import (  # noqa: F401  (in __all__ through OPTIMI
 
 
 __all__ = ["Optimizer", "configure_lr_scheduler", "configure_optimizer",
-           "configure_optimizer_params", "configure_param_groups", "configure_scheduler_params",
-           "lr_scheduler", "scheduler", "weight_decay_scheduler",
+           "configure_optimizer_params", "configure_param_groups", "configure_scheduler",
+           "configure_scheduler_params", "lr_scheduler", "scheduler", "weight_decay_scheduler",
            *OPTIMIZERS]
 
 

@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import functools
 from collections import defaultdict
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Dict, Iterable, Optional, Union
 
 import torch
 
 from cstream import creation
 from workers.checks import did_you_mean
 from workers.torch_compat import group_tensors_by_device_and_dtype
+
+
+ParamsT = Union[Iterable[torch.Tensor], Iterable[Dict[str, Any]]]
+"""What an optimizer takes as ``params``: tensors, or parameter groups (dicts)."""
 
 
 def group_tensors(tensors: list) -> list[tuple[list, list[int]]]:

@@ -34,6 +34,16 @@ class BackendType(enum.Enum):
     def is_csx(self) -> bool:
         return self is BackendType.CSX
 
+    @staticmethod
+    def from_str(name: str) -> "BackendType":
+        """``"csx"`` / ``"CSX"`` -> ``BackendType.CSX``; an error naming the choices."""
+        try:
+            return BackendType[name.upper()]
+        except (KeyError, AttributeError):
+            raise ValueError(
+                f"Invalid Cerebras PyTorch backend type specified. Expected one of "
+                f"{[t.name for t in BackendType]}. Got {name}. ") from None
+
 
 class DeviceConfig:
     """``backend.device.config`` of the Cerebras API. ``drop_data`` is the backend's own
@@ -230,6 +240,8 @@ class Backend:
         self._checkpoints: deque[Path] = deque()
         self._alive = True
         self._stateful: "weakref.WeakSet" = weakref.WeakSet()
+        self.is_tracing = False
+        """True while the step function runs (is traced on CSX, runs eagerly elsewhere)."""
         self.accepted_without_effect: dict = {}
         """Cerebras options this run accepted that change nothing here (the run's profile
         lists them under ``accepted_without_effect``)."""
@@ -252,6 +264,16 @@ class Backend:
     @property
     def is_gpu(self) -> bool:
         return self.name == "GPU"
+
+    @property
+    def is_e2e_execution(self) -> bool:
+        """Whether runs execute (False for a CSX backend that only compiles or validates)."""
+        return not (getattr(self.options, "compile_only", False)
+                    or getattr(self.options, "validate_only", False))
+
+    @property
+    def torch_device(self) -> torch.device:
+        return self.device.torch_device
 
     # -- the interface -------------------------------------------------------------------
     def compile(self, model: torch.nn.Module) -> CompiledModel:

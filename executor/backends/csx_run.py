@@ -33,6 +33,7 @@ from executor.engine.capture import Captured, OutputLeaf, capture, first_differe
 from executor.engine.devices import device_bound_ops
 from executor.engine.errors import CompileError
 from executor.engine.handles import SlotKind, StateHandle, StepOutput
+from executor.tensor_hooks import after_tensor_to_cpu
 from executor.wafer import cuda_graph as cuda_graphs
 from workers.errors import UnshardedInputWarning
 from workers.flow import FlowPolicy
@@ -267,7 +268,10 @@ class CSXRun:
         fetched = {}
         for s, idx in wanted.items():
             idx = sorted(set(idx))
-            fetched.update({StepOutput(s, i): v for i, v in zip(idx, self.outputs.outputs_of(s, idx))})
+            for i, v in zip(idx, self.outputs.outputs_of(s, idx)):
+                fetched[StepOutput(s, i)] = v
+                if isinstance(v, torch.Tensor):
+                    after_tensor_to_cpu(v, f"step{s}.output{i}")
         return tree_unflatten([fetched[x.slot.output] if isinstance(x, StateHandle)
                                and x.slot.kind is SlotKind.OUTPUT else x for x in leaves], spec)
 

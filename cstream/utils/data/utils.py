@@ -1,4 +1,5 @@
-"""Step counts and numpy conversions of the Cerebras data utilities.
+"""Step counts, batch sizes, the checkpoint Schedule and numpy conversions of the Cerebras data
+utilities.
 
 >>> compute_num_steps(list(range(10)), num_epochs=2, grad_accum_steps=2)
 10
@@ -9,10 +10,13 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Optional
 
 import numpy as np
 import torch
+
+from executor.schedule import Schedule  # noqa: F401  (cerebras.pytorch.utils.data.utils.Schedule)
 
 
 def _check_steps(name, value, allow_none=False, allow_zero=False):
@@ -97,3 +101,45 @@ def from_numpy(array) -> torch.Tensor:
     if not array.flags.writeable:
         array = array.copy()
     return torch.from_numpy(array)
+
+
+def infer_batch_size(data, batch_size: Optional[int] = None) -> Optional[int]:
+    """The batch size of a batch: the size of dimension 0 that all its tensors share (a 0-d
+    tensor counts as 1). Sizes that differ within the batch, or from ``batch_size`` (an earlier
+    batch's), are an error on a CS-X (``cstream.use_cs()``), where every batch has one size, and
+    a warning elsewhere; within a batch the answer is then None.
+
+    >>> infer_batch_size({"x": torch.zeros(4, 3), "y": [torch.zeros(4)]})
+    4
+    """
+    from cstream.backend import use_cs
+    from cstream.utils.nest import visit_torch_tensors
+
+    sizes = {1 if t.dim() == 0 else t.shape[0] for _, t in visit_torch_tensors(data)}
+    if not sizes:
+        raise RuntimeError(
+            "We could not detect any torch tensors in the input data returned by the dataloader. "
+            "We expect the dataloader to return a nested dict/list/tuple of tensors. If there are "
+            "custom types that internally hold tensors, we are not currently able to detect them. "
+            "Please ensure that the dataloader returns tensors in the expected format.")
+    if len(sizes) > 1:
+        if use_cs():
+            raise RuntimeError(
+                f"Only uniform batch sizes are supported in CS runs, but the dataloader returned "
+                f"a batch with batch sizes {sizes}. ")
+        warnings.warn(
+            f"Detected non-uniform batch sizes within the same batch: {sizes}. While this is "
+            f"allowed in non-CSX runs, it may throw off metrics such as rate profiling. The run "
+            f"will proceed assuming no batch size.")
+        return None
+    (size,) = sizes
+    if batch_size is not None and size != batch_size:
+        if use_cs():
+            raise RuntimeError(
+                f"Only uniform batch sizes are supported in CS runs, but the dataloader returned "
+                f"two different batches with batch sizes {batch_size} and {size}. Make sure to "
+                f"set `drop_last=True` in the dataloader.")
+        warnings.warn(
+            f"Detected non-uniform batch sizes between batches ({batch_size} vs {size}). While "
+            f"this is allowed in non-CSX runs, it may throw off metrics such as rate profiling. ")
+    return size

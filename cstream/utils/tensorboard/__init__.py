@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch.utils.tensorboard import SummaryWriter as _TorchSummaryWriter
 
+from cstream.summaries import summarize_scalar, summarize_tensor  # noqa: F401  (Release 2.3's place)
+
 
 class SummaryWriter(_TorchSummaryWriter):
     def __init__(self, log_dir=None, *args, base_step: int = 1, **kwargs):

@@ -1,12 +1,22 @@
-"""``cstream.backend(name, **options)``: create the (single) current backend."""
+"""``cstream.backend(name, **options)``: create the (single) current backend.
+
+Also the Cerebras API's names around it: :class:`Backend` (the class of every backend),
+:class:`BackendType`, :func:`get_backend_args` (the arguments ``backend(kind, ...)`` takes),
+:func:`current_backend_impl`, :func:`current_torch_device`, and :mod:`.ltc_backend`'s hooks.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
+
+import torch
 
 from executor import runtime
 from executor.backends import CPUBackend, GPUBackend
+from executor.backends.base import Backend as Backend  # the class of every backend
+from executor.backends.base import BackendType
 from executor.backends.options import OPTIONS, BackendOptions, CSXOptions
 
 BACKENDS = {"CPU": CPUBackend, "GPU": GPUBackend}
@@ -67,7 +77,7 @@ def _backend_key(backend_type) -> str:
     return key
 
 
-def backend(backend_type: str = "CSX", **options):
+def backend(backend_type: str | None = None, *args, **options):
     """Create the backend every cstream call uses from now on.
 
     ``backend_type`` is ``"CSX"`` (the simulated Wafer-Scale Cluster), ``"CPU"`` (eager, one
@@ -84,7 +94,27 @@ def backend(backend_type: str = "CSX", **options):
     >>> b.name, cstream.current_backend() is b
     ('CPU', True)
     >>> b.shutdown()
+
+    With no arguments it returns the current backend, as the Cerebras API does (an error when
+    there is none). Options may also be given by position, in the order of
+    :func:`get_backend_args` (``artifact_dir`` first), as the Cerebras API takes them.
     """
+    if args:
+        names = [n for n in get_backend_args(backend_type) if n not in ("self", "backend_type")]
+        if len(args) > len(names):
+            raise TypeError(f"backend({backend_type!r}, ...) takes at most {len(names)} options "
+                            f"by position ({', '.join(names)}); {len(args)} were given.")
+        for name, value in zip(names, args):
+            if name in options:
+                raise TypeError(f"backend({backend_type!r}, ...): {name} given by position and "
+                                f"by name.")
+            options[name] = value
+    if backend_type is None:
+        if options:
+            raise ValueError(
+                f"backend(**{sorted(options)}): options need a backend type, e.g. "
+                "cstream.backend('CSX', ...); cstream.backend() alone returns the current one.")
+        return current_backend_impl()
     key = _backend_key(backend_type)
     cls = _csx_backend() if key == "CSX" else BACKENDS[key]
     without_effect = {k: options.pop(k) for k in list(options) if k in WITHOUT_EFFECT[key]}
@@ -95,10 +125,15 @@ def backend(backend_type: str = "CSX", **options):
             "Get it with cstream.current_backend(), or call its .shutdown() before creating "
             f"a {key} backend."
         )
+    cluster_config = options.pop("cluster_config", None) if key == "CSX" else None
     mixed_precision = options.pop("mixed_precision", None)
     if mixed_precision is not None and not isinstance(mixed_precision, bool):
         raise TypeError(f"mixed_precision: expected True or False, got {mixed_precision!r}.")
     created = cls(backend_options(key, **options), mixed_precision=mixed_precision)
+    if key == "CSX":
+        from cstream.distributed.cluster_config import ClusterConfig, attach_cluster
+
+        attach_cluster(created, cluster_config if cluster_config is not None else ClusterConfig())
     created.accepted_without_effect.update(
         {f"backend.{k}": v for k, v in without_effect.items() if v is not None})
     return created
@@ -113,15 +148,42 @@ def use_cs() -> bool:
     return (b is not None and b.is_csx) or is_streamer()
 
 
-def current_backend_impl():
-    """The current backend (the Cerebras API's name for the object behind it); an error
-    when there is none."""
+def current_backend_impl(raise_exception: bool = True):
+    """The current backend (the Cerebras API's name for the object behind it); when there is
+    none, an error, or None with ``raise_exception=False``."""
     b = runtime.current_backend()
-    if b is None:
+    if b is None and raise_exception:
         raise RuntimeError("No backend has been created: call cstream.backend(...) first.")
     return b
 
 
-def current_backend():
-    """The backend created by :func:`backend` (None if there is none)."""
-    return runtime.current_backend()
+def current_torch_device() -> torch.device:
+    """The torch device of the current backend's tensors; ``cpu`` when there is no backend."""
+    b = runtime.current_backend()
+    return torch.device("cpu") if b is None else b.device.torch_device
+
+
+def get_backend_args(backend_type) -> dict[str, inspect.Parameter]:
+    """The arguments of ``backend(backend_type, ...)``, by name, as ``inspect.Parameter`` s with
+    their defaults: ``self``, ``backend_type``, the options of its dataclass
+    (:mod:`executor.backends.options`), ``mixed_precision``, ``cluster_config`` (CSX) and the
+    Cerebras options accepted without effect."""
+    key = _backend_key(backend_type.name if isinstance(backend_type, BackendType)
+                       else backend_type)
+    kw = inspect.Parameter.KEYWORD_ONLY
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+              inspect.Parameter("backend_type", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    params += [inspect.Parameter(f.name, kw, default=f.default)
+               for f in dataclasses.fields(OPTIONS[key])]
+    params.append(inspect.Parameter("mixed_precision", kw, default=None))
+    if key == "CSX":
+        params.append(inspect.Parameter("cluster_config", kw, default=None))
+    params += [inspect.Parameter(name, kw, default=None) for name in WITHOUT_EFFECT[key]]
+    return {p.name: p for p in params}
+
+
+def current_backend(raise_exception: bool = False, raise_warning: bool = True):
+    """The backend created by :func:`backend`; when there is none, None, or an error with
+    ``raise_exception=True`` (the Cerebras API 2.10's default; cstream's keeps the earlier
+    releases' None). ``raise_warning`` is accepted without effect."""
+    return current_backend_impl(raise_exception=raise_exception)
