@@ -403,13 +403,74 @@ def test_features_not_simulated_raise_an_error_naming_the_feature_and_the_page(c
         call()
 
 
-def test_optimizer_and_scheduler_settings_are_checked_by_name():
-    cstorch.optim.configure_optimizer_params("adamw", {"lr": 0.1, "weight_decay": 0.0})
-    with pytest.raises(TypeError, match="has no argument 'lrr'. Did you mean 'lr'"):
-        cstorch.optim.configure_optimizer_params("AdamW", {"lrr": 0.1})
-    cstorch.optim.configure_scheduler_params(0.1)
+class _OptimizerSection:
+    """An ``optimizer:`` section checked as a Release 2.2 config class checks it: the known fields
+    become attributes, every other key is collapsed into ``optim_params``, each scheduler dict is
+    checked on its own, then the optimizer with the rate and ``optim_params`` only."""
+
+    FIELDS = ("optimizer_type", "weight_decay", "log_summaries", "loss_scaling_factor",
+              "learning_rate", "max_gradient_norm", "adjust_learning_rate")
+
+    def __init__(self, **section):
+        self.fields = {k: section.pop(k) for k in self.FIELDS if k in section}
+        self.optim_params = section
+        rate = self.fields.get("learning_rate")
+        for spec in rate if isinstance(rate, list) else [rate] if isinstance(rate, dict) else []:
+            spec = {k: v for k, v in spec.items() if k != "main_scheduler"}
+            cstorch.optim.configure_scheduler_params(spec)
+        self.optimizer = cstorch.optim.configure_optimizer_params(
+            optimizer_type=self.fields["optimizer_type"],
+            kwargs={"learning_rate": rate, "optim_params": self.optim_params})
+
+
+def test_an_optimizer_section_passes_a_config_class_validation(caplog):
+    section = {"optimizer_type": "adamw", "betas": [0.9, 0.95], "eps": 1.0e-8,
+               "max_gradient_norm": 1.0, "weight_decay": 0.01, "loss_scaling_factor": "dynamic",
+               "learning_rate": [
+                   {"scheduler": "Linear", "initial_learning_rate": 0.0,
+                    "end_learning_rate": 0.0006, "total_iters": 1600},
+                   {"scheduler": "Linear", "initial_learning_rate": 0.0006,
+                    "end_learning_rate": 0.0, "total_iters": 150000}]}
+    with caplog.at_level("WARNING", logger="cstream.optim"):
+        checked = _OptimizerSection(**section)
+    cls, kwargs = checked.optimizer
+    # a scheduled rate: AdamW's default lr stands in until the scheduler sets it
+    assert cls is cstorch.optim.AdamW and kwargs == {"lr": 1e-3}
+    [record] = caplog.records
+    assert "AdamW got 1 unexpected and unused parameters: ['optim_params']" in record.message
+    assert "lr=0.001" in record.message
+
+
+def test_optimizer_params_map_the_rate_take_the_signature_and_warn_about_the_rest(caplog):
+    given = {"learning_rate": 0.02, "betas": (0.8, 0.9), "correct_bias": False,
+             "max_gradient_norm": 1.0}
+    with caplog.at_level("WARNING", logger="cstream.optim"):
+        cls, kwargs = cstorch.optim.configure_optimizer_params("AdamW", given)
+    assert cls is cstorch.optim.AdamW
+    assert kwargs == {"lr": 0.02, "betas": (0.8, 0.9), "correct_bias": False}
+    assert "learning_rate" in given  # the caller's dict is left as it was
+    assert "got 1 unexpected and unused parameters: ['max_gradient_norm']" in caplog.text
+    assert cstorch.optim.configure_optimizer_params("sgd", {})[1] == {"lr": 0.1}  # no default
+    with pytest.raises(ValueError, match="expected: betas, actual: beta1, beta2"):
+        cstorch.optim.configure_optimizer_params("adam", {"beta1": 0.9, "beta2": 0.99})
+    with pytest.raises(ValueError, match="Invalid optimizer type.*'adamw'.*Got: Adamm"):
+        cstorch.optim.configure_optimizer_params("Adamm", {})
+
+
+def test_scheduler_params_name_the_class_and_refuse_unknown_arguments():
+    spec = {"scheduler": "Linear", "initial_learning_rate": 0.0, "end_learning_rate": 0.1,
+            "total_iters": 10}
+    cls, kwargs = cstorch.optim.configure_scheduler_params(spec)
+    assert cls is cstorch.optim.lr_scheduler.LinearLR and "scheduler" in spec
+    assert kwargs == {"initial_learning_rate": 0.0, "end_learning_rate": 0.1, "total_iters": 10}
+    assert cstorch.optim.configure_scheduler_params(0.1) is None
     with pytest.raises(ValueError, match="unknown scheduler 'Wobbly'"):
         cstorch.optim.configure_scheduler_params([{"scheduler": "Wobbly"}])
+    with pytest.raises(ValueError, match="expected: total_iters, actual: decay_steps"):
+        cstorch.optim.configure_scheduler_params(
+            {"scheduler": "LinearLR", "initial_learning_rate": 0.0, "decay_steps": 5})
+    with pytest.raises(ValueError, match=r"LinearLR got 1 unexpected parameters: \['power'\]"):
+        cstorch.optim.configure_scheduler_params({**spec, "power": 2.0})
 
 
 def test_no_deprecation_or_other_warning_on_import():

@@ -1076,6 +1076,95 @@ def test_the_restartable_protocol_round_trips(ray_session):
             assert run(2, saved[0])[0] == [0.0, 1.0], kind
 
 
+class CountingSampler(torch.utils.data.Sampler):
+    """Batches of 2 indices from a global sample count, as the Model Zoo's HDF5 sampler."""
+
+    def __init__(self, n):
+        self.n, self.start = n, 0
+
+    def set_state(self, samples_streamed):
+        self.start = samples_streamed
+
+    def __iter__(self):
+        start, self.start = self.start, 0
+        for i in range(start, self.n, 2):
+            yield [i, i + 1]
+
+    def __len__(self):
+        return self.n // 2
+
+
+class SamplesStreamedLoader(torch.utils.data.DataLoader):
+    """The Model Zoo's RestartableDataLoader (Release 2.2 HDF5 loaders): each worker's state is
+    the samples it streamed in this run and those the run it resumed had streamed; the states
+    are summed into the global count, which load_state_dict wants with the shuffle seed and
+    nothing else."""
+
+    def __init__(self):
+        self.previous_samples_streamed = 0
+        data = torch.arange(40.0).reshape(20, 2)
+        super().__init__(torch.utils.data.TensorDataset(data),
+                         batch_sampler=CountingSampler(20))
+
+    def state_dict(self):
+        return {"samples_streamed": cstorch.distributed.get_worker_state().samples_streamed,
+                "previous_samples_streamed": self.previous_samples_streamed}
+
+    def aggregate_state_dict(self, worker_states):
+        return {"samples_streamed": sum(s["samples_streamed"] for s in worker_states)
+                + worker_states[0]["previous_samples_streamed"], "seed": 0}
+
+    def deaggregate_state_dict(self, aggregated):
+        return aggregated
+
+    def load_state_dict(self, state):
+        if sorted(state) != ["samples_streamed", "seed"]:
+            raise RuntimeError(f"The keys in state_dict must be 'samples_streamed' and 'seed', "
+                               f"found {list(state)}")
+        self.previous_samples_streamed = state["samples_streamed"]
+        self.batch_sampler.set_state(state["samples_streamed"])
+
+
+def test_a_loader_that_aggregates_worker_states_resumes_twice_where_it_stopped(ray_session):
+    """The worker's samples_streamed counts this run's samples; a resumed run loads the
+    aggregate, and a run resumed from the resumed run does not count the first part twice."""
+    def run(steps, state=None):
+        dataloader = cstorch.utils.data.DataLoader(SamplesStreamedLoader)
+        if state is not None:
+            dataloader.load_state_dict(state)
+        compiled = cstorch.compile(torch.nn.Linear(2, 1), cstorch.current_backend())
+        firsts, saved = [], {}
+
+        @cstorch.trace
+        def step(batch):
+            (x,) = batch
+            return compiled(x).sum(), x[0, 0]
+
+        @cstorch.step_closure
+        def keep(_, first):
+            firsts.append(int(first.item()))
+
+        @cstorch.checkpoint_closure
+        def save(i):
+            saved[i] = dataloader.state_dict()
+
+        executor = cstorch.utils.data.DataExecutor(dataloader, num_steps=steps,
+                                                   checkpoint_steps=2)
+        for i, batch in enumerate(executor, 1):
+            keep(*step(batch))
+            save(i)
+        return firsts, saved
+
+    for kind, options in (("CPU", {}), ("CSX", csx_options("in_process")),
+                          ("CSX", csx_options("ray"))):
+        with cstorch.backend(kind, **options):
+            firsts, saved = run(6)
+            assert firsts == [0, 4, 8, 12, 16, 20], kind  # the first sample of each batch
+            again, saved_again = run(4, saved[2])
+            assert again == [8, 12, 16, 20], kind
+            assert run(2, saved_again[2])[0] == [16, 20], kind
+
+
 def shuffled_by_the_global_generator():
     """The Model Zoo's MNIST loader: a torch DataLoader with shuffle=True and no generator of
     its own, so its order comes from torch's global random state when it is iterated."""

@@ -162,6 +162,7 @@ def iterable_fn():
     return shard_iterable([torch.tensor([i]) for i in range(N)])
 
 
+@pytest.mark.timeout(600)  # one stream's start-up on a loaded machine
 @pytest.mark.parametrize("input_fn,kind", [(distributed_fn, "DataLoader"),
                                            (iterable_fn, "_ShardedIterable")])
 def test_a_round_robin_loader_that_keeps_a_per_shard_position_is_refused_up_front(
@@ -180,6 +181,7 @@ def test_a_round_robin_loader_that_keeps_a_per_shard_position_is_refused_up_fron
     assert len(before + after) == 6
 
 
+@pytest.mark.timeout(600)  # one stream's start-up on a loaded machine
 def test_a_change_that_would_leave_no_worker_or_names_a_stranger_is_refused(ray_session):
     with open_stream("dynamic", "chg-bad", DataLoader(ids_fn)) as stream:
         with pytest.raises(ValueError, match=r"retiring 2 of the 2 input workers taking part "

@@ -50,15 +50,41 @@ PRECISIONS = {
 }
 
 
+GPT_FAMILIES_2_2 = {  # family: the smallest shipped configuration of its folder
+    "gpt2": "params_gpt2_small.yaml", "gpt3": "params_gpt3_111m.yaml",
+    "gptj": "params_gpt_neox_small.yaml", "llama": "params_llama2_7b.yaml",
+    "mistral": "params_mistral_7B.yaml", "falcon": "params_falcon_7b.yaml",
+    "bloom": "params_bloom_7b.yaml", "mpt": "params_mpt_7B.yaml",
+    "starcoder": "params_starcoder_15b.yaml", "santacoder": "params_santacoder_1b.yaml",
+    "btlm": "params_btlm_2p7b_2k.yaml", "jais": "params_jais_30b.yaml",
+}
+"""Release 2.2's decoder language models: each reads the GPT HDF5 token files."""
+
+DECODER_FAMILIES_2_2 = {**GPT_FAMILIES_2_2, "dpo": "params_zephyr_7b_dpo.yaml"}
+"""Every Release 2.2 family built on a decoder (DPO trains a Mistral on chosen/rejected pairs)."""
+
+FAMILIES_2_2 = [*GPT_FAMILIES_2_2, "bert", "bert_classifier", "bert_token_classifier",
+                "bert_extractive_summarization", "t5", "transformer", "esm2", "dpr", "dpo",
+                "dit", "llava", "vision_transformer", "fc_mnist"]
+"""Release 2.2's 25 model families (bert counted with each of its fine-tuning heads)."""
+
+
+def code_root(release: Path) -> tuple[Path, Path]:
+    """(the folder to put on PYTHONPATH, the Model Zoo's package folder) of a checkout."""
+    if (release / "src" / "cerebras" / "modelzoo").is_dir():
+        return release / "src", release / "src" / "cerebras" / "modelzoo"
+    return release, release / "modelzoo"
+
+
 def program_paths(release: Path, program: str) -> tuple[Path, Path, Path]:
     """(run.py, shipped params.yaml, the folder to put on PYTHONPATH) of ``program``."""
-    if (release / "src" / "cerebras" / "modelzoo").is_dir():
-        root, code = release / "src", release / "src" / "cerebras" / "modelzoo"
+    root, code = code_root(release)
+    if program == "fc_mnist":
+        folder, shipped = code / "fc_mnist" / "pytorch", "params.yaml"
+    elif root.name != "src":  # Release 2.0/2.1
+        folder, shipped = code / "transformers" / "pytorch" / "gpt2", "params_gpt2_small.yaml"
     else:
-        root, code = release, release / "modelzoo"
-    folder = {"fc_mnist": code / "fc_mnist" / "pytorch",
-              "gpt2": code / "transformers" / "pytorch" / "gpt2"}[program]
-    shipped = {"fc_mnist": "params.yaml", "gpt2": "params_gpt2_small.yaml"}[program]
+        folder, shipped = code / "models" / "nlp" / program, DECODER_FAMILIES_2_2[program]
     return folder / "run.py", folder / "configs" / shipped, root
 
 
@@ -83,19 +109,27 @@ def write_mnist(folder: Path, n_train: int = 1500) -> None:
 
 
 def write_gpt_hdf5(folder: Path, files: int = 2, per_file: int = 64, msl: int = 64,
-                   vocab: int = 512) -> None:
-    """Token files as the Model Zoo's GPT HDF5 processor reads them: ``data`` [n, 3, msl]
-    (input ids, attention mask, labels: the ids shifted by one) and the ``n_examples`` attribute."""
+                   vocab: int = 512, pairs: bool = False) -> None:
+    """Token files as the Model Zoo's GPT HDF5 processors read them: ``data`` [n, 3, msl]
+    (input ids, attention mask, labels: the ids shifted by one) and the ``n_examples``
+    attribute. ``pairs``: DPO's [n, 6, msl], a chosen and a rejected sequence, named in
+    ``data_params.json`` as its HDF5 conversion writes them."""
     import h5py
 
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     for i in range(files):
-        tokens = rng.integers(0, vocab, size=(per_file, msl + 1), dtype=np.int32)
-        data = np.stack([tokens[:, :-1], np.ones((per_file, msl), np.int32), tokens[:, 1:]], 1)
+        rows = []
+        for _ in range(2 if pairs else 1):
+            tokens = rng.integers(0, vocab, size=(per_file, msl + 1), dtype=np.int32)
+            rows += [tokens[:, :-1], np.ones((per_file, msl), np.int32), tokens[:, 1:]]
         with h5py.File(folder / f"data-{i}.h5", "w") as f:
             f.attrs["n_examples"] = per_file
-            f.create_dataset("data", data=data)
+            f.create_dataset("data", data=np.stack(rows, 1))
+    if pairs:
+        features = [f"{side}_{name}" for side in ("chosen", "rejected")
+                    for name in ("input_ids", "attention_mask", "labels")]
+        (folder / "data_params.json").write_text(json.dumps({"features": features}))
 
 
 def checkpoint_every(steps: int) -> int:
@@ -117,6 +151,9 @@ def params_for(program: str, shipped: Path, data: Path, steps: int, precision: s
     run.update(max_steps=steps, log_steps=1, checkpoint_steps=checkpoint_every(steps), seed=1,
                save_initial_checkpoint=False)
     run.pop("eval_frequency", None)
+    # a fine-tuning configuration (DPO) loads only the model's weights from a checkpoint it
+    # finds: the resumed trial loads everything, as a resumed run does
+    run.pop("load_checkpoint_states", None)
     for key in ("train_input", "eval_input"):
         params[key]["data_dir"] = str(data)
         if program == "fc_mnist":  # its loader streams half images on CSX unless told not to
@@ -124,45 +161,134 @@ def params_for(program: str, shipped: Path, data: Path, steps: int, precision: s
     if program == "fc_mnist":
         run["steps_per_epoch"] = steps  # 2.0.x reads it; 1,500 images give 375 batches of 4
         run["eval_steps"] = 20
-    else:  # a GPT-2 small enough for two cores; no dropout so CPU and CSX draw nothing random
-        params["model"].update(hidden_size=64, vocab_size=512, max_position_embeddings=64,
-                               num_hidden_layers=2, num_heads=4, filter_size=256,
-                               dropout_rate=0.0, attention_dropout_rate=0.0)
+    else:
+        tiny_decoder(params["model"])
+        params["optimizer"] = trial_optimizer(params["optimizer"], steps)
         for key in ("train_input", "eval_input"):
-            params[key].update(batch_size=8, num_workers=1)
+            params[key].update(batch_size=8, shuffle=False,
+                               num_workers=0 if release_2_2 else 1)
+            params[key].pop("max_sequence_length", None)  # "sample" files fix the length
+            params[key].pop("micro_batch_size", None)  # the whole batch at once
         run["eval_steps"] = 4
     return params
 
 
-def run_program(run_py: Path, backend: str, mode: str, params: Path, model_dir: Path,
-                env: dict, log: Path, extra: tuple = (), timeout: int = 1200) -> dict:
-    """Run ``run.py`` once; its exit code, losses by step, eval loss, metrics and seconds."""
-    cmd = [sys.executable, str(run_py), backend, "--mode", mode, "--params", str(params),
+TINY_DECODER = {"hidden_size": 64, "num_heads": 4, "num_hidden_layers": 2, "filter_size": 256,
+                "vocab_size": 512, "max_position_embeddings": 64}
+"""A decoder small enough for two cores; the token files are written for its vocabulary and
+sequence length (64)."""
+
+
+def tiny_decoder(model: dict) -> None:
+    """Shrink a shipped decoder configuration in place, keeping its structure (position
+    embedding, attention module, norms, nonlinearity, scaling): sizes from TINY_DECODER, the
+    rotary dimension the head size, a sliding window half the sequence, at most 2 key-value
+    groups, and no dropout, so CPU and CSX draw nothing random."""
+    model.update(TINY_DECODER)
+    head = TINY_DECODER["hidden_size"] // TINY_DECODER["num_heads"]
+    if "rotary_dim" in model:
+        model["rotary_dim"] = head
+    if "attention_sliding_window_length" in model:
+        model["attention_sliding_window_length"] = TINY_DECODER["max_position_embeddings"] // 2
+    extra = model.get("extra_attention_params") or {}
+    if "num_kv_groups" in extra:
+        extra["num_kv_groups"] = min(2, extra["num_kv_groups"])
+    for key, value in list(model.items()):
+        if "dropout" in key and isinstance(value, (int, float)) and not isinstance(value, bool):
+            model[key] = 0.0
+
+
+TRIAL_PEAK_LR = 1e-2
+"""The largest rate of a trial's schedule: large enough that a tiny model's loss moves by more
+than one bfloat16 unit within the few steps run."""
+
+CSX_ONLY_KEYS = ("max_gradient_norm", "max_gradient_value")
+"""Optimizer keys Release 2.2's flow applies on CSX only: it creates its GradScaler, and clips
+through it, only when the backend is CSX (GPU), so CPU never clips. The trials remove them to
+compare the two devices on the same computation."""
+
+
+def trial_optimizer(optimizer: dict, steps: int) -> dict:
+    """The shipped optimizer section for a run of ``steps`` steps: each scheduler of the
+    shipped schedule (warm-up, decay, ...) keeps its class and its share of the run
+    (``total_iters`` the steps divided among the schedulers), its rates scaled so the largest
+    is TRIAL_PEAK_LR; a constant rate becomes TRIAL_PEAK_LR; CSX_ONLY_KEYS are removed."""
+    optimizer = {k: v for k, v in optimizer.items() if k not in CSX_ONLY_KEYS}
+    rate = optimizer.get("learning_rate")
+    if not isinstance(rate, (list, dict)):
+        optimizer["learning_rate"] = TRIAL_PEAK_LR
+        return optimizer
+    specs = [dict(s) for s in (rate if isinstance(rate, list) else [rate])]
+    rate_keys = [k for s in specs for k in s if "learning_rate" in k and isinstance(s[k], float)]
+    peak = max([s[k] for s in specs for k in s if k in rate_keys] or [0.0])
+    for s in specs:
+        for k in list(s):
+            if k in rate_keys and peak:
+                s[k] = s[k] * TRIAL_PEAK_LR / peak
+        if "total_iters" in s:
+            s["total_iters"] = max(1, steps // len(specs))
+    optimizer["learning_rate"] = specs if isinstance(rate, list) else specs[0]
+    return optimizer
+
+
+RAY_START_TIMEOUT = "The current node timed out during startup"
+"""What Ray raises when its node does not register within its fixed 30 s (a loaded machine)."""
+
+DONE = re.compile(r"(Training|Evaluation) completed successfully!")
+
+
+def run_program(python: str, run_py: Path, backend: str, mode: str, params: Path,
+                model_dir: Path, env: dict, log: Path, extra: tuple = (),
+                timeout: int = 1200, reuse: bool = False) -> dict:
+    """Run ``run.py`` once; its exit code, losses by step, eval loss, metrics and seconds.
+    ``reuse``: a log of an earlier call that ends in success is read instead of running again.
+    A run whose Ray node timed out during startup runs once more (``"ray_retried"``)."""
+    cmd = [python, str(run_py), backend, "--mode", mode, "--params", str(params),
            "--model_dir", str(model_dir), *extra]
-    start = time.monotonic()
-    with open(log, "w") as out:
-        done = subprocess.run(cmd, cwd=params.parent, env=env, stdout=out,
-                              stderr=subprocess.STDOUT, timeout=timeout)
+    if reuse and log.exists() and DONE.search(log.read_text()):
+        rc, seconds, retried = 0, None, False
+    else:
+        for attempt in range(2):
+            start = time.monotonic()
+            with open(log, "w") as out:
+                rc = subprocess.run(cmd, cwd=params.parent, env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, timeout=timeout).returncode
+            seconds, retried = round(time.monotonic() - start, 1), attempt > 0
+            if rc == 0 or RAY_START_TIMEOUT not in log.read_text():
+                break
     text = log.read_text()
-    found = {"rc": done.returncode, "seconds": round(time.monotonic() - start, 1),
+    found = {"rc": rc, "seconds": seconds,
              "losses": {int(s): float(v) for s, v in LOSS.findall(text)},
              "metrics": {k: float(v) for k, v in METRIC.findall(text)}, "log": str(log)}
+    if retried:
+        found["ray_retried"] = True
     if m := EVAL_LOSS.search(text):
         found["eval_loss"] = float(m.group(1))
-    if done.returncode != 0:
+    if rc != 0:
         found["error"] = text.strip().splitlines()[-1] if text.strip() else "no output"
     return found
 
 
-def trial(args) -> dict:
-    run_py, shipped, root = program_paths(args.release, args.program)
-    work = args.work / f"{args.release.name}-{args.program}-{args.precision}"
-    shutil.rmtree(work, ignore_errors=True)
+def runnable(release: Path) -> list[str]:
+    """The families of ``release`` this tool runs."""
+    if code_root(release)[0].name == "src":
+        return [f for f in FAMILIES_2_2 if f == "fc_mnist" or f in DECODER_FAMILIES_2_2]
+    return ["fc_mnist", "gpt2"]
+
+
+def trial(args, program: str) -> dict:
+    run_py, shipped, root = program_paths(args.release, program)
+    work = args.work / f"{args.release.name}-{program}-{args.precision}"
+    if not args.reuse:
+        shutil.rmtree(work, ignore_errors=True)
     data = work / "data"
-    (write_mnist if args.program == "fc_mnist" else write_gpt_hdf5)(data)
+    if program == "fc_mnist":
+        write_mnist(data)
+    else:
+        write_gpt_hdf5(data, pairs=program == "dpo")
     params = work / "params.yaml"
     release_2_2 = root.name == "src"
-    params.write_text(yaml.safe_dump(params_for(args.program, shipped, data, args.steps,
+    params.write_text(yaml.safe_dump(params_for(program, shipped, data, args.steps,
                                                 args.precision, release_2_2)))
     path = [str(REPO), str(root), *args.pythonpath, os.environ.get("PYTHONPATH", "")]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p),
@@ -171,19 +297,34 @@ def trial(args) -> dict:
     runs = {}
     for backend in ("CPU", "CSX"):
         full, resumed = work / f"{backend}-full", work / f"{backend}-resumed"
-        runs[f"{backend} train"] = run_program(run_py, backend, "train", params, full, env,
-                                               work / f"{backend}-train.log")
-        resumed.mkdir()
-        shutil.copy(full / f"checkpoint_{first}.mdl", resumed)
-        runs[f"{backend} resume"] = run_program(run_py, backend, "train", params, resumed, env,
-                                                work / f"{backend}-resume.log")
+        log = work / f"{backend}-train.log"
+        if not (args.reuse and log.exists() and DONE.search(log.read_text())):
+            shutil.rmtree(full, ignore_errors=True)  # the flow would resume from what is there
+        runs[f"{backend} train"] = run_program(args.python, run_py, backend, "train", params,
+                                               full, env, work / f"{backend}-train.log",
+                                               reuse=args.reuse)
+        start, last = full / f"checkpoint_{first}.mdl", full / f"checkpoint_{args.steps}.mdl"
+        if not start.exists() or not last.exists():
+            skipped = {"rc": None, "losses": {}, "metrics": {}, "seconds": 0,
+                       "error": f"not run: training wrote no {start.name} and {last.name}"}
+            runs[f"{backend} resume"] = runs[f"{backend} eval"] = skipped
+            continue
+        log = work / f"{backend}-resume.log"
+        if not (args.reuse and log.exists() and DONE.search(log.read_text())):
+            shutil.rmtree(resumed, ignore_errors=True)
+            resumed.mkdir()
+            shutil.copy(start, resumed)
+        runs[f"{backend} resume"] = run_program(args.python, run_py, backend, "train", params,
+                                                resumed, env, log, reuse=args.reuse)
         runs[f"{backend} eval"] = run_program(
-            run_py, backend, "eval", params, work / f"{backend}-eval", env,
-            work / f"{backend}-eval.log",
-            extra=("--checkpoint_path", str(full / f"checkpoint_{args.steps}.mdl")))
-    return {"release": args.release.name, "program": args.program, "precision": args.precision,
-            "steps": args.steps, "resumed_from": first, "runs": runs,
-            "compare": compare(runs)}
+            args.python, run_py, backend, "eval", params, work / f"{backend}-eval", env,
+            work / f"{backend}-eval.log", extra=("--checkpoint_path", str(last)),
+            reuse=args.reuse)
+    figures = compare(runs)
+    figures["CSX vs CPU, weights at the last step"] = weights_gap(work, args.steps)
+    return {"release": args.release.name, "program": program, "precision": args.precision,
+            "steps": args.steps, "resumed_from": first, "runs": runs, "work": str(work),
+            "compare": figures}
 
 
 def _max_gap(a: dict, b: dict):
@@ -204,6 +345,28 @@ def compare(runs: dict) -> dict:
     out["CSX vs CPU, eval loss"] = {"CPU": cpu, "CSX": csx,
                                     "gap": None if cpu is None or csx is None else abs(cpu - csx)}
     return out
+
+
+def weights_gap(work: Path, steps: int) -> dict | None:
+    """The model weights of the CPU and CSX runs' last checkpoints side by side: the largest
+    absolute difference over all weights, relative to the largest weight, and how many
+    tensors; None where a checkpoint is missing. Finer than the logged losses: under mixed
+    precision the weights stay float32 while the losses are logged in the half dtype."""
+    import h5py
+
+    paths = [work / f"{b}-full" / f"checkpoint_{steps}.mdl" for b in ("CPU", "CSX")]
+    if not all(p.exists() for p in paths):
+        return None
+    with h5py.File(paths[0], "r") as cpu, h5py.File(paths[1], "r") as csx:
+        names = []
+        cpu.visit(lambda n: names.append(n) if n.startswith("model.")
+                  and isinstance(cpu[n], h5py.Dataset) else None)
+        gap = scale = 0.0
+        for n in names:
+            a = np.asarray(cpu[n], dtype=np.float64)
+            b = np.asarray(csx[n], dtype=np.float64)
+            gap, scale = max(gap, float(np.abs(a - b).max())), max(scale, float(np.abs(a).max()))
+    return {"max_abs_weight_gap": gap, "max_abs_weight": scale, "tensors": len(names)}
 
 
 def table(paths: list[Path]) -> str:
@@ -229,34 +392,221 @@ def table(paths: list[Path]) -> str:
     return "\n".join(rows)
 
 
+NOT_RUN_2_2 = {
+    "bert": "not run for time: no writer yet for BertCSVDynamicMaskDataProcessor's CSV files",
+    "bert_classifier": "not run for time: no writer yet for the SST-2 TSV files",
+    "bert_token_classifier": "not run for time: no writer yet for "
+                             "BertTokenClassifierDataProcessor's CSV files and label2id.json",
+    "bert_extractive_summarization": "not run for time: no writer yet for "
+                                     "BertSumCSVDataProcessor's CSV files",
+    "t5": "not run for time: no writer yet for T5DynamicDataProcessor's text files and "
+          "vocabulary",
+    "transformer": "not run for time: no writer yet for TransformerDynamicDataProcessor's "
+                   "text files and vocabulary",
+    "esm2": "not run for time: no writer yet for BertCSVDataProcessor's CSV files",
+    "dpr": "not run for time: no writer yet for DPRHDF5DataProcessor's question/context files",
+    "dit": "not run for time: no writer yet for DiffusionLatentImageNet1KProcessor's VAE "
+           "latent files",
+    "llava": "not run for time: no writer yet for LlavaHDF5MapDataProcessor's token files "
+             "and image folder",
+    "vision_transformer": "Release 2.2.1 ships no configuration for it (its folder has no "
+                          "configs/), so there is no shipped config to derive a tiny one from",
+}
+"""Why a Release 2.2 family has no trial results (its row in the table says so)."""
+
+NO_REAL_PACKAGE = {
+    "Release_2.2.1": "no real package to compare: PyPI has cerebras-pytorch 2.6.0-2.10.0 only",
+}
+
+
+def bf16_unit(loss: float) -> float:
+    """One bfloat16 unit in the last place at ``loss`` (8 significant bits)."""
+    return 2.0 ** (np.floor(np.log2(abs(loss))) - 7) if loss else 2.0 ** -133
+
+
+def within_bf16(a: dict, b: dict) -> tuple[bool, float, int]:
+    """(every common step's gap is within one bfloat16 unit of the loss, largest gap, steps)."""
+    steps = sorted(set(a) & set(b))
+    gaps = [(abs(a[s] - b[s]), bf16_unit(max(abs(a[s]), abs(b[s])))) for s in steps]
+    return bool(steps) and all(g <= u for g, u in gaps), max((g for g, _ in gaps), default=0.0), \
+        len(steps)
+
+
+def family_row(r: dict) -> tuple[list[str], bool]:
+    """The cells of one trial's row and whether train, eval and resume ran on CSX equal to
+    CPU (every run exited 0, both resumes exact, CSX's train and eval losses within the
+    precision's bound of CPU's)."""
+    runs, c = r["runs"], r["compare"]
+
+    def ran(name):
+        run = runs[name]
+        if run["rc"] == 0:
+            return "ok"
+        return f"fails: {(run.get('error') or '')[:120]}"
+
+    def resumed(backend):
+        g = c[f"{backend} resumed vs uninterrupted"]
+        if runs[f"{backend} resume"]["rc"] != 0 or not g["steps_compared"]:
+            return f"fails: {(runs[f'{backend} resume'].get('error') or 'no losses')[:120]}"
+        return "exact" if g["max_abs_loss_gap"] == 0 else f"differs by {g['max_abs_loss_gap']:.3g}"
+
+    train_ok, n = False, 0
+    cpu, csx = runs["CPU train"]["losses"], runs["CSX train"]["losses"]
+    if cpu and csx:
+        if r["precision"] == "mixed-bf16":
+            train_ok, gap, n = within_bf16(csx, cpu)
+        else:
+            gap, n = _max_gap(csx, cpu)
+            train_ok = gap == 0
+        ev = c["CSX vs CPU, eval loss"]
+        eval_ok = ev["gap"] is not None and (
+            ev["gap"] <= bf16_unit(max(ev["CPU"], ev["CSX"])) if r["precision"] == "mixed-bf16"
+            else ev["gap"] == 0)
+        equal = f"{'yes' if train_ok and eval_ok else 'no'}: train gap {gap:.3g} ({n} steps)" + \
+            (f", eval gap {ev['gap']:.3g}" if ev["gap"] is not None else ", no eval loss")
+        w = c.get("CSX vs CPU, weights at the last step")
+        if w:
+            equal += f"; weights {w['max_abs_weight_gap']:.2g} (largest {w['max_abs_weight']:.2g})"
+    else:
+        eval_ok, equal = False, "not compared: a training run failed"
+    cells = [ran("CPU train"), ran("CSX train"), f"{ran('CPU eval')} / {ran('CSX eval')}",
+             f"{resumed('CPU')} / {resumed('CSX')}", equal,
+             NO_REAL_PACKAGE.get(r["release"], "not run for time")]
+    ok = all(run["rc"] == 0 for run in runs.values()) and train_ok and eval_ok and all(
+        resumed(b) == "exact" for b in ("CPU", "CSX"))
+    return cells, ok
+
+
+def families_2_10(release: Path) -> list[str]:
+    """The model families of a Release 2.3+ checkout: the folders of ``models/`` with a
+    ``run.py`` (bert's fine-tuning heads as ``bert_<head>``)."""
+    models = code_root(release)[1] / "models"
+    return sorted("_".join(p.parent.relative_to(models).parts[1:])
+                  for p in models.glob("*/**/run.py"))
+
+
+def import_probe(release: Path, python: str, family: str = "gpt3") -> str | None:
+    """Run ``family``'s ``run.py`` of a Release 2.3+ checkout with its shipped configuration on
+    CPU; None when it gets past the imports, else the error it stopped with (its last line)."""
+    root, code = code_root(release)
+    folder = code / "models" / "nlp" / family
+    config = sorted((folder / "configs").glob("*.yaml"))[0]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(root)]),
+               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    done = subprocess.run([python, str(folder / "run.py"), "CPU", "--mode", "train", "--params",
+                           str(config), "--model_dir", "/tmp/cstream-modelzoo-probe"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    lines = [ln for ln in (done.stdout + done.stderr).strip().splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.match(r"\w*(Error|Exception)\b", ln)]
+    if done.returncode == 0 or not errors:
+        return None
+    return re.sub(r" \(/[^)]*\)$", "", errors[-1])  # without the file it names
+
+
+def families_table(release: str, paths: list[Path]) -> str:
+    """The families table of docs/modelzoo.md for one release: a row per family, from the
+    trial results in ``paths`` and, for a family without one, the reason it was not run."""
+    results = {}
+    for path in paths:
+        r = json.loads(path.read_text())
+        if r["release"] == release:
+            results[r["program"]] = r
+    families = FAMILIES_2_2 if release.startswith("Release_2.2") else sorted(results)
+    rows = ["| family | train CPU | train CSX | eval CPU / CSX | resume CPU / CSX | "
+            "CSX = CPU | matches the real package |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    good = []
+    for family in families:
+        if family in results:
+            cells, ok = family_row(results[family])
+            good += [family] * ok
+            precision = results[family]["precision"]
+            rows.append(f"| {family} ({precision}) | " + " | ".join(cells) + " |")
+        else:
+            reason = NOT_RUN_2_2.get(family, "not run for time: the trials on the shared "
+                                     "machine were stopped before it finished")
+            rows.append(f"| {family} | {reason} | | | | | "
+                        f"{NO_REAL_PACKAGE.get(release, 'not run for time')} |")
+    rows.append("")
+    rows.append(f"{len(good)} of {len(families)} families train, evaluate and resume on CSX "
+                f"equal to CPU ({', '.join(good) or 'none'}); 0 of {len(families)} compared with "
+                "the real package.")
+    return "\n".join(rows)
+
+
 def main(argv=None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["--table"]:
         print(table([Path(p) for p in argv[1:]]))
         return 0
+    if argv[:1] == ["--families-table"]:  # --families-table Release_2.2.1 FILE...
+        print(families_table(argv[1], [Path(p) for p in argv[2:]]))
+        return 0
+    if argv[:1] == ["--recompare"]:  # --recompare WORK_ROOT FILE...: add the weights' gap
+        for path in map(Path, argv[2:]):
+            r = json.loads(path.read_text())
+            found = sorted(Path(argv[1]).glob(f"**/{r['release']}-{r['program']}-{r['precision']}"))
+            if found:
+                r["work"] = str(found[0])
+                r["compare"]["CSX vs CPU, weights at the last step"] = weights_gap(found[0],
+                                                                                   r["steps"])
+                path.write_text(json.dumps(r, indent=1) + "\n")
+        return 0
+    if argv[:1] == ["--probe"]:  # --probe RELEASE_PATH PYTHON: the 2.3+ table's rows
+        release, python = Path(argv[1]), argv[2]
+        error = import_probe(release, python)
+        print(f"gpt3 run.py CPU --mode train: {error or 'past the imports'}")
+        reason = f"not run: gpt3's run.py stops with `{error}`, and every program of this " \
+            "release starts through the same `cerebras.modelzoo.trainer`" if error else \
+            "not run for time"
+        print("| family | train CPU | train CSX | eval CPU / CSX | resume CPU / CSX | "
+              "CSX = CPU | matches the real package |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for family in families_2_10(release):
+            print(f"| {family} | {reason} | | | | | not run for time |")
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--release", type=Path, required=True,
                         help="an extracted Model Zoo release (Release_2.0.2, Release_2.2.1, ...)")
-    parser.add_argument("--program", choices=("fc_mnist", "gpt2"), required=True)
+    parser.add_argument("--program", action="append", required=True,
+                        help="a model family (repeatable; 'all' for every family the release "
+                        f"has that this tool runs: Release 2.2 {', '.join(FAMILIES_2_2)})")
     parser.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--work", type=Path, default=Path("/tmp/cstream-modelzoo-trials"))
     parser.add_argument("--pythonpath", action="append", default=[],
                         help="a folder the Model Zoo's imports need (repeatable)")
-    parser.add_argument("--out", type=Path, help="write the figures here as JSON")
+    parser.add_argument("--python", default=sys.executable,
+                        help="the interpreter that runs the programs (a venv with the Model "
+                        "Zoo's requirements)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep the work folder and read the logs of runs that succeeded "
+                        "there instead of running them again")
+    parser.add_argument("--out", type=Path,
+                        help="write the figures here as JSON (a folder with several programs: "
+                        "PROGRAM_RELEASE_PRECISION.json in it)")
     args = parser.parse_args(argv)
-    result = trial(args)
-    for name, run in result["runs"].items():
-        status = "ok" if run["rc"] == 0 else f"FAILED ({run.get('error')})"
-        print(f"{name}: {status}, {len(run['losses'])} losses logged, {run['seconds']} s"
-              + (f", eval loss {run['eval_loss']}" if "eval_loss" in run else ""))
-    for name, figures in result["compare"].items():
-        print(f"{name}: {figures}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-    return 0 if all(run["rc"] == 0 for run in result["runs"].values()) else 1
+    programs = [p for name in args.program for p in (runnable(args.release)
+                                                       if name == "all" else [name])]
+    failed = 0
+    for program in programs:
+        result = trial(args, program)
+        print(f"== {program} ({args.release.name}, {args.precision})")
+        for name, run in result["runs"].items():
+            status = "ok" if run["rc"] == 0 else f"FAILED ({run.get('error')})"
+            print(f"{name}: {status}, {len(run['losses'])} losses logged, {run['seconds']} s"
+                  + (f", eval loss {run['eval_loss']}" if "eval_loss" in run else ""))
+        for name, figures in result["compare"].items():
+            print(f"{name}: {figures}")
+        if args.out:
+            out = args.out
+            if len(programs) > 1 or out.is_dir():
+                out = out / f"{program}_{args.release.name.removeprefix('Release_')}_" \
+                    f"{args.precision}.json"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=1) + "\n")
+        failed += not all(run["rc"] == 0 for run in result["runs"].values())
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

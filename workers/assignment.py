@@ -30,7 +30,7 @@ __all__ = ["Assignment", "AssignmentRecorder", "RoundRobin", "StreamParts", "Wor
 
 _COST_SAMPLES = 4096  # batch costs kept per worker (a uniform sample of all of them)
 _RECENT_COSTS = 64  # the assignment size follows the median of this many recent batch costs
-_CHANGE_SUPPORT_WAIT_S = 60.0  # how long a worker's loader may take to be built, asked this
+_CHANGE_SUPPORT_WAIT_S = 600.0  # how long a worker's loader may take to be built (as the plan waits)
 
 
 @dataclass

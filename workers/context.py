@@ -7,6 +7,7 @@ and which worker of that CS-X it is; in the client and on the CPU backend it rep
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
@@ -73,6 +74,19 @@ def get_worker_state() -> DataLoaderCheckpoint:
             wse_id=info.wse_id,
         )
     return state
+
+
+@contextlib.contextmanager
+def samples_streamed_this_run(count: int):
+    """Inside the block ``get_worker_state().samples_streamed`` is ``count``, the samples the
+    calling worker streamed since this run started (a loader's ``state_dict()`` adds what an
+    earlier part of the run streamed itself, as the Cerebras ``RestartableDataLoader`` does)."""
+    prev = getattr(_local, "state", None)
+    _local.state = dataclasses.replace(get_worker_state(), samples_streamed=int(count))
+    try:
+        yield
+    finally:
+        _local.state = prev
 
 
 @contextlib.contextmanager

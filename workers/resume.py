@@ -27,9 +27,10 @@ from typing import Any
 import torch
 
 from workers import torch_compat
-from workers.context import DataLoaderCheckpoint
+from workers.context import DataLoaderCheckpoint, get_worker_info, samples_streamed_this_run
 from workers.dataloader import DataLoader, EmptyDataLoaderError
 from workers.positions import RoundRobinOrder, StreamPosition, WorkerPosition, start_position
+from workers.wire import leading_dim
 
 POSITION_KEYS = ("epoch", "batch_in_epoch", "loader_state", "loader_state_of", "rng")
 
@@ -364,6 +365,7 @@ class Source:
         self._rng: dict = {}
         self._it: Iterator | None = None
         self._first: Any = None  # a batch drawn ahead by _start_epoch, or _END
+        self.samples_this_run = 0  # what get_worker_state().samples_streamed says to the loader
         # parts that draw index batches and describe their position after the batches the
         # loader produced (ShardedSampler): told of every batch, since a loader with worker
         # processes draws ahead of what it yields
@@ -446,7 +448,7 @@ class Source:
         try:
             if resumed and self.batch_in_epoch:
                 if self.restartable is not None and self._loader_state is not None:
-                    self.restartable[1].load_state_dict(copy.deepcopy(self._loader_state))
+                    self.restartable[1].load_state_dict(self._state_to_load())
                 else:
                     skip, self.batch_in_epoch = self.batch_in_epoch, 0
             self._it = lean_iter(self.loader)
@@ -509,7 +511,29 @@ class Source:
                 self._start_epoch(resumed=False)
                 continue
             self.batch_in_epoch += 1
+            self.samples_this_run += leading_dim(batch)
             return batch
+
+    def _state_to_load(self) -> Any:
+        """The saved state as the restartable part loads it. A part with
+        ``aggregate_state_dict`` / ``deaggregate_state_dict`` (the Cerebras
+        ``RestartableDataLoader`` protocol) loads what its deaggregation of the workers'
+        aggregated states gives: here the one worker's state, aggregated and deaggregated."""
+        state = copy.deepcopy(self._loader_state)
+        part = self.restartable[1]
+        aggregate = getattr(part, "aggregate_state_dict", None)
+        deaggregate = getattr(part, "deaggregate_state_dict", None)
+        if not (callable(aggregate) and callable(deaggregate)):
+            return state
+        workers = get_worker_info().total_num_workers
+        if workers > 1:
+            raise ResumeError(
+                f"input_fn {self.dataloader.input_fn_name}: its {type(part).__name__} "
+                "aggregates the states of all input workers (aggregate_state_dict) and each "
+                f"worker resumes from that aggregate; cstream resumes each of the {workers} "
+                "workers from its own state, so this loader resumes only with one input worker "
+                "in all: set num_csx=1 and num_workers_per_csx=1 for the resumed run.")
+        return deaggregate(aggregate([state]))
 
     def last_sample_ids(self) -> list[int] | None:
         """The sample ids of the batch just returned, where the loader's sampler gave ints."""
@@ -519,7 +543,8 @@ class Source:
         """The restartable part's ``state_dict()`` now (a private copy), or None."""
         if self.restartable is None:
             return None
-        return copy_state(self.restartable[1].state_dict())
+        with samples_streamed_this_run(self.samples_this_run):
+            return copy_state(self.restartable[1].state_dict())
 
     def position(self) -> dict:
         """The position right after the batch just returned (a fresh dict)."""

@@ -10,7 +10,9 @@ from cstream.optim.configure import (configure_optimizer_params, configure_param
                                      configure_scheduler_params)
 from cstream.optim.muon import Muon  # noqa: F401  (in __all__ through OPTIMIZERS)
 from cstream.optim.optimizer import Optimizer
-from cstream.optim.registry import OPTIMIZERS, check_kwargs, optimizer_class, scheduler_class
+from cstream.optim.registry import (
+    IGNORED_SCHEDULER_ARGUMENTS, OPTIMIZERS, check_kwargs, optimizer_class, scheduler_class,
+)
 from cstream.optim.scheduler_config import configure_scheduler
 from cstream.optim.optimizers import (  # noqa: F401  (in __all__ through OPTIMIZERS)
     ASGD, SGD, Adadelta, Adafactor, Adagrad, Adam, Adamax, AdamW, Lamb, Lion, NAdam, RAdam,
@@ -64,13 +66,6 @@ def configure_optimizer(optimizer_type: str, params, **kwargs: Any) -> Optimizer
         kwargs = {k: v for k, v in kwargs.items() if k not in NOT_OPTIMIZER_KEYS}
     check_kwargs(cls, kwargs, "optimizer")
     return cls(params, **kwargs)
-
-
-IGNORED_SCHEDULER_ARGUMENTS = {"LinearLR": ("alpha",),
-                               "PiecewiseConstantLR": ("initial_learning_rate",)}
-"""Arguments the Model Zoo's Release 2.0 configurations give schedulers that do not take them
-(GPT-2 small's ``Linear`` carries ``alpha``; two ``PiecewiseConstant`` schedules carry
-``initial_learning_rate``): dropped with a warning. Any other unknown argument is an error."""
 
 
 def _from_dict(optimizer, spec: dict, where: str):

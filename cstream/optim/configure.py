@@ -10,10 +10,15 @@ configuration's ``optimizer`` section (Release 2.0-2.2 Cerebras flows).
 
 from __future__ import annotations
 
+import inspect
+import logging
+
 import torch
 
-from cstream.optim.registry import check_kwargs, optimizer_class, scheduler_class
+from cstream.optim.registry import IGNORED_SCHEDULER_ARGUMENTS, OPTIMIZERS, scheduler_class
 from workers.torch_compat import NormBase
+
+logger = logging.getLogger("cstream.optim")
 
 _NORMS = (NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm)
 
@@ -53,21 +58,133 @@ def configure_param_groups(model: torch.nn.Module, optimizer_params: dict) -> li
     return list(groups.values())
 
 
-def configure_optimizer_params(optimizer_type: str, kwargs: dict) -> dict:
-    """Check that ``optimizer_type`` names a cstream optimizer and ``kwargs`` are its arguments
-    (an error naming the wrong one otherwise); returns ``kwargs``."""
-    check_kwargs(optimizer_class(optimizer_type), kwargs, "optimizer")
-    return kwargs
+DEPRECATED_OPTIMIZER_ALIASES = {
+    "weight_decay": ("weight_decay_rate",),
+    "betas": (("beta1", "beta2"),),
+    "eps": (("eps1", "eps2"),),
+    "etas": (("eta1", "eta2"),),
+    "step_sizes": (("step_size_min", "step_size_max"),),
+}
+"""Older spellings of optimizer arguments (a name, or names that together make the argument):
+configuration sections that use one are refused with the name to write instead."""
 
 
-def configure_scheduler_params(learning_rate) -> None:
-    """Check a learning-rate setting: a number, or scheduler dicts whose ``scheduler`` names a
-    cstream scheduler (an error naming the unknown one otherwise)."""
-    if isinstance(learning_rate, (int, float)):
-        return
-    specs = learning_rate if isinstance(learning_rate, list) else [learning_rate]
-    for spec in specs:
-        if isinstance(spec, dict) and "scheduler" in spec:
-            scheduler_class(spec["scheduler"])
-        elif isinstance(spec, dict) and "schedulers" in spec:
-            configure_scheduler_params(spec["schedulers"])
+def _signature_shown(cls, signature: inspect.Signature, given: dict) -> str:
+    """``cls(...)`` with each argument's value as given, its default otherwise."""
+    params = []
+    for name, param in list(signature.parameters.items())[1:]:
+        shown = given.get(name, param.default if param.default is not inspect.Parameter.empty
+                          or name in ("params", "optimizer") else "<missing>")
+        params.append(param.replace(default=shown))
+    return f"{cls.__name__}{signature.replace(parameters=params)}"
+
+
+def _refuse_deprecated(cls, found: list[tuple[str, str]]) -> None:
+    if found:
+        raise ValueError(
+            f"{cls.__name__} got the following parameters which are no longer supported. "
+            "Please update your configs to use the new parameters instead."
+            + "".join(f"\n\texpected: {new}, actual: {old}" for new, old in found))
+
+
+def configure_optimizer_params(optimizer_type: str, kwargs: dict) -> tuple[type, dict]:
+    """The optimizer class named ``optimizer_type`` (case-insensitive) and its keyword arguments
+    taken from ``kwargs``, a flattened ``optimizer:`` section: each argument of the class's
+    signature is taken from ``kwargs`` by name, and ``lr`` from ``learning_rate`` (a number; a
+    scheduler configuration, or none, gives the class's default ``lr`` or 0.1, which the
+    scheduler replaces). Keys the class does not take are logged as a warning and left out; an
+    older spelling of an argument (``beta1``/``beta2`` for ``betas``, ...) is an error naming the
+    new one. ``kwargs`` is left as it was.
+
+    >>> cls, kw = configure_optimizer_params("adamw", {"learning_rate": 0.01, "eps": 1e-8})
+    >>> cls.__name__, kw
+    ('AdamW', {'lr': 0.01, 'eps': 1e-08})
+    """
+    by_lower = {k.lower(): v for k, v in OPTIMIZERS.items()}
+    cls = by_lower.get(str(optimizer_type).lower())
+    if cls is None:
+        raise ValueError(f"Invalid optimizer type. Expected one of {sorted(by_lower)}. "
+                         f"Got: {optimizer_type}")
+    rest = dict(kwargs)
+    rate = rest.pop("learning_rate", None)
+    rate = float(rate) if isinstance(rate, (int, float, str)) and not isinstance(rate, bool) \
+        else None
+    signature = inspect.signature(cls.__init__)
+    chosen, deprecated = {}, []
+    for name, param in list(signature.parameters.items())[2:]:  # after self, params
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            chosen.update(rest)
+            rest = {}
+            break
+        if name in rest:
+            chosen[name] = rest.pop(name)
+        elif name in ("lr", "learning_rate"):
+            default = None if param.default is inspect.Parameter.empty else param.default
+            chosen[name] = rate if rate is not None else default if default is not None else 0.1
+        else:
+            for old in DEPRECATED_OPTIMIZER_ALIASES.get(name, ()):
+                if all(o in rest for o in ((old,) if isinstance(old, str) else old)):
+                    deprecated.append((name, old if isinstance(old, str) else ", ".join(old)))
+                    break
+    _refuse_deprecated(cls, deprecated)
+    if rest:
+        logger.warning(
+            f"{cls.__name__} got {len(rest)} unexpected and unused parameters: {sorted(rest)}.\n"
+            f"Please ensure that you specified the correct parameters:\n"
+            f"{_signature_shown(cls, signature, chosen)}\n"
+            "Passing in unused parameters is deprecated behaviour and support for it will be "
+            "removed in a future release.")
+    return cls, chosen
+
+
+DEPRECATED_SCHEDULER_ALIASES = {
+    "total_iters": ("steps", "decay_steps"),
+    "initial_learning_rate": ("learning_rate", "base_lr"),
+    "base_lr": ("learning_rate", "initial_learning_rate"),
+    "learning_rates": ("values",),
+    "milestones": ("boundaries",),
+}
+"""Older spellings of scheduler arguments: refused with the name to write instead."""
+
+
+def configure_scheduler_params(learning_rate) -> tuple[type, dict] | None:
+    """The scheduler class a ``learning_rate`` dict names under ``scheduler`` (case-insensitive,
+    the ``LR`` suffix optional) and its keyword arguments, the rest of the dict; an argument the
+    class does not take is an error naming the class's signature, an older spelling one naming
+    the new. A number (a constant rate) gives None; a list is checked entry by entry (None).
+    ``learning_rate`` is left as it was."""
+    if isinstance(learning_rate, (int, float, str)) and not isinstance(learning_rate, bool):
+        return None
+    if isinstance(learning_rate, (list, tuple)):
+        for spec in learning_rate:
+            configure_scheduler_params(spec)
+        return None
+    if not isinstance(learning_rate, dict) or "scheduler" not in learning_rate:
+        raise ValueError(
+            "learning_rate: a scheduler dict needs a 'scheduler' key naming the class, e.g. "
+            f"{{'scheduler': 'Linear', 'initial_learning_rate': 0.1, ...}}; got {learning_rate!r}.")
+    rest = {k: v for k, v in learning_rate.items() if k not in ("scheduler", "main_scheduler")}
+    cls = scheduler_class(learning_rate["scheduler"])
+    for ignored in IGNORED_SCHEDULER_ARGUMENTS.get(cls.__name__, ()):
+        rest.pop(ignored, None)
+    signature = inspect.signature(cls.__init__)
+    chosen, deprecated = {}, []
+    for name, param in list(signature.parameters.items())[2:]:  # after self, optimizer
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            chosen.update(rest)
+            return cls, chosen
+        if name in rest:
+            chosen[name] = rest.pop(name)
+        elif name.lower() in rest:
+            deprecated.append((name, name.lower()))
+        else:
+            old = next((o for o in DEPRECATED_SCHEDULER_ALIASES.get(name, ()) if o in rest), None)
+            if old is not None:
+                deprecated.append((name, old))
+    _refuse_deprecated(cls, deprecated)
+    if rest:
+        raise ValueError(
+            f"{cls.__name__} got {len(rest)} unexpected parameters: {sorted(rest)}.\n"
+            "Please ensure that you specified the correct parameters:\n"
+            f"{_signature_shown(cls, signature, chosen)}\n")
+    return cls, chosen

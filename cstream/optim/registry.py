@@ -18,6 +18,13 @@ OPTIMIZERS = {cls.__name__: cls for cls in (
     Adafactor, Muon)}
 
 
+IGNORED_SCHEDULER_ARGUMENTS = {"LinearLR": ("alpha",),
+                               "PiecewiseConstantLR": ("initial_learning_rate",)}
+"""Arguments the Model Zoo's Release 2.0 configurations give schedulers that do not take them
+(GPT-2 small's ``Linear`` carries ``alpha``; two ``PiecewiseConstant`` schedules carry
+``initial_learning_rate``): dropped with a warning. Any other unknown argument is an error."""
+
+
 def optimizer_class(optimizer_type: str):
     """The class of :data:`OPTIMIZERS` that ``optimizer_type`` names (case-insensitive); an error
     listing them otherwise."""
