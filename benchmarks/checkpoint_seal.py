@@ -18,14 +18,14 @@ from pathlib import Path
 import torch
 
 import cstream
-from cstream import checkpoint_h5
-from cstream.saving import _fsync, to_eager
+from cstream.checkpoint import h5
+from cstream.checkpoint.saving import _fsync, to_eager
 
 
 def save_unsealed(obj, path: Path) -> None:
     """cstream.save's steps without the seal: the baseline."""
     tmp = path.parent / f".{path.name}.tmp"
-    checkpoint_h5.write(obj, tmp, writer="cstream benchmark")
+    h5.write(obj, tmp, writer="cstream benchmark")
     _fsync(tmp)
     os.replace(tmp, path)
     _fsync(path.parent)

@@ -40,7 +40,7 @@ from cstream.errors import (  # noqa: E402
     WorkerCrashLoopError,
 )
 from cstream.rng import get_rng_state, manual_seed, set_rng_state  # noqa: E402
-from cstream.saving import load, save  # noqa: E402
+from cstream.checkpoint.saving import load, save  # noqa: E402
 from cstream.summaries import summarize_scalar, summarize_tensor  # noqa: E402
 from cstream.utils.constant import make_constant  # noqa: E402
 from cstream.utils.data.utils import from_numpy, to_numpy  # noqa: E402

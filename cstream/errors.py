@@ -1,6 +1,6 @@
 """Errors users meet, most re-exported at the top level."""
 
-from cstream._lazy import CheckpointError
+from cstream.checkpoint.lazy import CheckpointError
 from executor.engine.errors import CompileError, TracingError
 from workers.errors import (
     AutoscaleError,

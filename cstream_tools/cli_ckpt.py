@@ -53,7 +53,7 @@ def add_parser(subparsers) -> None:
 
 
 def inspect(args: argparse.Namespace) -> int:
-    from cstream.saving import describe_and_layout
+    from cstream.checkpoint.saving import describe_and_layout
 
     if os.path.isdir(args.file):
         return _inspect_folder(Path(args.file))
@@ -78,8 +78,8 @@ def inspect(args: argparse.Namespace) -> int:
 
 def _inspect_folder(folder: Path) -> int:
     """One line per checkpoint in ``folder``, oldest first: intact (and its layout) or damaged."""
-    from cstream import checkpoint_guard
-    from cstream.saving import CheckpointError, layout, looks_like_checkpoint
+    from cstream.checkpoint import guard
+    from cstream.checkpoint.saving import CheckpointError, layout, looks_like_checkpoint
 
     files = sorted((p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")
                     and (p.suffix in CHECKPOINT_SUFFIXES or looks_like_checkpoint(p))),
@@ -93,7 +93,7 @@ def _inspect_folder(folder: Path) -> int:
         try:
             written = layout(path)
             with open(path, "rb") as f:
-                sealed = checkpoint_guard.is_sealed(f.read(len(checkpoint_guard.TAG)))
+                sealed = guard.is_sealed(f.read(len(guard.TAG)))
             state = (f"intact (its checksum matches): {written}" if sealed else
                      f"readable (it has no checksum; its tensors are not checked): {written}")
         except CheckpointError as e:
@@ -112,7 +112,7 @@ def _inspect_folder(folder: Path) -> int:
 def convert(args: argparse.Namespace) -> int:
     import torch
 
-    from cstream.saving import load, save, to_eager
+    from cstream.checkpoint.saving import load, save, to_eager
 
     src, dst = Path(args.src), Path(args.dst)
     target = args.to or ("compressed" if dst.suffix in CHECKPOINT_SUFFIXES else "torch")

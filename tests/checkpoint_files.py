@@ -7,13 +7,13 @@ import zlib
 import h5py
 import numpy as np
 
-from cstream import checkpoint_h5
+from cstream.checkpoint import h5
 
 
 def write_unsealed(obj, path) -> None:
     """A file as cstream 0.1 wrote it before it sealed its files: no user block, tensors
     uncompressed and contiguous, each with the CRC-32 of its values in ``cstream.crc32``."""
-    checkpoint_h5.write(obj, path, writer="cstream 0.1.0", compress=False)
+    h5.write(obj, path, writer="cstream 0.1.0", compress=False)
     with h5py.File(path, "r+") as f:
         for name, ds in f.items():
             if ds.attrs.get("__NUMPY__"):

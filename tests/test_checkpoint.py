@@ -26,8 +26,8 @@ import pytest
 import torch
 
 import cstream
-from cstream import checkpoint_guard
-from cstream.saving import CheckpointError, describe
+from cstream.checkpoint import guard
+from cstream.checkpoint.saving import CheckpointError, describe, layout
 from checkpoint_files import values_offset, write_unsealed
 
 REPO = Path(__file__).resolve().parents[1]
@@ -273,8 +273,8 @@ def _edited(path):
     with h5py.File(path, "r+") as f:
         yield f
     with open(path, "r+b") as fh:
-        fh.write(bytes(checkpoint_guard.USERBLOCK))
-    checkpoint_guard.seal(path)
+        fh.write(bytes(guard.USERBLOCK))
+    guard.seal(path)
 
 
 def _with_pickle(path, key, payload: bytes):
@@ -515,8 +515,8 @@ def test_describe_lists_entries_without_reading_tensor_values(tmp_path):
         fh.seek(offset)
         fh.write(b"\xff")
         fh.seek(0)
-        fh.write(bytes(checkpoint_guard.USERBLOCK))
-    checkpoint_guard.seal(path)
+        fh.write(bytes(guard.USERBLOCK))
+    guard.seal(path)
     assert describe(path) == [
         {"key": "model/w", "type": "tensor", "dtype": "bfloat16", "shape": (2, 3), "nbytes": 12},
         {"key": "groups[0]/lr", "type": "float", "value": 0.5},
@@ -639,7 +639,7 @@ def test_a_flipped_byte_anywhere_in_a_sealed_file_is_refused_before_hdf5_reads_i
     got = zlib.crc32(path.read_bytes()[512:])
     message = (f"{path} is not a readable checkpoint: "
                + what.format(got=f"{got:08x}", crc=f"{crc:08x}") + _advice(path))
-    for read in (cstream.load, describe, cstream.saving.layout):
+    for read in (cstream.load, describe, layout):
         with pytest.raises(CheckpointError) as info:
             read(path)
         assert str(info.value) == message
@@ -693,7 +693,7 @@ def test_the_damaged_global_heap_of_an_unsealed_file_is_refused_before_hdf5_loop
 def test_the_heap_scan_finds_a_collection_whose_signature_straddles_two_windows(tmp_path, monkeypatch,
                                                                                window):
     """The scan maps the file in windows (16 MiB); a ``GCOL`` cut by a window's end is found too."""
-    monkeypatch.setattr(checkpoint_guard, "_WINDOW", window)
+    monkeypatch.setattr(guard, "_WINDOW", window)
     path = REPO / "tests" / "data" / "corrupt_global_heap.h5"
     with pytest.raises(CheckpointError, match="the global heap collection at byte 10240 is damaged"):
         cstream.load(path)
@@ -702,11 +702,11 @@ def test_the_heap_scan_finds_a_collection_whose_signature_straddles_two_windows(
         data[at:at + 4] = b"GCOL"
     (tmp_path / "f").write_bytes(data)
     with open(tmp_path / "f", "rb") as f:
-        assert list(checkpoint_guard._signatures(f, b"GCOL")) == [
+        assert list(guard._signatures(f, b"GCOL")) == [
             i for i in range(len(data)) if data.startswith(b"GCOL", i)]
-        assert len(list(checkpoint_guard._signatures(f, b"GCOL"))) == 5
+        assert len(list(guard._signatures(f, b"GCOL"))) == 5
         for start, length in ((0, len(data)), (512, len(data)), (window + 5, window), (7, 0)):
-            assert checkpoint_guard._crc32(f, start, length) == zlib.crc32(data[start:start + length])
+            assert guard._crc32(f, start, length) == zlib.crc32(data[start:start + length])
 
 
 def test_a_damaged_object_header_of_an_unsealed_file_is_read_by_a_child_process_first(tmp_path):
@@ -730,7 +730,7 @@ def test_a_structure_hdf5_reads_for_ever_is_cut_off_by_the_probes_time_limit(tmp
     any probe) HDF5 loops for ever, and the probe is killed after its limit."""
     path = REPO / "tests" / "data" / "corrupt_global_heap.h5"
     with pytest.raises(CheckpointError) as info:
-        checkpoint_guard.probe(str(path), timeout_s=3)
+        guard.probe(str(path), timeout_s=3)
     assert str(info.value) == (
         f"{path} is not a readable checkpoint: HDF5 did not finish reading its structure within "
         "3 s (a damaged file can keep HDF5 busy for ever)." + _advice(path))

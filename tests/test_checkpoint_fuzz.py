@@ -29,8 +29,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cstream
-from cstream import checkpoint_guard
-from cstream.saving import CheckpointError, to_eager
+from cstream.checkpoint import guard
+from cstream.checkpoint.saving import CheckpointError, to_eager
 from checkpoint_files import write_unsealed
 
 REPO = Path(__file__).resolve().parents[1]
@@ -101,7 +101,7 @@ sys.stdout = os.fdopen(os.dup(1), "w")
 os.dup2(2, 1)
 resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))  # a damaged size must not take the host
 import cstream
-from cstream.saving import CheckpointError, describe, to_eager
+from cstream.checkpoint.saving import CheckpointError, describe, to_eager
 sys.path.insert(0, sys.argv[1])
 from records import record
 print(json.dumps({"ready": True}), flush=True)
@@ -196,7 +196,7 @@ def _base(name: str, path: Path) -> Base:
             metadata.append((at, start))
         at = max(at, end)
     metadata.append((at, len(data)))
-    return Base(name, data, metadata, checkpoint_guard.is_sealed(data))
+    return Base(name, data, metadata, guard.is_sealed(data))
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,12 @@ import pytest
 import torch
 
 import cstream as cstorch
-from cstream import checkpoint_guard
-from cstream.saving import CheckpointError, describe
+from cstream.checkpoint import guard
+from cstream.checkpoint.h5 import H5Checkpoint
+from cstream.checkpoint.h5_legacy import LegacyH5Checkpoint
+from cstream.checkpoint.opener import open_checkpoint
+from cstream.checkpoint.saving import CheckpointError, describe
+from cstream.checkpoint.v2 import V2Checkpoint
 from reference.tolerance import assert_number_close, assert_tensor_close
 
 # compares with numbers another program made on another CPU (make test reruns these under
@@ -71,6 +75,30 @@ def test_files_the_real_package_wrote_load_with_the_same_keys_dtypes_and_values(
     assert got == want, _first_difference(got, want)
 
 
+@pytest.mark.parametrize("path, reader, opens, layout", [
+    (FIXTURES / "ckpt_real_state.h5", H5Checkpoint, 1,
+     "cerebras.pytorch layout 0.5, written by cerebras.pytorch 2.10.0"),
+    (FIXTURES / "ckpt_legacy_0_4.h5", LegacyH5Checkpoint, 1,
+     "cerebras.pytorch layout 0.4, written by cerebras.pytorch 2.0.3"),
+    (Path(__file__).resolve().parent / "data" / "cstream_v2_layout.h5", V2Checkpoint, 0,
+     "cstream's earlier layout (version 2), written by cstream 0.1"),
+])
+def test_the_opener_reads_the_layout_version_once_and_gives_that_layouts_reader(
+        monkeypatch, path, reader, opens, layout):
+    opened = []
+    h5_file = h5py.File
+
+    def counted(name, *args, **kwargs):
+        opened.append(os.fspath(name))
+        return h5_file(name, *args, **kwargs)
+
+    monkeypatch.setattr(h5py, "File", counted)
+    checkpoint = open_checkpoint(path, "test")
+    assert type(checkpoint) is reader and checkpoint.layout == layout
+    assert opened == [os.fspath(path)] * opens  # HDF5 opens the file once, the v2 reader never
+    assert record(checkpoint.load(None)) == record(cstorch.load(path))
+
+
 def test_the_real_files_hold_compressed_tied_and_pickled_entries_cstream_decodes():
     path = FIXTURES / "ckpt_real_state.h5"
     with h5py.File(path, "r") as f:  # what makes the file the real package's own
@@ -100,7 +128,7 @@ def test_a_file_cstream_wrote_loads_in_the_real_package_with_the_same_keys_dtype
     # the real package read this very file, sealed as cstream.save seals every file (a user block
     # with its length and checksum before the HDF5 data)
     assert read_by_real["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
-    assert checkpoint_guard.is_sealed(path.read_bytes()[:512])
+    assert guard.is_sealed(path.read_bytes()[:512])
     with h5py.File(path, "r") as f:  # every tensor but the 0-d ones through the LZ4 filter, or none
         tensors = [f[k] for k in f if f[k].attrs.get("__NUMPY__")]
         lz4 = [ds.name for ds in tensors if [f[0] for f in _filters(ds)] == [32004]]

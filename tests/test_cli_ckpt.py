@@ -13,7 +13,7 @@ import torch
 
 import cstream
 from cstream_tools.cli import main
-from cstream.saving import to_eager
+from cstream.checkpoint.saving import to_eager
 
 REPO = Path(__file__).resolve().parents[1]
 CONSOLE_SCRIPT = Path(sys.executable).parent / "cstream"

@@ -10,8 +10,8 @@ from __future__ import annotations
 import h5py
 import torch
 
-from cstream import saving
-from cstream._lazy import CheckpointError
+from cstream.checkpoint import saving
+from cstream.checkpoint.lazy import CheckpointError
 
 
 def _flatten(obj, prefix: str, out: list) -> list:

@@ -1,4 +1,4 @@
-"""Names of a checkpoint's root attributes (see :mod:`cstream.checkpoint_h5`)."""
+"""Names of a checkpoint's root attributes (see :mod:`cstream.checkpoint.h5`)."""
 
 __VERSION__ = "__version__"
 """The attribute holding the checkpoint layout's version (0.5)."""

@@ -130,7 +130,7 @@ def loads(data: bytes):
     >>> loads(pickle.dumps(os.system))
     Traceback (most recent call last):
     ...
-    cstream._safe_pickle.UnsafePickleError: posix.system
+    cstream.checkpoint.safe_pickle.UnsafePickleError: posix.system
     >>> loads(b"\\x80\\x04X\\xff\\xff\\xff\\xff")  # a string's length past the end
     Traceback (most recent call last):
     ...

@@ -20,7 +20,7 @@ Python-side timeout can stop it. So every file is checked here first:
   object headers, B-trees, fractal heaps) and refuses a damaged one itself. Files of the older
   format (superblock 0 or 1, as the real package writes) have no such checksums, and a damaged
   object header can crash HDF5; for them :func:`probe` has a child process
-  (:mod:`cstream._h5_probe`) read every attribute, type, shape and chunk index of the file, the
+  (:mod:`cstream.checkpoint._h5_probe`) read every attribute, type, shape and chunk index of the file, the
   structure a load reads. A child that crashes, fails or runs past :data:`PROBE_TIMEOUT_S` makes
   the file refused; one that passes read the same bytes with the same HDF5 the caller then uses.
   The child is started once (~0.3 s: it imports h5py) and kept for later files.
@@ -42,7 +42,7 @@ from pathlib import Path
 
 from isal import isal_zlib
 
-from cstream._lazy import CheckpointError
+from cstream.checkpoint.lazy import CheckpointError
 
 TAG = b"\x89CSTREAM-H5-CHECKSUM\r\n\x1a\n"
 USERBLOCK = 512
@@ -51,7 +51,7 @@ HEADER_VERSION = 1
 _HEADER = struct.Struct("<24sIIQI")
 _NOTE = (b"\ncstream checkpoint: an HDF5 file follows this 512-byte user block, which holds the "
          b"file's length and the CRC-32 of everything after the block.\n")
-_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # an HDF5 file's first bytes (or after a user block)
 _WINDOW = 16 << 20  # a multiple of mmap.ALLOCATIONGRANULARITY
 _GCOL_HEADER = 16  # "GCOL", version, 3 reserved bytes, collection size (8 bytes)
 _OBJECT_HEADER = 16  # index (2), reference count (2), reserved (4), object size (8)
@@ -107,7 +107,7 @@ def seal(path) -> None:
     ``userblock_size=USERBLOCK``): its length and checksum, and the checksum of the block."""
     with open(path, "r+b") as f:
         length = os.fstat(f.fileno()).st_size
-        if f.read(USERBLOCK) != bytes(USERBLOCK) or f.read(8) != _HDF5_SIGNATURE:
+        if f.read(USERBLOCK) != bytes(USERBLOCK) or f.read(8) != HDF5_SIGNATURE:
             raise RuntimeError(f"{path} has no empty {USERBLOCK}-byte user block before its HDF5 data")
         crc = _crc32(f, USERBLOCK, length - USERBLOCK)
         block = bytearray(USERBLOCK)
@@ -128,7 +128,7 @@ def check(path: str, head: bytes) -> None:
     size = os.path.getsize(path)
     if is_sealed(head):
         _check_sealed(path, size)
-    elif head.startswith(_HDF5_SIGNATURE):
+    elif head.startswith(HDF5_SIGNATURE):
         old_format = len(head) <= 8 or head[8] < 2  # superblock 0 or 1: no checksums on structures
         if old_format:
             _PROBER.start()  # its start (importing h5py) overlaps the heap scan
@@ -219,7 +219,7 @@ def _global_heap_problem(data, at: int, size: int) -> str | None:
 
 
 class _Prober:
-    """The child process running :mod:`cstream._h5_probe`, started on first use and kept (importing
+    """The child process running :mod:`cstream.checkpoint._h5_probe`, started on first use and kept (importing
     h5py costs ~0.3 s); killed and started afresh after a probe it did not answer in time."""
 
     def __init__(self):

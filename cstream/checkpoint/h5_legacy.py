@@ -1,10 +1,10 @@
 """Reading the checkpoint layouts of ``cerebras.pytorch`` 2.0 and earlier (``__version__`` 0.1-0.4).
 
-What differs from layout 0.5 (:mod:`cstream.checkpoint_h5`), as the real package's legacy reader
+What differs from layout 0.5 (:mod:`cstream.checkpoint.h5`), as the real package's legacy reader
 (``cerebras.pytorch.storage._legacy``) reads it:
 
 * the root attribute ``__spec__`` is the hex text of a ``dill`` pickle of the
-  ``torch.utils._pytree`` tree spec: read by :func:`cstream._safe_pickle.loads_spec`, which admits
+  ``torch.utils._pytree`` tree spec: read by :func:`cstream.checkpoint.safe_pickle.loads_spec`, which admits
   the spec's classes and container types only, so a spec that would run code is refused, naming
   what it calls;
 * every leaf is a dataset named by its dotted key path, percent-encoded
@@ -27,9 +27,9 @@ import urllib.parse
 import numpy as np
 import torch
 
-from cstream import _safe_pickle
-from cstream._lazy import CheckpointError, Lazy
-from cstream.checkpoint_h5 import _H5_ERRORS, H5Checkpoint, _Node, one, where_of
+from cstream.checkpoint import safe_pickle
+from cstream.checkpoint.lazy import CheckpointError, Lazy
+from cstream.checkpoint.h5 import _H5_ERRORS, H5Checkpoint, _Node, one, where_of
 
 _KINDS = {dict: "builtins.dict", list: "builtins.list", tuple: "builtins.tuple"}
 
@@ -37,13 +37,8 @@ _KINDS = {dict: "builtins.dict", list: "builtins.list", tuple: "builtins.tuple"}
 class LegacyH5Checkpoint(H5Checkpoint):
     """An open checkpoint in a layout of ``cerebras.pytorch`` 2.0 and earlier."""
 
-    def _read_root(self) -> dict:
-        try:
-            attrs = dict(self.file.attrs)
-        except _H5_ERRORS as e:
-            raise self.error(f"its attributes cannot be read ({' '.join(str(e).split())})") from e
-        self.version = float(attrs["__version__"])
-        return attrs
+    def _check_root(self) -> None:
+        pass  # these layouts have no __SUCCESS__ attribute
 
     @property
     def writer(self) -> str:
@@ -56,13 +51,13 @@ class LegacyH5Checkpoint(H5Checkpoint):
         except (TypeError, ValueError) as e:
             raise self.error("its __spec__ is not the hex text of a pickled tree spec") from e
         try:
-            spec = _safe_pickle.loads_spec(data)
-        except _safe_pickle.UnsafePickleError as e:
+            spec = safe_pickle.loads_spec(data)
+        except safe_pickle.UnsafePickleError as e:
             raise CheckpointError(
                 f"{self.path}: its tree spec (__spec__) is a pickle that names {e.name}, which "
                 "cstream refuses to load: a spec holds only torch.utils._pytree.TreeSpec, LeafSpec "
                 "and container types, and loading a file never runs code from it.") from e
-        except pickle.UnpicklingError as e:  # any damage (see _safe_pickle._load)
+        except pickle.UnpicklingError as e:  # any damage (see safe_pickle._load)
             raise self.error(f"its tree spec cannot be unpickled ({type(e).__name__}: {e})") from e
         return self._node(spec, "/")
 
@@ -72,7 +67,7 @@ class LegacyH5Checkpoint(H5Checkpoint):
         kind, context = getattr(spec, "type", None), getattr(spec, "context", None)
         children = getattr(spec, "children_specs", None)
         if not isinstance(children, list) or not all(isinstance(
-                c, _safe_pickle.SpecNode) for c in children):
+                c, safe_pickle.SpecNode) for c in children):
             raise self.error(f"its tree spec is malformed at {where}")
         if kind is dict or getattr(kind, "__name__", None) == "OrderedDict":
             if not (isinstance(context, list) and len(context) == len(children)
@@ -131,7 +126,7 @@ class LegacyH5Checkpoint(H5Checkpoint):
 
 def _torch_dtype(np_dtype: np.dtype):
     try:
-        # the values are read in this machine's byte order (checkpoint_h5.H5Checkpoint._values)
+        # the values are read in this machine's byte order (h5.H5Checkpoint._values)
         return torch.from_numpy(np.empty(0, dtype=np_dtype.newbyteorder("="))).dtype
     except TypeError:
         return None

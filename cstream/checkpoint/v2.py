@@ -1,7 +1,7 @@
 """Reading checkpoints in cstream's own earlier layout (format "cstream.checkpoint", version 2).
 
 cstream 0.1 wrote this layout; :func:`cstream.save` now writes the ``cerebras.pytorch`` layout
-(:mod:`cstream.checkpoint_h5`) and this module keeps files of the earlier layout loading. It is an
+(:mod:`cstream.checkpoint.h5`) and this module keeps files of the earlier layout loading. It is an
 HDF5 file whose nodes mirror the saved object, with a 512-byte user block starting with
 :data:`MAGIC` and, after HDF5's end of data, an index (JSON) and a 32-byte footer (``<8sQQI4s``:
 ``b"CSTRMIDX"``, index offset, index length, CRC-32 of the index, ``b"END\\n"``). The index lists
@@ -22,7 +22,7 @@ import zlib
 import numpy as np
 import torch
 
-from cstream._lazy import CheckpointError, Lazy, LazyDict, real
+from cstream.checkpoint.lazy import CheckpointError, Lazy, LazyDict, real
 
 FORMAT = "cstream.checkpoint"
 VERSION = 2
@@ -208,44 +208,51 @@ def _items(file: _File, e: dict, where: str) -> list:
     return items
 
 
-def load(path: str, device):
-    """The object a version-2 file holds; tensors of dicts are read when first touched."""
-    file = _File(path)
-    try:
-        return real(_build(file, file.index["root"], "/", device))
-    except RecursionError as e:
-        raise file.error("its structure is nested too deeply") from e
+class V2Checkpoint:
+    """An open version-2 checkpoint (:func:`cstream.checkpoint.opener.open_checkpoint` makes it)."""
 
+    layout = f"cstream's earlier layout (version {VERSION}), written by cstream 0.1"
 
-def describe(path: str) -> list[dict]:
-    """Every entry of a version-2 file, from its index only (see :func:`cstream.saving.describe`)."""
-    file = _File(path)
-    out: list[dict] = []
+    def __init__(self, path: str):
+        self.file = _File(path)
 
-    def walk(e, key: str):
-        kind = e.get("k") if isinstance(e, dict) else None
-        if kind == "tensor":
-            _check_tensor_entry(file, e, key or "/")
-            out.append({"key": key or "/", "type": "tensor", "dtype": e["dtype"],
-                        "shape": tuple(e["shape"]), "nbytes": e["nbytes"]})
-        elif kind in ("dict", "list", "tuple"):
-            items = _items(file, e, key or "/")
-            if not items:
-                out.append({"key": key or "/", "type": kind,
-                            "value": {"dict": {}, "list": []}.get(kind, ())})
-            for i, item in enumerate(items):
-                if kind != "dict":
-                    walk(item, f"{key}[{i}]")
-                elif isinstance(item, list) and len(item) == 2 and type(item[0]) in (int, str):
-                    walk(item[1], _child_path(key, item[0]))
-                else:
-                    raise file.error(f"the dict {key or '/'} has a malformed item")
-        else:
-            value = _build(file, e, key or "/", None)
-            out.append({"key": key or "/", "type": type(value).__name__, "value": value})
+    def load(self, device):
+        """The object the file holds; tensors of dicts are read when first touched."""
+        try:
+            return real(_build(self.file, self.file.index["root"], "/", device))
+        except RecursionError as e:
+            raise self.file.error("its structure is nested too deeply") from e
 
-    try:
-        walk(file.index["root"], "")
-    except RecursionError as e:
-        raise file.error("its structure is nested too deeply") from e
-    return out
+    def describe(self) -> list[dict]:
+        """Every entry of the file, from its index only (see
+        :func:`cstream.checkpoint.saving.describe`)."""
+        file = self.file
+        out: list[dict] = []
+
+        def walk(e, key: str):
+            kind = e.get("k") if isinstance(e, dict) else None
+            if kind == "tensor":
+                _check_tensor_entry(file, e, key or "/")
+                out.append({"key": key or "/", "type": "tensor", "dtype": e["dtype"],
+                            "shape": tuple(e["shape"]), "nbytes": e["nbytes"]})
+            elif kind in ("dict", "list", "tuple"):
+                items = _items(file, e, key or "/")
+                if not items:
+                    out.append({"key": key or "/", "type": kind,
+                                "value": {"dict": {}, "list": []}.get(kind, ())})
+                for i, item in enumerate(items):
+                    if kind != "dict":
+                        walk(item, f"{key}[{i}]")
+                    elif isinstance(item, list) and len(item) == 2 and type(item[0]) in (int, str):
+                        walk(item[1], _child_path(key, item[0]))
+                    else:
+                        raise file.error(f"the dict {key or '/'} has a malformed item")
+            else:
+                value = _build(file, e, key or "/", None)
+                out.append({"key": key or "/", "type": type(value).__name__, "value": value})
+
+        try:
+            walk(file.index["root"], "")
+        except RecursionError as e:
+            raise file.error("its structure is nested too deeply") from e
+        return out

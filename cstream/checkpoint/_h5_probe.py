@@ -1,6 +1,6 @@
 """Reads every piece of an HDF5 file's structure that a checkpoint load reads, in a child process.
 
-:func:`cstream.checkpoint_guard.probe` runs this file as ``python -I _h5_probe.py MEMORY_BYTES`` (it
+:func:`cstream.checkpoint.guard.probe` runs this file as ``python -I _h5_probe.py MEMORY_BYTES`` (it
 imports only h5py and the standard library, and takes at most that much memory) and keeps it
 running: for each line it reads (a file's path, as a
 JSON string) it opens that file, reads every attribute of every object, and for every dataset its

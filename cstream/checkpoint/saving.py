@@ -1,10 +1,11 @@
 """Checkpoints: ``cstream.save`` / ``cstream.load``, in the file layout of ``cerebras.pytorch``.
 
-:func:`save` writes the real package's HDF5 layout (described in :mod:`cstream.checkpoint_h5`), so a
+:func:`save` writes the real package's HDF5 layout (described in :mod:`cstream.checkpoint.h5`), so a
 file saved by cstream loads with ``cerebras.pytorch.load`` and the other way round. :func:`load`
-reads that layout and cstream's own earlier one (:mod:`cstream.checkpoint_v2`), telling them apart by
-the file's first bytes. Loading never runs code from the file: the few pickled values the real
-layout holds are read by an unpickler that admits only plain types (:mod:`cstream._safe_pickle`).
+reads that layout, the real package's earlier ones and cstream's own earlier one
+(:mod:`cstream.checkpoint.v2`): :func:`cstream.checkpoint.opener.open_checkpoint` tells them apart
+and gives the reader. Loading never runs code from the file: the few pickled values the real layout
+holds are read by an unpickler that admits only plain types (:mod:`cstream.checkpoint.safe_pickle`).
 """
 
 from __future__ import annotations
@@ -16,14 +17,12 @@ from typing import Any
 
 import torch
 
-from cstream import checkpoint_guard, checkpoint_h5, checkpoint_v2
-from cstream._lazy import CheckpointError, LazyDict
+from cstream.checkpoint import guard, h5
+from cstream.checkpoint.lazy import CheckpointError, LazyDict
+from cstream.checkpoint.opener import looks_like_checkpoint, open_checkpoint, path_argument
 
 __all__ = ["CheckpointError", "LazyDict", "describe", "describe_and_layout", "layout", "load",
            "looks_like_checkpoint", "save", "to_eager"]
-
-_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
-
 
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
@@ -36,15 +35,6 @@ def _version() -> str:
 
 def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())
-
-
-def _check_path_argument(path, fn: str) -> str:
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(
-            f"{fn} takes a file path (str or os.PathLike), got {type(path).__name__}: {path!r}. "
-            "File objects are not supported: pass the path of the checkpoint file."
-        )
-    return os.fspath(path)
 
 
 def save(obj: Any, path, *, compress: bool = True) -> None:
@@ -70,7 +60,7 @@ def save(obj: Any, path, *, compress: bool = True) -> None:
     >>> state["step"], state["betas"], state["w"]
     (3, (0.9, 0.99), tensor([1., 1.]))
     """
-    path = Path(_check_path_argument(path, "cstream.save"))
+    path = Path(path_argument(path, "cstream.save"))
     if path.is_dir():
         raise IsADirectoryError(f"cstream.save: {path} is a directory; pass a file path like "
                                 f"{path / 'checkpoint.h5'}")
@@ -78,9 +68,9 @@ def save(obj: Any, path, *, compress: bool = True) -> None:
     tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # the umask applies
     try:
-        checkpoint_h5.write(obj, tmp, writer=f"cstream {_version()}",
-                            userblock_size=checkpoint_guard.USERBLOCK, compress=compress)
-        checkpoint_guard.seal(tmp)
+        h5.write(obj, tmp, writer=f"cstream {_version()}",
+                 userblock_size=guard.USERBLOCK, compress=compress)
+        guard.seal(tmp)
         _fsync(tmp)
         os.replace(tmp, path)
     except BaseException:
@@ -103,49 +93,6 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _heads(path) -> tuple[bytes, bytes]:
-    """The file's first bytes and those after a user block: what tells its format."""
-    with open(path, "rb") as fh:
-        head = fh.read(len(checkpoint_guard.TAG))
-        fh.seek(checkpoint_guard.USERBLOCK)
-        return head, fh.read(len(_HDF5_SIGNATURE))
-
-
-def looks_like_checkpoint(path) -> bool:
-    """Whether the file at ``path`` starts as a checkpoint :func:`load` reads (cstream's seal, HDF5
-    at its start or after a user block, cstream's earlier layout), damaged or not, whatever its
-    name."""
-    head, after_userblock = _heads(path)
-    return (head.startswith((checkpoint_v2.MAGIC, _HDF5_SIGNATURE)) or after_userblock == _HDF5_SIGNATURE
-            or bool(head) and checkpoint_guard.TAG.startswith(head))  # sealed, or cut inside the tag
-
-
-def _open(path, fn: str):
-    """The reader for the file at ``path``: cstream's earlier layout or the real package's."""
-    path = _check_path_argument(path, fn)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    if os.path.isdir(path):
-        raise CheckpointError(f"{path} is a directory, not a checkpoint file.")
-    head, after_userblock = _heads(path)
-    if head.startswith(checkpoint_v2.MAGIC):
-        return checkpoint_v2
-    if not head:
-        raise checkpoint_guard.damaged(path, "it is empty (0 bytes): its writer stopped before it "
-                                             "wrote anything")
-    if len(head) < len(checkpoint_guard.TAG) and checkpoint_guard.TAG.startswith(head):
-        raise checkpoint_guard.damaged(path, f"it is truncated: it has {len(head)} bytes, fewer "
-                                             "than its header")
-    if not (checkpoint_guard.is_sealed(head) or head.startswith(_HDF5_SIGNATURE)
-            or after_userblock == _HDF5_SIGNATURE):
-        raise CheckpointError(
-            f"{path} is not a readable checkpoint: it is not an HDF5 file (it does not start with "
-            "the HDF5 signature); cstream.load reads files written by cstream.save or "
-            "cerebras.pytorch.save.")
-    checkpoint_guard.check(path, head)  # before HDF5 reads any of it
-    return checkpoint_h5
 
 
 def _device_function(map_location):
@@ -201,11 +148,7 @@ def load(path, map_location=None):
     <All keys matched successfully>
     """
     device = _device_function(map_location)
-    path = _check_path_argument(path, "cstream.load")
-    reader = _open(path, "cstream.load")
-    if reader is checkpoint_v2:
-        return checkpoint_v2.load(path, device)
-    return checkpoint_h5.open_checkpoint(path).load(device)
+    return open_checkpoint(path, "cstream.load").load(device)
 
 
 def to_eager(obj):
@@ -232,29 +175,13 @@ def describe(path) -> list[dict]:
     >>> [(e["key"], e["type"], e.get("shape", e.get("value"))) for e in describe(path)]
     [('w', 'tensor', (2, 3)), ('step', 'int', 3)]
     """
-    path = _check_path_argument(path, "describe")
-    if _open(path, "describe") is checkpoint_v2:
-        return checkpoint_v2.describe(path)
-    return checkpoint_h5.open_checkpoint(path).describe()
+    return open_checkpoint(path, "describe").describe()
 
 
 def describe_and_layout(path) -> tuple[list[dict], str]:
     """:func:`describe` and :func:`layout` of one checkpoint, from one opening of the file."""
-    path = _check_path_argument(path, "describe")
-    if _open(path, "describe") is checkpoint_v2:
-        return checkpoint_v2.describe(path), _V2_LAYOUT
-    checkpoint = checkpoint_h5.open_checkpoint(path)
-    return checkpoint.describe(), _h5_layout(checkpoint)
-
-
-_V2_LAYOUT = f"cstream's earlier layout (version {checkpoint_v2.VERSION}), written by cstream 0.1"
-
-
-def _h5_layout(checkpoint) -> str:
-    writer = checkpoint.writer
-    if not writer.startswith("cstream"):
-        writer = f"cerebras.pytorch {writer}"
-    return f"cerebras.pytorch layout {checkpoint.version}, written by {writer}"
+    checkpoint = open_checkpoint(path, "describe")
+    return checkpoint.describe(), checkpoint.layout
 
 
 def layout(path) -> str:
@@ -266,7 +193,4 @@ def layout(path) -> str:
     >>> layout(path).startswith("cerebras.pytorch layout 0.5, written by cstream ")
     True
     """
-    path = _check_path_argument(path, "layout")
-    if _open(path, "layout") is checkpoint_v2:
-        return _V2_LAYOUT
-    return _h5_layout(checkpoint_h5.open_checkpoint(path))
+    return open_checkpoint(path, "layout").layout

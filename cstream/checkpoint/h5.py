@@ -16,12 +16,12 @@ HDF5 file holds:
 * a dataset per tensor, named ``K``, holding its values (bfloat16 as int16 bits, as the real package
   stores it), with the attributes ``__NUMPY__`` (which the real package's reader needs) and
   ``dtypes``; the real package copies all of the metadata there. cstream's files of before
-  :func:`cstream.checkpoint_guard.seal` also hold ``cstream.crc32`` (the CRC-32 of the values),
+  :func:`cstream.checkpoint.guard.seal` also hold ``cstream.crc32`` (the CRC-32 of the values),
   checked when such a tensor is read. A key HDF5 cannot use as a name (``/``, ``%``, control
   characters, ``""``, ``.``) is stored under ``%`` + its percent-encoding, named by the
   metadata's ``key``, which the real package follows. Numbers, strings and ``None`` live in the metadata only;
 * for ``bytes``, ``complex`` and ``torch.dtype`` values (``ObjectSerializer``) an empty dataset whose
-  ``__BYTES__`` attribute is a pickle; :mod:`cstream._safe_pickle` reads it without running code.
+  ``__BYTES__`` attribute is a pickle; :mod:`cstream.checkpoint.safe_pickle` reads it without running code.
 
 Like the real package (its ``H5Writer``), :func:`write` stores every tensor but 0-d ones through
 HDF5's LZ4 filter (32004, ``hdf5plugin.LZ4()``: its default block size) in the chunks h5py picks
@@ -45,9 +45,9 @@ import hdf5plugin  # registers HDF5's LZ4 filter (and its others) with h5py's HD
 import numpy as np
 import torch
 
-from cstream import _safe_pickle
-from cstream._lazy import CheckpointError, Lazy, LazyDict, real
-from cstream.checkpoint_guard import crc32
+from cstream.checkpoint import safe_pickle
+from cstream.checkpoint.lazy import CheckpointError, Lazy, LazyDict, real
+from cstream.checkpoint.guard import crc32
 
 VERSION = 0.5
 SUPPORTED = ("torch.Tensor, dict (str or int keys), list, tuple, str, int, float, bool, None, "
@@ -107,7 +107,7 @@ class _Flattener:
 
     def visit(self, value, parts: list[str], where: str):
         if isinstance(value, torch.Tensor) or value is None or isinstance(
-                value, (bool, int, float, str)) or _safe_pickle.is_admitted(value):
+                value, (bool, int, float, str)) or safe_pickle.is_admitted(value):
             return self.leaf(value, parts, where)
         if isinstance(value, Mapping):
             for k in value:
@@ -214,7 +214,7 @@ def _write_leaf(f: h5py.File, key: str, where: str, value, first_of: dict, compr
         meta["key"] = name
     ds = f.create_dataset(name, data=h5py.Empty("f"), track_order=True)
     ds.attrs.update(meta)
-    data = _safe_pickle.dumps(bytes(value) if isinstance(value, bytearray) else value)
+    data = safe_pickle.dumps(bytes(value) if isinstance(value, bytearray) else value)
     ds.attrs["__BYTES__"] = np.frombuffer(data, dtype="V1")  # as the real package stores it
     return meta
 
@@ -273,72 +273,39 @@ class _Node:
         self.kind, self.keys, self.children = kind, keys, children
 
 
-class LegacyLayout(Exception):
-    """The file is in a layout of cerebras.pytorch 2.0 and earlier (:mod:`cstream.checkpoint_h5_legacy`)."""
-
-    def __init__(self, version: float):
-        super().__init__(version)
-        self.version = version
-
-
-def open_checkpoint(path: str) -> H5Checkpoint:
-    """The reader of the HDF5 checkpoint at ``path``: layout 0.5, or 0.1 to 0.4."""
-    try:
-        return H5Checkpoint(path)
-    except LegacyLayout:
-        from cstream.checkpoint_h5_legacy import LegacyH5Checkpoint
-
-        return LegacyH5Checkpoint(path)
+def unreadable(path: str, what: str) -> CheckpointError:
+    return CheckpointError(f"{path} is not a readable checkpoint: {what}.")
 
 
 class H5Checkpoint:
     """An open checkpoint in the real package's layout: its spec, leaves, and the file lazy tensors
-    are read from."""
+    are read from. :func:`cstream.checkpoint.opener.open_checkpoint` opens the file, reads its root
+    attributes and layout version, and makes the reader of that version (this class for 0.5)."""
 
-    def __init__(self, path: str):
-        self.path = path
+    def __init__(self, path: str, file: h5py.File, attrs: dict, version: float):
+        self.path, self.file, self.attrs, self.version = path, file, attrs, version
         self.mapped: mmap.mmap | None = None  # the file in memory, for contiguous datasets
-        try:
-            self.file = h5py.File(path, "r")
-        except OSError as e:
-            raise self.error(f"HDF5 cannot open it ({' '.join(str(e).split())})") from e
-        try:
-            self.attrs = self._read_root()
-            self.tree = self._read_tree()
-        except BaseException:
-            self.file.close()
-            raise
+        self._check_root()
+        self.tree = self._read_tree()
 
     def error(self, what: str) -> CheckpointError:
-        return CheckpointError(f"{self.path} is not a readable checkpoint: {what}.")
+        return unreadable(self.path, what)
 
     @property
     def writer(self) -> str:
         """``__cstorch_version__``: the real package's release ("2.10.0"), or "cstream 0.1.0"."""
         return str(self.attrs.get("__cstorch_version__", "an unknown program"))
 
-    def _read_root(self) -> dict:
-        try:
-            attrs = dict(self.file.attrs)
-        except _H5_ERRORS as e:
-            raise self.error(f"its attributes cannot be read ({' '.join(str(e).split())})") from e
-        if "__version__" not in attrs:
-            raise self.error("it is an HDF5 file but not a checkpoint (it has no __version__ "
-                             "attribute); write checkpoints with cstream.save or cerebras.pytorch.save")
-        version = one(attrs["__version__"])
-        if version is None:
-            raise self.error("its __version__ attribute is not a single value")
-        version = float(version) if isinstance(version, (float, np.floating)) else version
-        if isinstance(version, float) and version < VERSION:
-            raise LegacyLayout(version)
-        if version != VERSION:
-            raise self.error(f"its layout version is {version!r}; cstream reads version {VERSION} "
-                             "(and the layouts of cerebras.pytorch 2.0 and earlier, 0.1 to 0.4)")
-        self.version = version
-        if not one(attrs.get("__SUCCESS__", False)):
+    @property
+    def layout(self) -> str:
+        """The layout and its writer, in words (:func:`cstream.checkpoint.saving.layout`)."""
+        writer = self.writer if self.writer.startswith("cstream") else f"cerebras.pytorch {self.writer}"
+        return f"cerebras.pytorch layout {self.version}, written by {writer}"
+
+    def _check_root(self) -> None:
+        if not one(self.attrs.get("__SUCCESS__", False)):
             raise self.error("it was not written to the end (no __SUCCESS__ attribute); the program "
                              "that saved it stopped while saving")
-        return attrs
 
     def _json(self, name: str):
         text = self.attrs.get(name)
@@ -496,16 +463,17 @@ class H5Checkpoint:
         return self.unpickle(np.asarray(raw).tobytes(), where)
 
     def unpickle(self, data: bytes, where: str):
-        """A pickled value, read by :func:`cstream._safe_pickle.loads` (no code from the file runs)."""
+        """A pickled value, read by :func:`cstream.checkpoint.safe_pickle.loads` (no code from the file
+        runs)."""
         try:
-            return _safe_pickle.loads(data)
-        except _safe_pickle.UnsafePickleError as e:
+            return safe_pickle.loads(data)
+        except safe_pickle.UnsafePickleError as e:
             raise CheckpointError(
                 f"{self.path}: the entry {where} is a pickled object that names {e.name}, which "
-                f"cstream refuses to load: it unpickles only {_safe_pickle.ADMITTED}, so that "
+                f"cstream refuses to load: it unpickles only {safe_pickle.ADMITTED}, so that "
                 "loading a file never runs code from it. If you trust the file, load it with "
                 "cerebras.pytorch.load and save the value as a tensor, number or string.") from e
-        except pickle.UnpicklingError as e:  # any damage (see _safe_pickle._load)
+        except pickle.UnpicklingError as e:  # any damage (see safe_pickle._load)
             raise self.error(f"the pickled entry {where} is malformed ({type(e).__name__}: {e})") from e
 
     def leaf_value(self, key: str, where: str, device, links: dict):
