@@ -21,7 +21,6 @@ A custom scheduler subclasses :class:`LRScheduler` and implements ``_get_closed_
 [0.25]
 """
 
-from __future__ import annotations
 
 from typing import Callable, List, Optional
 

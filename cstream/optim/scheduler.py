@@ -18,7 +18,6 @@ state back. So a reference to ``group["lr"]`` taken before ``step()`` keeps the 
 optimizer used. ``param_group_tags`` picks the groups by their ``tags``.
 """
 
-from __future__ import annotations
 
 import contextlib
 import itertools

@@ -14,7 +14,6 @@ writing the group's ``"weight_decay"`` (so the arguments keep their generic name
 0.025
 """
 
-from __future__ import annotations
 
 from typing import List
 

@@ -7,7 +7,6 @@ cstream's wafer computes dense steps, so constructing an algorithm raises
 ``sparsity`` setting to remove.
 """
 
-from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from typing import Callable, Dict, List, Optional, Tuple, Union

@@ -1,8 +1,10 @@
-"""The sparsity algorithm classes of ``cerebras.pytorch.sparse``: a Model Zoo 2.10 Trainer
-builds its config schema as a Union of one config type per non-abstract subclass of
-``SparsityAlgorithm`` (constructor signatures → fields), tagged by the lowercased class name.
-The classes keep the names, hierarchy and signatures of cerebras-pytorch 2.10; constructing one
-raises UnsupportedFeatureError naming the ``sparsity`` setting."""
+"""What a Model Zoo 2.10 Trainer reads from cstream's classes to build its config schema: a Union
+of one config type per non-abstract subclass of ``SparsityAlgorithm`` (and of ``Optimizer``,
+``LRScheduler``, ``WeightDecayScheduler``), each from ``inspect.signature(cls.__init__)``, whose
+annotations it matches as objects (``ParamsT`` → a list of groups, ``(float, "lr")`` → a field
+aliased ``learning_rate``). The sparsity classes keep the names, hierarchy and signatures of
+cerebras-pytorch 2.10; constructing one raises UnsupportedFeatureError naming the ``sparsity``
+setting. The Trainer then builds its backend with ``cstorch.backend(BackendType.CPU, ...)``."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from typing import Any, Union
 import pytest
 
 import cerebras.pytorch as cstorch
+from cerebras.pytorch.backend import BackendType
+from cerebras.pytorch.optim.optimizer import ParamsT
 from cstream.appliance.utils.classes import retrieve_all_subclasses
 from cstream.unsupported import UnsupportedFeatureError
 
@@ -74,3 +78,35 @@ def test_constructing_an_algorithm_names_the_sparsity_setting(name, kwargs):
     with pytest.raises(UnsupportedFeatureError,
                        match=rf"cerebras\.pytorch\.sparse\.{name}; the `sparsity` setting"):
         getattr(cstorch.sparse, name)(**kwargs)
+
+
+@pytest.mark.parametrize("base", [cstorch.optim.Optimizer, cstorch.optim.lr_scheduler.LRScheduler,
+                                  cstorch.optim.weight_decay_scheduler.WeightDecayScheduler,
+                                  cstorch.sparse.SparsityAlgorithm])
+def test_constructor_annotations_are_objects_not_strings(base):
+    strings = [f"{cls.__name__}.{name}: {p.annotation!r}" for cls in retrieve_all_subclasses(base)
+               for name, p in inspect.signature(cls.__init__).parameters.items()
+               if isinstance(p.annotation, str)]
+    assert strings == []
+
+
+def test_optimizer_signatures_carry_the_types_the_schema_maps():
+    subclasses = retrieve_all_subclasses(cstorch.optim.Optimizer)
+    public = [cls for cls in subclasses if not cls.__name__.startswith("_")]
+    assert len(public) == 15
+    for cls in public:
+        params = inspect.signature(cls.__init__).parameters
+        assert params["params"].annotation == ParamsT, cls.__name__
+        assert params["lr"].annotation is float, cls.__name__
+    adamw = inspect.signature(cstorch.optim.AdamW.__init__).parameters
+    assert {n: p.annotation for n, p in adamw.items() if n not in ("self", "params", "lr")} == {
+        "betas": typing.Tuple[float, float], "eps": float, "weight_decay": float,
+        "correct_bias": bool, "amsgrad": bool}
+
+
+def test_backend_accepts_a_backend_type(ray_session):
+    backend = cstorch.backend(BackendType.CPU)
+    assert backend.backend_type is BackendType.CPU
+    with pytest.raises(TypeError, match="expected a string such as 'CSX' or 'CPU' or a "
+                                        "BackendType, got 3"):
+        cstorch.backend(3)
