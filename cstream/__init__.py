@@ -28,6 +28,7 @@ from cstream.core.name_scope import (  # noqa: E402
 )
 from cstream.creation import full, full_like, ones, ones_like, zeros, zeros_like  # noqa: E402
 from cstream.errors import (  # noqa: E402
+    AutoscaleError,
     CompileError,
     ExhaustedIteratorError,
     InputStallError,
@@ -52,7 +53,8 @@ _generating_docs = False
 never set in cstream."""
 
 __all__ = [
-    "CompileError", "ExhaustedIteratorError", "InputStallError", "InputWorkerError", "ResumeError",
+    "AutoscaleError", "CompileError", "ExhaustedIteratorError", "InputStallError", "InputWorkerError",
+    "ResumeError",
     "UnshardedInputError", "UnshardedInputWarning", "WorkerCrashLoopError",
     "TracedStep", "TracingError", "amp", "backend", "checkpoint_closure", "compile",
     "compile_step", "current_backend", "current_executor", "distributed", "full", "full_like",

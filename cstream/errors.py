@@ -3,6 +3,7 @@
 from cstream._lazy import CheckpointError
 from executor.engine.errors import CompileError, TracingError
 from workers.errors import (
+    AutoscaleError,
     InputWorkerError,
     UnshardedInputError,
     UnshardedInputWarning,
@@ -11,6 +12,6 @@ from workers.errors import (
 from workers.resume import ExhaustedIteratorError, ResumeError
 from workers.stall import InputStallError
 
-__all__ = ["CheckpointError", "CompileError", "ExhaustedIteratorError", "InputStallError", "InputWorkerError",
-           "ResumeError",
+__all__ = ["AutoscaleError", "CheckpointError", "CompileError", "ExhaustedIteratorError",
+           "InputStallError", "InputWorkerError", "ResumeError",
            "TracingError", "UnshardedInputError", "UnshardedInputWarning", "WorkerCrashLoopError"]

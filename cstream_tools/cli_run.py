@@ -44,13 +44,27 @@ def _int_list(text: str) -> list[int]:
     return sorted(values)
 
 
+def _workers_per_csx(text: str):
+    """``--num-workers-per-csx``: a positive count, or ``auto`` (found while the run runs)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return positive_int(int(text), "--num-workers-per-csx",
+                            error=argparse.ArgumentTypeError)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive int or auto, got {text!r}") from None
+
+
 def _add_overrides(p: argparse.ArgumentParser, layout: bool = True) -> None:
     g = p.add_argument_group("overrides (replace the experiment file's values)")
     g.add_argument("--steps", type=int, metavar="N", help="steps to run")
     if layout:
         g.add_argument("--num-csx", type=int, metavar="N", help="cs_config.num_csx")
-        g.add_argument("--num-workers-per-csx", type=int, metavar="N",
-                       help="cs_config.num_workers_per_csx")
+        g.add_argument("--num-workers-per-csx", type=_workers_per_csx, metavar="N|auto",
+                       help="cs_config.num_workers_per_csx (auto: found while the run runs, "
+                            "within cs_config.autoscale's bounds; the counts settled at are "
+                            "printed at the end)")
     g.add_argument("--wafer-samples-per-sec", type=float, metavar="X",
                    help="cs_config.wafer_samples_per_sec (replaces wafer_seconds_per_step)")
     g.add_argument("--wafer-seconds-per-step", type=float, metavar="S",
@@ -65,7 +79,7 @@ def _check_overrides(args, command: str) -> None:
     """The override flags' values that must be positive (``run`` also takes the layout's)."""
     from cstream_tools.experiment import ExperimentError
 
-    ints = ["steps"] + (["num_csx", "num_workers_per_csx"] if command == "run" else [])
+    ints = ["steps"] + (["num_csx"] if command == "run" else [])
     numbers = ["wafer_samples_per_sec", "wafer_seconds_per_step"]
     for names, check in ((ints, positive_int), (numbers, positive_number)):
         for name in names:
@@ -195,6 +209,10 @@ def _experiment(args, command: str):
     if command == "run":
         changes = {k: getattr(args, k) for k in ("num_csx", "num_workers_per_csx")
                    if getattr(args, k) is not None}
+        if changes.get("num_workers_per_csx") == "auto":
+            changes["num_workers_per_csx"] = 0  # autoscaled, within the file's bounds if any
+        elif "num_workers_per_csx" in changes:
+            changes["autoscale"] = None  # a count given: fixed
     if args.wafer_samples_per_sec is not None:
         changes.update(wafer_samples_per_sec=args.wafer_samples_per_sec,
                        wafer_seconds_per_step=None)
@@ -250,6 +268,8 @@ def _print_result(result, exp, as_json: bool) -> None:
     else:
         print(format_summary(result.report, title=f"{exp.name}: {layout(exp.cs_config)}"))
         print(f"run directory: {result.run_dir}")
+        for s in (result.report.get("autoscale") or {}).get("csx", []):
+            print(f"input workers of CS-X {s['csx']}: {s['sentence']}")
 
 
 def cmd_run(args) -> int:

@@ -405,6 +405,16 @@ def add_arguments(p) -> None:
                         "and pace the wafer at its measured step time (a CS-X is faster)")
 
 
+def _most_workers(requested) -> int:
+    """The most input workers per CS-X a ``cstream run --num-workers-per-csx`` value starts:
+    the count; for ``auto``, autoscaling's default bound; 1 when not given."""
+    from workers.config import Autoscale
+
+    if requested == "auto":
+        return Autoscale().max_workers_per_csx
+    return requested or 1
+
+
 def experiment(args, command: str):
     """The experiment that runs the Model Zoo section of ``args.modelzoo`` (checked first).
 
@@ -418,7 +428,7 @@ def experiment(args, command: str):
         program = locate(args.modelzoo, args.section, args.modelzoo_root, args.modelzoo_model)
         csx = (args.num_csx or [1]) if command == "sweep" else [args.num_csx or 1]
         workers = (args.num_workers_per_csx if command == "sweep"
-                   else [args.num_workers_per_csx or 1])
+                   else [_most_workers(args.num_workers_per_csx)])
         check_section(program, total_workers=max(csx) * max(workers))
         program = _absolute_data_dirs(program)
         speed = _wafer_speed(args, program)

@@ -19,7 +19,9 @@ def layout(cs) -> str:
              f"{cs.wafer_samples_per_sec:g} samples/s per CS-X" if cs.wafer_samples_per_sec
              is not None
              else f"{1000 * cs.wafer_seconds_per_step:g} ms/step")
-    return (f"{cs.num_csx} CS-X x {cs.num_workers_per_csx} workers, wafer {wafer}")
+    workers = (f"auto ({cs.autoscale.min_workers_per_csx}-{cs.autoscale.max_workers_per_csx}, "
+               f"from {cs.num_workers_per_csx})" if cs.autoscaling else cs.num_workers_per_csx)
+    return f"{cs.num_csx} CS-X x {workers} workers, wafer {wafer}"
 
 
 
@@ -27,7 +29,8 @@ def sweep_points(exp, workers: list[int], csx: list[int]) -> list:
     """The experiments of a sweep grid, CS-X count outer, worker count inner."""
     from cstream_tools.experiment import with_layout
 
-    return [with_layout(exp, num_csx=c, num_workers_per_csx=w) for c in csx for w in workers]
+    return [with_layout(exp, num_csx=c, num_workers_per_csx=w, autoscale=None)
+            for c in csx for w in workers]
 
 
 def best_counts(rows: list[dict], target: float) -> dict[int, Optional[int]]:

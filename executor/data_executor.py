@@ -392,13 +392,19 @@ class DataExecutor:
                 "it inside a @cstream.checkpoint_closure during the run."
             )
         states = self._run.worker_states(self.iteration)
-        return {
+        out = {
             "format": STATE_FORMAT,
             "num_csx": self.cs_config.num_csx,
             "num_workers_per_csx": self.cs_config.num_workers_per_csx,
             "appliance_step": self.user_iteration,
             "workers": [dataclasses.asdict(s) for s in states],
         }
+        autoscale = self._run.autoscale_state(self.iteration)
+        if autoscale is not None:  # the counts at this step are the workers' states' own
+            out["autoscale"] = autoscale
+            out["num_workers_per_csx"] = max((s.num_workers_per_csx for s in states),
+                                             default=self.cs_config.num_workers_per_csx)
+        return out
 
     def _end_step(self, step: int) -> None:
         run = self._run

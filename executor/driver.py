@@ -31,13 +31,15 @@ from executor.wafer.compute_thread import ComputeThread
 from executor.wafer.feed import BatchSpecError, InputFeed
 from executor.wafer.heap import keep_freed_memory, keep_freed_memory_here
 from executor.wafer.loop import Collected, DriverError, Phase, RunPlan, WaferLoop
+from executor.wafer import autoscaler as autoscale
+from executor.wafer.autoscaler import RunAutoscaler
+from workers.errors import AutoscaleError
 from executor.wafer.program import Program
 from executor.wafer.state import StateStore
 from workers import torch_compat
 from workers.duplicates import check_streams
 from workers.flow import FlowPolicy
 from workers.torch_compat import import_for_unpickling_graphs
-from workers.resume import ResumeStates
 
 __all__ = ["BatchSpecError", "Collected", "DriverError", "WaferDriver", "rss_bytes"]
 
@@ -149,6 +151,8 @@ class WaferDriver:
         self.cs_config = None
         self.policy: Optional[FlowPolicy] = None
         self._duplicates: Optional[dict] = None
+        self._autoscaler: Optional[RunAutoscaler] = None
+        self._autoscale_not_possible: Optional[str] = None
 
     # -- state ---------------------------------------------------------------------------------
     def _computed(self, fn, what: str):
@@ -281,16 +285,22 @@ class WaferDriver:
             from workers.local_stream import LocalInputStream as Stream
         self.cs_config = cs_config
         self.policy = policy
-        if resume_states:
-            resume_states = ResumeStates(resume_states, "open_input").remap(
-                cs_config.num_csx, cs_config.num_workers_per_csx)
+        self._autoscale_not_possible = None
+        autoscale_state = None
+        if cs_config.autoscaling:
+            try:
+                autoscale.check_stream_kind(self.use_ray_workers)
+            except AutoscaleError as refusal:
+                cs_config = autoscale.fixed_where_unchangeable(cs_config, refusal)
+                self.cs_config = cs_config
+                self._autoscale_not_possible = str(refusal)
+        if cs_config.autoscaling:
+            autoscale_state = (getattr(dataloader, "resume_state", None) or {}).get("autoscale")
+        layouts = autoscale.start_layouts(cs_config, resume_states)
         streams = []
         try:
-            for c in range(cs_config.num_csx):
-                states = None
-                if resume_states is not None:
-                    states = [s for s in resume_states if s.wse_id == c]
-                streams.append(Stream(dataloader, cs_config, c, resume_states=states,
+            for c, (cfg, states) in enumerate(layouts):
+                streams.append(Stream(dataloader, cfg, c, resume_states=states,
                                       zero_copy=True, policy=self.policy,
                                       workers_ahead=None if workers_ahead is None
                                       else workers_ahead[c]))
@@ -299,6 +309,20 @@ class WaferDriver:
             report = check_streams(streams, dataloader.input_fn_name,
                                    cs_config.duplicate_samples)
             self._duplicates = None if report is None else report.to_dict()
+            self._autoscaler = None
+            if cs_config.autoscaling:
+                try:
+                    autoscale.check_reformable(streams, dataloader.input_fn_name)
+                except AutoscaleError as refusal:
+                    cs_config = autoscale.fixed_where_unchangeable(cs_config, refusal)
+                    self.cs_config = cs_config
+                    self._autoscale_not_possible = str(refusal)
+            if cs_config.autoscaling:
+                self._autoscaler = RunAutoscaler(
+                    cs_config, [s.active_workers() for s in streams],
+                    self.policy.input_buffer_batches,
+                    cluster_cpus=autoscale.cluster_cpus, state=autoscale_state)
+                self._feed.autoscaler = self._autoscaler
         except BaseException:
             for s in streams:
                 s.close()
@@ -322,7 +346,8 @@ class WaferDriver:
             runner = cuda_graphs.CudaStepRunner(self.device, self._graph_plan,
                                                 self._program.report.setdefault("cuda_graph", {}))
         self._loop = WaferLoop(self.store, self._feed, self._program, self._state_order, plan,
-                               self.policy, self.device, rng=self.rng, runner=runner)
+                               self.policy, self.device, rng=self.rng, runner=runner,
+                               autoscaler=self._autoscaler)
         self._run_done = self._compute.submit(self._loop.run)
 
     def _alive(self) -> bool:
@@ -384,6 +409,14 @@ class WaferDriver:
         with loop.cond:
             return loop.worker_states.get(step, [])
 
+    def autoscale_state(self, step: int) -> Optional[dict]:
+        """The autoscaling controller's state as it was after checkpoint step ``step`` (None:
+        the run does not autoscale)."""
+        loop = self._running()
+        loop.wait_done(step, alive=self._alive)
+        with loop.cond:
+            return loop.autoscale_states.get(step)
+
     def finish(self, wait: bool = True) -> dict:
         """End the run: wait for the loop (or stop it), close the input side, report."""
         loop = self._loop
@@ -402,7 +435,12 @@ class WaferDriver:
                    "flow_policy": self.policy.to_dict()}
         if self._program is not None:
             summary["program"] = dict(self._program.report)
+        autoscaler = self._autoscaler
         summary["workers"] = self._close_run()
+        if autoscaler is not None:
+            summary["autoscale"] = autoscaler.summary()
+        if self._autoscale_not_possible is not None:
+            summary["autoscale_not_possible"] = self._autoscale_not_possible
         if wait and loop.phase is Phase.FAILED:
             loop.raise_if_failed()
         return summary

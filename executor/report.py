@@ -30,6 +30,9 @@ delivered the batch). From those this module derives:
 * on a CUDA wafer, the GPU-busy figures of the steady steps (:mod:`executor.gpu_busy`:
   ``gpu_busy_fraction`` from CUDA events, the idle time spent waiting for input) and whether the
   step ran as a CUDA graph (``cuda_graph``: recorded at which step, or why not);
+* ``autoscale`` (:func:`autoscale_summary`, autoscaled runs): where each CS-X's worker count
+  settled, from which step the wafer ran at it and how busy it was since, the figures the last
+  decision rests on, and every decision;
 * ``worker_nodes`` and ``restart_events``: the node (id, ip) and process of each input worker
   at the end of the run, and every restart of a worker: when, at which step, the node it died
   on, the cause, and the node it was started again on.
@@ -352,6 +355,7 @@ def summarize_profile(profile: dict) -> dict:
     out = summarize(profile.get("steps", []), global_rate=profile.get("global_rate"),
                     wall_s=summary.get("wall_s"), startup=summary.get("startup"),
                     stream_stats=summary.get("workers"))
+    out["autoscale"] = autoscale_summary(summary.get("autoscale"), profile.get("steps", []))
     out["interrupted"] = profile.get("interrupted")
     out["compile"] = summary.get("compile")
     out["cuda_graph"] = (summary.get("compile") or {}).get("cuda_graph")
@@ -359,6 +363,43 @@ def summarize_profile(profile: dict) -> dict:
     if profile.get("name"):
         out["name"] = profile["name"]
     return out
+
+
+def autoscale_summary(autoscale: Optional[dict], records: list[dict]) -> Optional[dict]:
+    """An autoscaled run's outcome per CS-X from the wafer driver's autoscaling record
+    (``summary["autoscale"]`` of the profile) and the step records: the count it settled at,
+    the step of its last change, the first step of its settled windows and the wafer's
+    utilisation from there to the end, with the controller's last reason (the figures the
+    choice rests on) and a sentence saying it; None for a run that did not autoscale.
+
+    >>> recs = [{"step": s, "compute_s": 0.01, "input_wait_s": 0.0, "wafer_t": 0.01 * s}
+    ...         for s in range(1, 201)]
+    >>> a = {"settled": [{"csx": 0, "workers": 3, "phase": "settled", "changed_at": 140,
+    ...      "settled_since": 161, "reason": "..."}], "decisions": [{}, {}]}
+    >>> autoscale_summary(a, recs)["csx"][0]["sentence"]
+    'settled at 3 workers per CS-X after 140 steps; wafer 100.0% busy since step 161'
+    """
+    if not autoscale:
+        return None
+    rows = [r for r in step_rows([r for r in records if has_wafer_figures(r)])
+            if "step_wall_s" in r]
+    out = []
+    for s in autoscale.get("settled", []):
+        since = s.get("settled_since")
+        after = [r for r in rows if since is not None and r["step"] >= since]
+        wall = sum(r["step_wall_s"] for r in after)
+        busy = sum(r["compute_s"] for r in after) / wall if wall > 0 else None
+        n = s["workers"]
+        when = f"after {s['changed_at']} steps" if s["changed_at"] else "from the start"
+        if s["phase"] == "settled" and busy is not None:
+            sentence = (f"settled at {n} worker{'s' if n != 1 else ''} per CS-X {when}; wafer "
+                        f"{pct(busy)} busy since step {since}")
+        else:
+            sentence = (f"{n} worker{'s' if n != 1 else ''} per CS-X at the end ({s['phase']}, "
+                        f"last changed {when}): {s['reason'] or 'no window was read'}")
+        out.append({**s, "busy_since_settled": busy, "sentence": sentence})
+    return {"csx": out, "decisions": autoscale.get("decisions", []),
+            "config": autoscale.get("config"), "history": autoscale.get("history", [])}
 
 
 def wafer_rate(stats: dict, window: int = 10) -> Optional[float]:

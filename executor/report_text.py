@@ -101,6 +101,20 @@ def compiler_line(compile_report: Optional[dict]) -> Optional[str]:
     return f"{active}{cached}"
 
 
+def autoscale_lines(autoscale: Optional[dict]) -> list[tuple[str, str]]:
+    """Where each CS-X's input workers settled, and the figures the choice rests on."""
+    if not autoscale:
+        return []
+    rows = []
+    for s in autoscale["csx"]:
+        rows.append((f"CS-X {s['csx']} input workers", s["sentence"]))
+        if s["phase"] == "settled" and s.get("reason"):
+            rows.append((f"CS-X {s['csx']} autoscale figures", s["reason"]))
+    rows.append(("autoscale decisions", f"{len(autoscale['decisions'])} (each logged with its "
+                                        "reason; profile.json: summary.autoscale)"))
+    return rows
+
+
 def summary_lines(report: dict) -> list[tuple[str, str]]:
     """(label, formatted value) pairs of a summary, in display order."""
     rows = []
@@ -125,6 +139,7 @@ def summary_lines(report: dict) -> list[tuple[str, str]]:
                      f"{graph['replays']} times" if graph.get("recorded_at_step")
                      else "not recorded: " + "; ".join(graph.get("why_not") or ["-"])))
     rows += input_side_lines(report)
+    rows += autoscale_lines(report.get("autoscale"))
     assignment = report.get("input_assignment")
     if assignment:
         rows.append(("input assignment", f"{assignment['mode']} ({assignment['reason']})"))

@@ -28,7 +28,8 @@ class StepScalars:
     * ``wafer/<name>`` -- the wafer's figures of the step (:data:`executor.report.STEP_SCALARS`);
     * ``workers/csx<c>_w<w>/batches_per_s`` for every input worker (batches it delivered in the
       window), and ``workers/csx<c>_w<w>/produce_ms`` for the worker that produced the step's
-      batch (its own production time).
+      batch (its own production time);
+    * ``workers/csx<c>_count`` in an autoscaled run: the CS-X's input workers at that step.
     """
 
     def __init__(self, cs_config=None, window: int = 10):
@@ -100,6 +101,8 @@ class StepScalars:
                 if v is not None:
                     writer.add_scalar(f"wafer/{key}", float(v), step)
         self._prev_end = end
+        for c, n in enumerate(r.get("num_workers") or []):
+            writer.add_scalar(f"workers/csx{c}_count", n, step)
         if delivered and span > 0:
             counts: dict = {}
             for d in self._delivered:

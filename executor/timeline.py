@@ -8,6 +8,9 @@ Every run writes ``trace.json`` beside its ``profile.json``: open it in https://
   input feed, waiting in the worker's buffer included), one track per worker;
 * the wafer's steps (``compute``), its waits for input (``input wait``) and its input-buffer
   occupancy (a counter);
+* in an autoscaled run, each worker's life (``alive``: from its first batch's production to
+  its last, around them on its track), each CS-X's worker count (a counter) and every
+  decision of the controller (an instant event with its reason);
 * the client's steps, its step and checkpoint closures, and the start-up phases.
 
 Events are complete events (``"ph": "X"``, ``ts``/``dur`` in microseconds from the run's first
@@ -62,6 +65,43 @@ def _spans(profile: dict):
                {"step": s.get("step"), "kind": s.get("kind")})
 
 
+def _worker_lives(profile: dict):
+    """An autoscaled run's spans of each worker's life, from the first batch it produced to
+    the end of its last (a worker's track holds only its own batches, inside the span)."""
+    if not (profile.get("summary") or {}).get("autoscale"):
+        return
+    lives: dict = {}
+    for r in profile.get("steps", []):
+        starts, ends = r.get("produce_start_unix"), r.get("produce_end_unix")
+        if not (starts and ends):
+            continue
+        for c, w in enumerate(r.get("workers") or []):
+            first, last = lives.get((c, int(w)), (starts[c], ends[c]))
+            lives[(c, int(w))] = (min(first, starts[c]), max(last, ends[c]))
+    for (c, w), (first, last) in sorted(lives.items()):
+        yield WORKERS_PID + c, 2 * w, "alive", first, last, {"csx": c, "worker": w}
+
+
+def _autoscale_events(profile: dict, t0: float) -> list[dict]:
+    """The worker-count counters and the controller's decisions of an autoscaled run."""
+    autoscale = (profile.get("summary") or {}).get("autoscale")
+    if not autoscale:
+        return []
+    events = []
+    for r in profile.get("steps", []):
+        if "end_unix" in r and r.get("num_workers"):
+            events.append({"name": "input workers", "ph": "C", "pid": WAFER_PID, "tid": 1,
+                           "ts": (r["end_unix"] - t0) * 1e6,
+                           "args": {f"CS-X {c}": n for c, n in enumerate(r["num_workers"])}})
+    for d in autoscale.get("decisions", []):
+        what = f"add {d['count']}" if d["action"] == "add" else \
+            f"retire {', '.join(map(str, d['workers']))}"
+        events.append({"name": f"autoscale CS-X {d['csx']}: {what}", "ph": "i", "s": "p",
+                       "pid": WAFER_PID, "tid": 1, "ts": (d["decided_unix"] - t0) * 1e6,
+                       "args": {"step": d["step"], "reason": d["reason"]}})
+    return events
+
+
 def _names(profile: dict, pids: set, tids: set) -> list[dict]:
     meta = []
 
@@ -96,7 +136,7 @@ def _names(profile: dict, pids: set, tids: set) -> list[dict]:
 
 def build_trace(profile: dict) -> dict:
     """The trace-event document of a ``profile.json`` document (see the module docstring)."""
-    spans = [s for s in _spans(profile) if s[4] >= s[3]]
+    spans = [s for s in (*_spans(profile), *_worker_lives(profile)) if s[4] >= s[3]]
     t0 = min((s[3] for s in spans), default=0.0)
     events = []
     for pid, tid, name, start, end, args in spans:
@@ -109,6 +149,7 @@ def build_trace(profile: dict) -> dict:
             events.append({"name": "input buffer", "ph": "C", "pid": WAFER_PID, "tid": 1,
                            "ts": (start - t0) * 1e6,
                            "args": {"batches ready": r["buffer_occupancy"]}})
+    events += _autoscale_events(profile, t0)
     pids = {e["pid"] for e in events}
     tids = {(e["pid"], e["tid"]) for e in events if e["ph"] == "X"}
     events.sort(key=lambda e: e["ts"])

@@ -201,7 +201,7 @@ def test_csconfig_takes_the_cluster_keywords_the_flow_passes():
         job_time_sec=None, disable_version_check=runconfig["disable_version_check"],
         fabric_type_blacklist=None)
     cfg.precision_opt_level = 1
-    assert (cfg.num_csx, cfg.num_workers_per_csx, cfg.workers_chosen_automatically) == (1, 1, True)
+    assert (cfg.num_csx, cfg.num_workers_per_csx, cfg.autoscaling) == (1, 1, True)
     d = cfg.to_dict()
     assert (d["mount_dirs"], d["job_labels"], d["disable_version_check"],
             d["precision_opt_level"]) == (["/data"], ["a=b"], True, 1)

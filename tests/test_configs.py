@@ -70,7 +70,8 @@ def test_a_wrong_type_names_its_path_the_rule_and_the_value(tmp_path):
         load(tmp_path, "input: synthetic\nsteps: 5\ncs_config:\n  num_workers_per_csx: four\n")
     assert str(e.value) == (
         "exp.yaml: cs_config.num_workers_per_csx: expected a positive int, got 'four'. Set "
-        "num_workers_per_csx to 1 or more, e.g. CSConfig(num_workers_per_csx=1).")
+        "num_workers_per_csx to 1 or more, e.g. CSConfig(num_workers_per_csx=1), or to \"auto\" "
+        "to find it while the run runs.")
 
 
 @pytest.mark.parametrize("data, message", [

@@ -161,3 +161,8 @@ class UnshardedInputError(ValueError):
 
     def __reduce__(self):
         return (type(self), (str(self), self.times))
+
+
+class AutoscaleError(ValueError):
+    """An autoscaled run (``CSConfig.num_workers_per_csx="auto"``) cannot start: its input side
+    cannot change its workers while it runs and keep the wafer's sequence exact."""

@@ -205,6 +205,10 @@ class Run(Protocol):
         """Every input worker's position after ``step`` (a checkpoint step), in worker order:
         what ``DataLoader.state_dict()`` saves."""
 
+    def autoscale_state(self, step: int) -> Optional[dict]:
+        """An autoscaled run's controller state after ``step`` (a checkpoint step), saved with
+        the workers' positions; None: the run does not autoscale."""
+
     def wafer_stats(self) -> Optional[dict]:
         """The wafer's per-step figures received so far, by step counted from 1; None where
         the steps have no wafer (a step's record is complete when the client ends it)."""

@@ -85,6 +85,9 @@ class EagerRun:
     def worker_states(self, step: int) -> list:
         return self._states.get(step, [])
 
+    def autoscale_state(self, step: int) -> None:
+        return None  # one input worker, in this process: nothing to scale
+
     def end_step(self, step: int) -> dict:
         return {}
 

@@ -336,6 +336,11 @@ class CSXRun:
     def worker_states(self, step: int) -> list:
         return self.driver.worker_states(step)
 
+    def autoscale_state(self, step: int) -> Optional[dict]:
+        if not self.context.cs_config.autoscaling:
+            return None
+        return self.driver.autoscale_state(step)
+
     def progress_stats(self, step: int) -> Optional[dict]:
         """The wafer's newest per-step figures, fetched now (waits for ``step``, the step being
         run by the client, to finish on the wafer); None before the wafer started."""

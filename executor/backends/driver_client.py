@@ -148,6 +148,9 @@ class DriverClient(Protocol):
     def worker_states(self, step: int) -> list:
         return self._call("worker_states", step)
 
+    def autoscale_state(self, step: int) -> Optional[dict]:
+        return self._call("autoscale_state", step)
+
     def finish(self, wait: bool) -> dict:
         return self._call("finish", wait=wait)
 

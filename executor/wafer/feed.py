@@ -131,6 +131,9 @@ class InputFeed:
         self._parts: list = []
         self._stop = threading.Event()
         self._stalled = False
+        self.autoscaler = None
+        """An autoscaled run's :class:`~executor.wafer.autoscaler.RunAutoscaler`: each feeder
+        carries out its CS-X's decisions between two batches."""
         specs = self._first_specs()
         self._part_specs = [tree_flatten(sp) for sp in specs]
         for c, (leaves, _) in enumerate(self._part_specs):
@@ -202,6 +205,8 @@ class InputFeed:
             for step in range(num_steps):
                 if self._stop.is_set():
                     return
+                if self.autoscaler is not None:
+                    self.autoscaler.apply(c, stream, step)
                 b, info = stream.next()
                 self._check_batch(step, c, b, info)
                 states = stream.worker_states() if step in checkpoints else None
@@ -231,9 +236,9 @@ class InputFeed:
                     "is the usual cause (use drop_last=True).")
 
     # -- taking --------------------------------------------------------------------------------
-    def occupancy(self) -> float:
-        """Mean batches waiting per CS-X buffer."""
-        return sum(b.qsize() for b in self._buffers) / max(len(self._buffers), 1)
+    def occupancy_per_csx(self) -> list[int]:
+        """Batches waiting in each CS-X's buffer."""
+        return [b.qsize() for b in self._buffers]
 
     def take(self, timeout: Optional[float]) -> Optional[StepInput]:
         """The next step's input, or None if some CS-X's part did not arrive within ``timeout``

@@ -101,11 +101,15 @@ class WaferLoop:
             recorded once its events completed, with ``compute_s`` the device's time
             (``device_compute_s``), ``device_idle_s`` the device's gap before it and
             ``launch_s`` the host's time in the step.
+        autoscaler: in an autoscaled run, its
+            :class:`~executor.wafer.autoscaler.RunAutoscaler`: given every step's record as the
+            step ends (a step boundary), and its state kept with each checkpoint step's
+            input position.
     """
 
     def __init__(self, state: StateStore, feed: InputFeed, program, state_order: list,
                  plan: RunPlan, policy: FlowPolicy, device: torch.device,
-                 rng: Optional[torch.Generator] = None, runner=None):
+                 rng: Optional[torch.Generator] = None, runner=None, autoscaler=None):
         self.state = state
         self.feed = feed
         self.program = program
@@ -126,6 +130,8 @@ class WaferLoop:
         self.outputs: dict[int, list] = {}
         self.snapshots: dict[int, dict] = {}
         self.worker_states: dict[int, list] = {}
+        self.autoscaler = autoscaler
+        self.autoscale_states: dict[int, dict] = {}  # checkpoint step -> the controller's state
         self.stats: list[dict] = []
         self._stats_sent = 0
         self.error: Optional[BaseException] = None
@@ -140,6 +146,7 @@ class WaferLoop:
         self._client_t0: Optional[float] = None  # since when the look-ahead is used up
         self._client_wait_s = 0.0
         self._occupancy = 0.0
+        self._occupancy_per_csx: list = []
         self.t_start = time.perf_counter()
 
     # -- the state machine -----------------------------------------------------------------------
@@ -165,7 +172,14 @@ class WaferLoop:
             record = self._awaiting_device.pop(step)
             record["launch_s"] = record["compute_s"]
             record.update(figures, compute_s=figures["device_compute_s"])
-            self.stats.append(record)
+            self._record(record)
+
+    def _record(self, record: dict) -> None:
+        """Keep a finished step's figures (holding :attr:`cond`); an autoscaled run's
+        controller reads them at this step boundary."""
+        if self.autoscaler is not None:
+            self.autoscaler.after_step(record)
+        self.stats.append(record)
 
     def _step(self, block: bool = True) -> Phase:
         try:
@@ -195,7 +209,8 @@ class WaferLoop:
             return Phase.WAITING_FOR_CLIENT
         if self._wait_t0 is None:
             self._wait_t0 = time.perf_counter()
-            self._occupancy = self.feed.occupancy()
+            self._occupancy_per_csx = self.feed.occupancy_per_csx()
+            self._occupancy = sum(self._occupancy_per_csx) / max(len(self._occupancy_per_csx), 1)
             if self._client_t0 is not None:
                 self._client_wait_s = self._wait_t0 - self._client_t0
                 self._client_t0 = None
@@ -242,11 +257,14 @@ class WaferLoop:
                 if self.rng is not None:
                     self.snapshots[step]["rng"] = self.rng.get_state()
                 self.worker_states[step] = inp.worker_states or []
+                if self.autoscaler is not None:
+                    self.autoscale_states[step] = self.autoscaler.state_dict()
             record = {
                 "step": step + 1, "samples": samples, "compute_s": t2 - t1,
                 "wafer_t": t2 - self.t_start, "input_wait_s": t1 - t0,
                 "client_wait_s": self._client_wait_s,
                 "buffer_occupancy": self._occupancy,
+                "buffer_occupancy_per_csx": list(self._occupancy_per_csx),
                 "workers": [i.local_worker_id for i in inp.infos],
                 "bytes": sum(i.nbytes for i in inp.infos),
                 **_timeline_fields(inp.infos, end_unix),
@@ -255,7 +273,7 @@ class WaferLoop:
                 self._awaiting_device[step] = record
                 self._add_device_timings(block=False)
             else:
-                self.stats.append(record)
+                self._record(record)
             self.done = step
             self.next_step = step + 1
             self._client_wait_s = 0.0
