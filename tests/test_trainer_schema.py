@@ -110,3 +110,16 @@ def test_backend_accepts_a_backend_type(ray_session):
     with pytest.raises(TypeError, match="expected a string such as 'CSX' or 'CPU' or a "
                                         "BackendType, got 3"):
         cstorch.backend(3)
+
+
+@pytest.mark.parametrize("base", [cstorch.optim.lr_scheduler.LRScheduler,
+                                  cstorch.optim.weight_decay_scheduler.WeightDecayScheduler])
+def test_scheduler_optimizer_is_annotated_as_torch_optimizer(base):
+    # the schema maps this annotation to an optional field a configuration leaves out
+    import torch
+    schedulers = list(retrieve_all_subclasses(base))
+    assert len(schedulers) > 10
+    params = [inspect.signature(cls.__init__).parameters for cls in schedulers]
+    wrong = [cls.__name__ for cls, p in zip(schedulers, params)  # Chained*: no optimizer argument
+             if "optimizer" in p and p["optimizer"].annotation is not torch.optim.Optimizer]
+    assert wrong == []
