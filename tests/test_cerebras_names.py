@@ -438,7 +438,7 @@ def test_an_optimizer_section_passes_a_config_class_validation(caplog):
     assert cls is cstorch.optim.AdamW and kwargs == {"lr": 1e-3}
     [record] = caplog.records
     assert "AdamW got 1 unexpected and unused parameters: ['optim_params']" in record.message
-    assert "lr=0.001" in record.message
+    assert "lr: float = 0.001" in record.message
 
 
 def test_optimizer_params_map_the_rate_take_the_signature_and_warn_about_the_rest(caplog):

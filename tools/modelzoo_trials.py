@@ -497,7 +497,7 @@ def import_probe(release: Path, python: str, family: str = "gpt3") -> str | None
                            str(config), "--model_dir", "/tmp/cstream-modelzoo-probe"],
                           env=env, capture_output=True, text=True, timeout=900)
     lines = [ln for ln in (done.stdout + done.stderr).strip().splitlines() if ln.strip()]
-    errors = [ln for ln in lines if re.match(r"\w*(Error|Exception)\b", ln)]
+    errors = [ln for ln in lines if re.match(r"[\w.]*(Error|Exception)\b", ln)]
     if done.returncode == 0 or not errors:
         return None
     return re.sub(r" \(/[^)]*\)$", "", errors[-1])  # without the file it names

@@ -67,8 +67,11 @@ def backend_options(backend_type: str, **options) -> BackendOptions:
 
 
 def _backend_key(backend_type) -> str:
+    if isinstance(backend_type, BackendType):
+        return backend_type.name
     if not isinstance(backend_type, str):
-        raise TypeError(f"backend_type: expected a string such as 'CSX' or 'CPU', got {backend_type!r}")
+        raise TypeError(f"backend_type: expected a string such as 'CSX' or 'CPU' or a BackendType, "
+                        f"got {backend_type!r}")
     key = backend_type.upper()
     if key not in OPTIONS:
         raise ValueError(
@@ -168,8 +171,7 @@ def get_backend_args(backend_type) -> dict[str, inspect.Parameter]:
     their defaults: ``self``, ``backend_type``, the options of its dataclass
     (:mod:`executor.backends.options`), ``mixed_precision``, ``cluster_config`` (CSX) and the
     Cerebras options accepted without effect."""
-    key = _backend_key(backend_type.name if isinstance(backend_type, BackendType)
-                       else backend_type)
+    key = _backend_key(backend_type)
     kw = inspect.Parameter.KEYWORD_ONLY
     params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
               inspect.Parameter("backend_type", inspect.Parameter.POSITIONAL_OR_KEYWORD)]

@@ -10,7 +10,7 @@ A custom scheduler subclasses :class:`LRScheduler` and implements ``_get_closed_
 
 >>> import torch, cstream
 >>> class Halving(cstream.optim.lr_scheduler.LRScheduler):
-...     def __init__(self, optimizer):
+...     def __init__(self, optimizer: torch.optim.Optimizer):
 ...         super().__init__(optimizer, total_iters=None, last_epoch=-1)
 ...     def _get_closed_form_lr(self):
 ...         return 0.5 ** self.last_epoch.to(torch.float32)
@@ -21,7 +21,6 @@ A custom scheduler subclasses :class:`LRScheduler` and implements ``_get_closed_
 [0.25]
 """
 
-from __future__ import annotations
 
 from typing import Callable, List, Optional
 
@@ -55,7 +54,8 @@ class LRScheduler(Scheduler, torch.optim.lr_scheduler.LRScheduler):
 
     param_group_key = "lr"
 
-    def __init__(self, optimizer, total_iters: Optional[int] = None, last_epoch: int = -1,
+    def __init__(self, optimizer: torch.optim.Optimizer, total_iters: Optional[int] = None,
+                 last_epoch: int = -1,
                  param_group_tags: Tags = None):
         super().__init__(optimizer, total_iters, last_epoch, param_group_tags)
 
@@ -81,7 +81,8 @@ class ConstantLR(LRScheduler, ConstantScheduler):
 
     val = _alias("learning_rate")
 
-    def __init__(self, optimizer, learning_rate: float, total_iters: Optional[int] = None,
+    def __init__(self, optimizer: torch.optim.Optimizer, learning_rate: float,
+                 total_iters: Optional[int] = None,
                  param_group_tags: Tags = None):
         ConstantScheduler.__init__(self, optimizer, val=learning_rate, total_iters=total_iters,
                                    param_group_tags=param_group_tags)
@@ -94,7 +95,8 @@ class PolynomialLR(LRScheduler, PolynomialScheduler):
     initial_val = _alias("initial_learning_rate")
     end_val = _alias("end_learning_rate")
 
-    def __init__(self, optimizer, initial_learning_rate: float, end_learning_rate: float,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_learning_rate: float,
+                 end_learning_rate: float,
                  total_iters: int, power: float = 1.0, cycle: bool = False,
                  param_group_tags: Tags = None):
         PolynomialScheduler.__init__(self, optimizer, initial_learning_rate, end_learning_rate,
@@ -108,7 +110,8 @@ class LinearLR(LRScheduler, LinearScheduler):
     initial_val = _alias("initial_learning_rate")
     end_val = _alias("end_learning_rate")
 
-    def __init__(self, optimizer, initial_learning_rate: float, end_learning_rate: float,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_learning_rate: float,
+                 end_learning_rate: float,
                  total_iters: int, cycle: bool = False, param_group_tags: Tags = None):
         LinearScheduler.__init__(self, optimizer, initial_learning_rate, end_learning_rate,
                                  total_iters, cycle=cycle, param_group_tags=param_group_tags)
@@ -117,7 +120,8 @@ class LinearLR(LRScheduler, LinearScheduler):
 class ExponentialLR(LRScheduler, ExponentialScheduler):
     initial_val = _alias("initial_learning_rate")
 
-    def __init__(self, optimizer, initial_learning_rate: float, total_iters: int,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_learning_rate: float,
+                 total_iters: int,
                  decay_rate: float, staircase: bool = False, param_group_tags: Tags = None):
         ExponentialScheduler.__init__(self, optimizer, initial_learning_rate, total_iters,
                                       decay_rate, staircase=staircase,
@@ -127,7 +131,8 @@ class ExponentialLR(LRScheduler, ExponentialScheduler):
 class InverseExponentialTimeDecayLR(LRScheduler, InverseExponentialTimeDecayScheduler):
     initial_val = _alias("initial_learning_rate")
 
-    def __init__(self, optimizer, initial_learning_rate: float, step_exponent: int,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_learning_rate: float,
+                 step_exponent: int,
                  total_iters: int, decay_rate: float, staircase: bool = False,
                  param_group_tags: Tags = None):
         InverseExponentialTimeDecayScheduler.__init__(
@@ -138,7 +143,8 @@ class InverseExponentialTimeDecayLR(LRScheduler, InverseExponentialTimeDecaySche
 class InverseSquareRootDecayLR(LRScheduler, InverseSquareRootDecayScheduler):
     initial_val = _alias("initial_learning_rate")
 
-    def __init__(self, optimizer, initial_learning_rate: float = 1.0, scale: float = 1.0,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_learning_rate: float = 1.0,
+                 scale: float = 1.0,
                  warmup_steps: int = 1.0, param_group_tags: Tags = None):
         InverseSquareRootDecayScheduler.__init__(self, optimizer, initial_learning_rate, scale,
                                                  warmup_steps, param_group_tags=param_group_tags)
@@ -148,14 +154,16 @@ class CosineDecayLR(LRScheduler, CosineDecayScheduler):
     initial_val = _alias("initial_learning_rate")
     end_val = _alias("end_learning_rate")
 
-    def __init__(self, optimizer, initial_learning_rate: float, end_learning_rate: float,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_learning_rate: float,
+                 end_learning_rate: float,
                  total_iters: int, param_group_tags: Tags = None):
         CosineDecayScheduler.__init__(self, optimizer, initial_learning_rate, end_learning_rate,
                                       total_iters, param_group_tags=param_group_tags)
 
 
 class SequentialLR(LRScheduler, SequentialScheduler):
-    def __init__(self, optimizer, schedulers: List[LRScheduler], milestones: List[int],
+    def __init__(self, optimizer: torch.optim.Optimizer, schedulers: List[LRScheduler],
+                 milestones: List[int],
                  last_epoch: int = -1, param_group_tags: Tags = None):
         SequentialScheduler.__init__(self, optimizer, schedulers, milestones,
                                      last_epoch=last_epoch, param_group_tags=param_group_tags)
@@ -164,7 +172,8 @@ class SequentialLR(LRScheduler, SequentialScheduler):
 class PiecewiseConstantLR(LRScheduler, PiecewiseConstantScheduler):
     """``learning_rates[i]`` from ``milestones[i-1]`` until ``milestones[i]``."""
 
-    def __init__(self, optimizer, learning_rates: List[float], milestones: List[int],
+    def __init__(self, optimizer: torch.optim.Optimizer, learning_rates: List[float],
+                 milestones: List[int],
                  param_group_tags: Tags = None):
         PiecewiseConstantScheduler.__init__(self, optimizer, ConstantLR, learning_rates,
                                             milestones, param_group_tags=param_group_tags)
@@ -173,7 +182,7 @@ class PiecewiseConstantLR(LRScheduler, PiecewiseConstantScheduler):
 class MultiStepLR(LRScheduler, MultiStepScheduler):
     initial_val = _alias("initial_learning_rate")
 
-    def __init__(self, optimizer, initial_learning_rate: float, gamma: float,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_learning_rate: float, gamma: float,
                  milestones: List[int], param_group_tags: Tags = None):
         MultiStepScheduler.__init__(self, optimizer, initial_learning_rate, gamma, milestones,
                                     param_group_tags=param_group_tags)
@@ -182,7 +191,8 @@ class MultiStepLR(LRScheduler, MultiStepScheduler):
 class StepLR(LRScheduler, StepScheduler):
     initial_val = _alias("initial_learning_rate")
 
-    def __init__(self, optimizer, initial_learning_rate: float, step_size: int, gamma: float,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_learning_rate: float,
+                 step_size: int, gamma: float,
                  param_group_tags: Tags = None):
         StepScheduler.__init__(self, optimizer, initial_learning_rate, step_size, gamma,
                                param_group_tags=param_group_tags)
@@ -191,7 +201,7 @@ class StepLR(LRScheduler, StepScheduler):
 class CosineAnnealingLR(LRScheduler, CosineAnnealingScheduler):
     initial_val = _alias("initial_learning_rate")
 
-    def __init__(self, optimizer, initial_learning_rate: float, T_max: int,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_learning_rate: float, T_max: int,
                  eta_min: float = 0.0, param_group_tags: Tags = None):
         CosineAnnealingScheduler.__init__(self, optimizer, initial_learning_rate, T_max,
                                           eta_min=eta_min, param_group_tags=param_group_tags)
@@ -204,7 +214,8 @@ class LambdaLR(LRScheduler, LambdaScheduler):
 
     initial_val = _alias("initial_learning_rate")
 
-    def __init__(self, optimizer, initial_learning_rate: float, param_group_tags: Tags = None,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_learning_rate: float,
+                 param_group_tags: Tags = None,
                  lr_lambda: Optional[Callable] = None):
         if lr_lambda is not None and not callable(lr_lambda):
             raise TypeError(f"LambdaLR: lr_lambda must be a function of the step, got "
@@ -227,7 +238,8 @@ class LambdaLR(LRScheduler, LambdaScheduler):
 class CosineAnnealingWarmRestarts(LRScheduler, CosineAnnealingWarmRestartsScheduler):
     initial_val = _alias("initial_learning_rate")
 
-    def __init__(self, optimizer, initial_learning_rate: float, T_0: int, T_mult: int = 1,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_learning_rate: float, T_0: int,
+                 T_mult: int = 1,
                  eta_min: float = 0.0, param_group_tags: Tags = None):
         CosineAnnealingWarmRestartsScheduler.__init__(
             self, optimizer, initial_learning_rate, T_0, T_mult=T_mult, eta_min=eta_min,
@@ -239,7 +251,8 @@ class MultiplicativeLR(LRScheduler, MultiplicativeScheduler):
 
     initial_val = _alias("initial_learning_rate")
 
-    def __init__(self, optimizer, initial_learning_rate: float, coefficient: float,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_learning_rate: float,
+                 coefficient: float,
                  param_group_tags: Tags = None):
         MultiplicativeScheduler.__init__(self, optimizer, initial_learning_rate, coefficient,
                                          param_group_tags=param_group_tags)
@@ -261,7 +274,8 @@ class CyclicLR(LRScheduler, CyclicScheduler):
     base_val = _alias("base_lr")
     max_val = _alias("max_lr")
 
-    def __init__(self, optimizer, base_lr: float, max_lr: float, step_size_up: int = 2000,
+    def __init__(self, optimizer: torch.optim.Optimizer, base_lr: float, max_lr: float,
+                 step_size_up: int = 2000,
                  step_size_down: Optional[int] = None, mode: str = "triangular",
                  gamma: float = 1.0, scale_mode: str = "cycle", param_group_tags: Tags = None):
         CyclicScheduler.__init__(self, optimizer, base_lr, max_lr, step_size_up=step_size_up,
@@ -275,7 +289,8 @@ class OneCycleLR(LRScheduler, OneCycleScheduler):
     initial_val = _alias("initial_learning_rate")
     max_val = _alias("max_lr")
 
-    def __init__(self, optimizer, initial_learning_rate: float, max_lr: float,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_learning_rate: float,
+                 max_lr: float,
                  total_steps: int = 1000, pct_start: float = 0.3,
                  final_div_factor: float = 1e4, three_phase: bool = False,
                  anneal_strategy: str = "cos", param_group_tags: Tags = None):
@@ -290,7 +305,8 @@ class ScalePerParamLR(LRScheduler, ScalePerParamScheduler):
 
     adjustment_scalars = _alias("lr_adjustment_scalars")
 
-    def __init__(self, optimizer, scheduler: LRScheduler, param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, scheduler: LRScheduler,
+                 param_group_tags: Tags = None):
         ScalePerParamScheduler.__init__(self, optimizer, scheduler,
                                         param_group_tags=param_group_tags)
 

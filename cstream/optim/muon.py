@@ -1,11 +1,9 @@
 """Muon: SGD with momentum whose matrix updates are orthogonalised by Newton-Schulz iterations."""
 
-from __future__ import annotations
-
 import torch
 
 from cstream import creation
-from cstream.optim.optimizer import Optimizer
+from cstream.optim.optimizer import Optimizer, ParamsT
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
@@ -40,8 +38,8 @@ class Muon(Optimizer):
 
     closure_enables_grad = True
 
-    def __init__(self, params, lr=0.02, weight_decay=0.01, momentum=0.95, nesterov=True,
-                 ns_steps=5):
+    def __init__(self, params: ParamsT, lr: float = 0.02, weight_decay: float = 0.01,
+                 momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5):
         if isinstance(lr, bool) or not isinstance(lr, (int, float)) or lr < 0.0:
             raise ValueError(f"Muon: lr must be a number >= 0, got {lr!r}.")
         if not 0.0 <= weight_decay < 1.0:

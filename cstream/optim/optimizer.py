@@ -10,7 +10,6 @@ A group's ``lr`` is the number the user gave (as in ``cerebras.pytorch``, and so
 takes either (:meth:`Optimizer.lr_tensor` is the scheduler's side of that contract).
 """
 
-from __future__ import annotations
 
 import functools
 from collections import defaultdict

@@ -11,13 +11,13 @@ here too: :func:`_f32` rounds a Python number the same way before it enters an o
 read from a tensor inside a step (tracing forbids it).
 """
 
-from __future__ import annotations
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
 
 from cstream import creation
-from cstream.optim.optimizer import Optimizer, group_tensors, with_grads
+from cstream.optim.optimizer import Optimizer, ParamsT, group_tensors, with_grads
 from workers.torch_compat import foreach
 
 
@@ -75,8 +75,8 @@ class SGD(_ForeachOptimizer):
     tensor([0.9000, 0.9000])
     """
 
-    def __init__(self, params, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False,
-                 maximize=False):
+    def __init__(self, params: ParamsT, lr: float, momentum: float = 0, dampening: float = 0,
+                 weight_decay: float = 0, nesterov: bool = False, maximize: bool = False):
         for n, v in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay),
                      ("dampening", dampening)):
             _check(n, v, owner="SGD")
@@ -117,8 +117,9 @@ class _AdamBase(_ForeachOptimizer):
     kept by multiplying each step), ``eps`` added to ``sqrt(v)`` before the correction:
     ``p -= lr * (m / (sqrt(v) + eps) * sqrt(1 - beta2**t) / (1 - beta1**t) + wd * p)``."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
-                 l2_regularization_rate=0.0, correct_bias=True, amsgrad=False):
+    def __init__(self, params: ParamsT, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-6, weight_decay: float = 0.0, l2_regularization_rate: float = 0.0,
+                 correct_bias: bool = True, amsgrad: bool = False):
         name = type(self).__name__
         _check("lr", lr, owner=name)
         _check_betas(betas, name)
@@ -197,8 +198,9 @@ class AdamW(_AdamBase):
     """AdamW: decoupled weight decay (``weight_decay * p`` added to the update); ``correct_bias``
     False drops the bias correction (BERT's variant)."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
-                 correct_bias=True, amsgrad=False):
+    def __init__(self, params: ParamsT, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-6, weight_decay: float = 0.0, correct_bias: bool = True,
+                 amsgrad: bool = False):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                          l2_regularization_rate=0.0, correct_bias=correct_bias,
                          amsgrad=amsgrad)
@@ -212,8 +214,8 @@ class Adam(_AdamBase):
     """Adam: ``weight_decay`` is an L2 penalty added to the gradient (kept in the group as
     ``l2_regularization_rate``; the group's ``weight_decay`` is 0.0)."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
-                 amsgrad=False):
+    def __init__(self, params: ParamsT, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-6, weight_decay: float = 0.0, amsgrad: bool = False):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=0.0,
                          l2_regularization_rate=weight_decay, correct_bias=True,
                          amsgrad=amsgrad)
@@ -236,8 +238,9 @@ class Adam(_AdamBase):
 class Adagrad(Optimizer):
     """Adagrad: ``p -= lr * g / (1 + (t - 1) * lr_decay) / (sqrt(sum g**2) + eps)``."""
 
-    def __init__(self, params, lr=1e-2, lr_decay=0, weight_decay=0, initial_accumulator_value=0,
-                 eps=1e-6, maximize=False):
+    def __init__(self, params: ParamsT, lr: float = 1e-2, lr_decay: float = 0,
+                 weight_decay: float = 0, initial_accumulator_value: float = 0, eps: float = 1e-6,
+                 maximize: bool = False):
         for n, v in (("lr", lr), ("lr_decay", lr_decay), ("weight_decay", weight_decay),
                      ("initial_accumulator_value", initial_accumulator_value), ("eps", eps)):
             _check(n, v, owner="Adagrad")
@@ -266,8 +269,8 @@ class Adagrad(Optimizer):
 class RMSprop(Optimizer):
     """RMSprop, with momentum and ``centered``."""
 
-    def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0, momentum=0,
-                 centered=False):
+    def __init__(self, params: ParamsT, lr: float = 1e-2, alpha: float = 0.99, eps: float = 1e-8,
+                 weight_decay: float = 0, momentum: float = 0, centered: bool = False):
         for n, v in (("lr", lr), ("eps", eps), ("momentum", momentum),
                      ("weight_decay", weight_decay), ("alpha", alpha)):
             _check(n, v, owner="RMSprop")
@@ -308,7 +311,8 @@ class Lion(Optimizer):
     """Lion (Chen et al. 2023): ``p *= 1 - lr * wd``; ``p -= lr * sign(b1*m + (1-b1)*g)``;
     then ``m = b2*m + (1-b2)*g``."""
 
-    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0):
+    def __init__(self, params: ParamsT, lr: float = 1e-4, betas: Tuple[float, float] = (0.9, 0.99),
+                 weight_decay: float = 0.0):
         _check("lr", lr, owner="Lion")
         _check_betas(betas, "Lion")
         _check("weight_decay", weight_decay, owner="Lion")
@@ -333,7 +337,8 @@ class Lion(Optimizer):
 class Adadelta(Optimizer):
     """Adadelta."""
 
-    def __init__(self, params, lr=1.0, rho=0.9, eps=1e-6, weight_decay=0, maximize=False):
+    def __init__(self, params: ParamsT, lr: float = 1.0, rho: float = 0.9, eps: float = 1e-6,
+                 weight_decay: float = 0, maximize: bool = False):
         for n, v in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
             _check(n, v, owner="Adadelta")
         _check("rho", rho, 0.0, 1.0, "Adadelta", high_inclusive=True)
@@ -361,8 +366,8 @@ class Adadelta(Optimizer):
 class Adamax(Optimizer):
     """Adamax, its bias correction through a ``beta1_power`` state (``beta1**t``)."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0,
-                 maximize=False):
+    def __init__(self, params: ParamsT, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-6, weight_decay: float = 0.0, maximize: bool = False):
         _check("lr", lr, owner="Adamax")
         _check_betas(betas, "Adamax")
         _check("eps", eps, owner="Adamax")
@@ -394,8 +399,8 @@ class ASGD(Optimizer):
     """Averaged SGD: ``eta`` (the step's rate), ``mu`` (the averaging weight) and ``ax`` (the
     average) as state, all updated by tensor ops."""
 
-    def __init__(self, params, lr=1e-2, lambd=1e-4, alpha=0.75, t0=1e6, weight_decay=0,
-                 maximize=False):
+    def __init__(self, params: ParamsT, lr: float = 1e-2, lambd: float = 1e-4, alpha: float = 0.75,
+                 t0: float = 1e6, weight_decay: float = 0, maximize: bool = False):
         _check("lr", lr, owner="ASGD")
         _check("weight_decay", weight_decay, owner="ASGD")
         super().__init__(params, dict(lr=lr, lambd=lambd, alpha=alpha, t0=t0,
@@ -429,8 +434,8 @@ class NAdam(Optimizer):
     ``mu_product`` state. As 2.10 does, the momentum term divides by
     ``1 - mu_product * mu_t * mu_{t+1}`` (``mu_product`` already holds ``mu_t``)."""
 
-    def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0,
-                 momentum_decay=4e-3):
+    def __init__(self, params: ParamsT, lr: float = 2e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0, momentum_decay: float = 4e-3):
         for n, v in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay),
                      ("momentum_decay", momentum_decay)):
             _check(n, v, owner="NAdam")
@@ -469,7 +474,8 @@ class NAdam(Optimizer):
 class RAdam(Optimizer):
     """RAdam: the rectified adaptive step where ``rho_t > 5``, plain momentum SGD before."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0):
+    def __init__(self, params: ParamsT, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-6, weight_decay: float = 0.0):
         for n, v in (("lr", lr), ("weight_decay", weight_decay), ("eps", eps)):
             _check(n, v, owner="RAdam")
         _check_betas(betas, "RAdam")
@@ -515,7 +521,8 @@ class Rprop(Optimizer):
     shrinks by ``etas[0]`` when it flips (that element then skips the step), within
     ``step_sizes``; the step is ``sign(grad) * step_size``."""
 
-    def __init__(self, params, lr=1e-3, etas=(0.5, 1.2), step_sizes=(1e-6, 50.0)):
+    def __init__(self, params: ParamsT, lr: float = 1e-3, etas: Tuple[float, float] = (0.5, 1.2),
+                 step_sizes: Tuple[float, float] = (1e-6, 50.0)):
         _check("lr", lr, owner="Rprop")
         super().__init__(params, dict(lr=lr, etas=etas, step_sizes=step_sizes))
 
@@ -546,8 +553,8 @@ class Lamb(Optimizer):
     ``m / (sqrt(v) + eps) + wd * p`` scaled by the trust ratio ``min(||p||, 10) / ||step||``
     (1 where either norm is 0, or always with ``adam=True``)."""
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0,
-                 adam=False):
+    def __init__(self, params: ParamsT, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-6, weight_decay: float = 0, adam: bool = False):
         _check("lr", lr, owner="Lamb")
         _check("eps", eps, owner="Lamb")
         _check_betas(betas, "Lamb")
@@ -584,9 +591,11 @@ class Adafactor(Optimizer):
     RMS (``scale_parameter``). ``lr`` is required: 2.10 has no relative step
     (``relative_step=True`` and ``warmup_init=True`` are refused, as there)."""
 
-    def __init__(self, params, lr, eps=(1e-30, 1e-3), clip_threshold=1.0, decay_rate=-0.8,
-                 beta1=None, weight_decay=0.0, scale_parameter=True, relative_step=False,
-                 warmup_init=False):
+    def __init__(self, params: ParamsT, lr: float, eps: Tuple[float, float] = (1e-30, 1e-3),
+                 clip_threshold: float = 1.0, decay_rate: float = -0.8,
+                 beta1: Optional[float] = None, weight_decay: float = 0.0,
+                 scale_parameter: bool = True, relative_step: bool = False,
+                 warmup_init: bool = False):
         if lr is not None and relative_step:
             raise ValueError("Adafactor: cannot combine a manual lr with relative_step=True; "
                              "relative steps are not supported: give lr.")

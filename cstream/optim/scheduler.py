@@ -18,7 +18,6 @@ state back. So a reference to ``group["lr"]`` taken before ``step()`` keeps the 
 optimizer used. ``param_group_tags`` picks the groups by their ``tags``.
 """
 
-from __future__ import annotations
 
 import contextlib
 import itertools
@@ -98,7 +97,7 @@ class Scheduler(ABC):
     # bookkeeping of cstream's own, left out of state_dict()
     _NOT_STATE = frozenset({"optimizer", "_epoch_offset", "_bound"})
 
-    def __init__(self, optimizer: Optimizer, total_iters: Optional[int], last_epoch: int = -1,
+    def __init__(self, optimizer: torch.optim.Optimizer, total_iters: Optional[int], last_epoch: int = -1,
                  param_group_tags: Tags = None):
         if not isinstance(optimizer, Optimizer):
             raise TypeError(
@@ -238,7 +237,8 @@ class Scheduler(ABC):
 class ConstantScheduler(Scheduler):
     """The value ``val`` at every step (``total_iters`` counts in a SequentialScheduler)."""
 
-    def __init__(self, optimizer, val: float, total_iters: Optional[int] = None,
+    def __init__(self, optimizer: torch.optim.Optimizer, val: float,
+                 total_iters: Optional[int] = None,
                  param_group_tags: Tags = None):
         self.val = val
         super().__init__(optimizer, total_iters=total_iters, param_group_tags=param_group_tags)
@@ -254,7 +254,8 @@ class PolynomialScheduler(Scheduler):
     ``total_iters`` for every step before the end: as in the real package, it changes nothing.
     """
 
-    def __init__(self, optimizer, initial_val: float, end_val: float, total_iters: int,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, end_val: float,
+                 total_iters: int,
                  power: float = 1.0, cycle: bool = False, param_group_tags: Tags = None):
         self.initial_val, self.end_val = initial_val, end_val
         self.power, self.cycle = power, cycle
@@ -273,7 +274,8 @@ class PolynomialScheduler(Scheduler):
 class LinearScheduler(PolynomialScheduler):
     """PolynomialScheduler with ``power=1``."""
 
-    def __init__(self, optimizer, initial_val: float, end_val: float, total_iters: int,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, end_val: float,
+                 total_iters: int,
                  cycle: bool = False, param_group_tags: Tags = None):
         super().__init__(optimizer, initial_val=initial_val, end_val=end_val,
                          total_iters=total_iters, power=1.0, cycle=cycle,
@@ -283,7 +285,8 @@ class LinearScheduler(PolynomialScheduler):
 class ExponentialScheduler(Scheduler):
     """``initial * decay_rate ** (step / total_iters)`` (the power floored if staircase)."""
 
-    def __init__(self, optimizer, initial_val: float, total_iters: int, decay_rate: float,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, total_iters: int,
+                 decay_rate: float,
                  staircase: bool = False, param_group_tags: Tags = None):
         self.initial_val = float(initial_val)
         self.decay_rate, self.staircase = decay_rate, staircase
@@ -300,7 +303,8 @@ class InverseExponentialTimeDecayScheduler(Scheduler):
     """``initial / (1 + decay_rate * step ** step_exponent / total_iters)`` (the quotient
     floored if staircase): Keras' InverseTimeDecay with the step raised to ``step_exponent``."""
 
-    def __init__(self, optimizer, initial_val: float, step_exponent: int, total_iters: int,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, step_exponent: int,
+                 total_iters: int,
                  decay_rate: float, staircase: bool = False, param_group_tags: Tags = None):
         self.initial_val, self.step_exponent = initial_val, step_exponent
         self.decay_rate, self.staircase = decay_rate, staircase
@@ -316,7 +320,8 @@ class InverseExponentialTimeDecayScheduler(Scheduler):
 class InverseSquareRootDecayScheduler(Scheduler):
     """``initial * scale / sqrt(max(step, warmup_steps))``."""
 
-    def __init__(self, optimizer, initial_val: float = 1.0, scale: float = 1.0,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float = 1.0,
+                 scale: float = 1.0,
                  warmup_steps: int = 1.0, param_group_tags: Tags = None):
         self.initial_val, self.scale, self.warmup_steps = initial_val, scale, warmup_steps
         super().__init__(optimizer, total_iters=None, param_group_tags=param_group_tags)
@@ -331,7 +336,8 @@ class CosineDecayScheduler(Scheduler):
     """``end + (initial - end) * (1 + cos(pi * min(step, total_iters) / total_iters)) / 2``
     (Keras' CosineDecay)."""
 
-    def __init__(self, optimizer, initial_val: float, end_val: float, total_iters: int,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, end_val: float,
+                 total_iters: int,
                  param_group_tags: Tags = None):
         self.initial_val, self.end_val = initial_val, end_val
         super().__init__(optimizer, total_iters=total_iters, param_group_tags=param_group_tags)
@@ -363,7 +369,8 @@ class SequentialScheduler(_CombinedScheduler):
     """``schedulers[i]`` from step ``milestones[i-1]`` on, each counting its own steps from 0
     there (torch's SequentialLR)."""
 
-    def __init__(self, optimizer, schedulers: list, milestones: List[int], last_epoch: int = -1,
+    def __init__(self, optimizer: torch.optim.Optimizer, schedulers: list, milestones: List[int],
+                 last_epoch: int = -1,
                  param_group_tags: Tags = None):
         if isinstance(milestones, numpy.ndarray):
             milestones = milestones.tolist()
@@ -406,7 +413,8 @@ class PiecewiseConstantScheduler(SequentialScheduler):
     """``vals[i]`` from ``milestones[i-1]`` until ``milestones[i]`` (one more value than
     milestones)."""
 
-    def __init__(self, optimizer, constant_cls: type, vals: List[float], milestones: List[int],
+    def __init__(self, optimizer: torch.optim.Optimizer, constant_cls: type, vals: List[float],
+                 milestones: List[int],
                  param_group_tags: Tags = None):
         if len(vals) != len(milestones) + 1:
             raise ValueError(
@@ -423,7 +431,8 @@ class PiecewiseConstantScheduler(SequentialScheduler):
 class MultiStepScheduler(Scheduler):
     """``initial * gamma ** (milestones reached)`` (torch's MultiStepLR)."""
 
-    def __init__(self, optimizer, initial_val: float, gamma: float, milestones: List[int],
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, gamma: float,
+                 milestones: List[int],
                  param_group_tags: Tags = None):
         self.initial_val, self.gamma, self.milestones = initial_val, gamma, milestones
         super().__init__(optimizer, total_iters=None, param_group_tags=param_group_tags)
@@ -439,7 +448,8 @@ class MultiStepScheduler(Scheduler):
 class StepScheduler(Scheduler):
     """``initial * gamma ** floor(step / step_size)`` (torch's StepLR)."""
 
-    def __init__(self, optimizer, initial_val: float, step_size: int, gamma: float,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, step_size: int,
+                 gamma: float,
                  param_group_tags: Tags = None):
         self.initial_val, self.gamma, self.step_size = float(initial_val), gamma, step_size
         super().__init__(optimizer, total_iters=None, param_group_tags=param_group_tags)
@@ -453,7 +463,8 @@ class CosineAnnealingScheduler(Scheduler):
     """``eta_min + (initial - eta_min) * (1 + cos(pi * step / T_max)) / 2``: periodic, rising
     again after ``T_max`` (torch's CosineAnnealingLR in closed form)."""
 
-    def __init__(self, optimizer, initial_val: float, T_max: int, eta_min: float = 0.0,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, T_max: int,
+                 eta_min: float = 0.0,
                  param_group_tags: Tags = None):
         self.initial_val, self.T_max, self.eta_min = float(initial_val), float(T_max), eta_min
         super().__init__(optimizer, total_iters=None, param_group_tags=param_group_tags)
@@ -474,7 +485,8 @@ class LambdaScheduler(Scheduler):
     taken, as the real package does. The built-in pair is ``step / 30`` and ``0.95 ** step``.
     """
 
-    def __init__(self, optimizer, initial_val: float, param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float,
+                 param_group_tags: Tags = None):
         self.initial_val = initial_val
         super().__init__(optimizer, total_iters=None, param_group_tags=param_group_tags)
 
@@ -499,7 +511,8 @@ class CosineAnnealingWarmRestartsScheduler(Scheduler):
     follows its docstring and torch's CosineAnnealingWarmRestarts instead.
     """
 
-    def __init__(self, optimizer, initial_val: float, T_0: int, T_mult: int = 1,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, T_0: int,
+                 T_mult: int = 1,
                  eta_min: float = 0.0, param_group_tags: Tags = None):
         if int(T_mult) != T_mult or T_mult < 1:
             raise ValueError(f"{type(self).__name__}: T_mult must be an integer >= 1 (the "
@@ -523,7 +536,7 @@ class CosineAnnealingWarmRestartsScheduler(Scheduler):
 class MultiplicativeScheduler(Scheduler):
     """``initial * coefficient ** step``."""
 
-    def __init__(self, optimizer, initial_val: float, coefficient: float,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, coefficient: float,
                  param_group_tags: Tags = None):
         self.initial_val, self.coefficient = initial_val, coefficient
         super().__init__(optimizer, total_iters=None, param_group_tags=param_group_tags)
@@ -580,7 +593,8 @@ class CyclicScheduler(Scheduler):
 
     MODES = ("triangular", "triangular2", "exp_range")
 
-    def __init__(self, optimizer, base_val: float, max_val: float, step_size_up: int = 2000,
+    def __init__(self, optimizer: torch.optim.Optimizer, base_val: float, max_val: float,
+                 step_size_up: int = 2000,
                  step_size_down: int = None, mode: str = "triangular", gamma: float = 1.0,
                  scale_mode: str = "cycle", param_group_tags: Tags = None):
         if mode not in self.MODES:
@@ -616,7 +630,8 @@ class OneCycleScheduler(Scheduler):
     ``total_steps``, then down to ``initial_val / final_div_factor``; with ``three_phase``
     back to ``initial_val`` first. ``anneal_strategy`` is ``"cos"`` or ``"linear"``."""
 
-    def __init__(self, optimizer, initial_val: float, max_val: float, total_steps: int = 1000,
+    def __init__(self, optimizer: torch.optim.Optimizer, initial_val: float, max_val: float,
+                 total_steps: int = 1000,
                  pct_start: float = 0.3, final_div_factor: float = 1e4,
                  three_phase: bool = False, anneal_strategy: str = "cos",
                  param_group_tags: Tags = None):
@@ -661,7 +676,8 @@ class ScalePerParamScheduler(Scheduler):
 
     _NOT_STATE = Scheduler._NOT_STATE | {"_scheduler_nested"}
 
-    def __init__(self, optimizer, scheduler: Scheduler, param_group_tags: Tags = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, scheduler: Scheduler,
+                 param_group_tags: Tags = None):
         self.adjustment_scalars = [g.get("adjust_learning_rate", g.get("adjust_val", 1.0))
                                    for g in optimizer.param_groups]
         _check_same_optimizer(type(self).__name__, optimizer, [scheduler])

@@ -14,9 +14,10 @@ writing the group's ``"weight_decay"`` (so the arguments keep their generic name
 0.025
 """
 
-from __future__ import annotations
 
 from typing import List
+
+import torch
 
 from cstream.optim.scheduler import (
     ChainedScheduler, ConstantScheduler, CosineAnnealingScheduler,
@@ -69,7 +70,7 @@ class SequentialWD(WeightDecayScheduler, SequentialScheduler):
 class PiecewiseConstantWD(WeightDecayScheduler, PiecewiseConstantScheduler):
     """``vals[i]`` from ``milestones[i-1]`` until ``milestones[i]``."""
 
-    def __init__(self, optimizer, vals: List[float], milestones: List[int],
+    def __init__(self, optimizer: torch.optim.Optimizer, vals: List[float], milestones: List[int],
                  param_group_tags: Tags = None):
         super().__init__(optimizer, ConstantWD, vals=vals, milestones=milestones,
                          param_group_tags=param_group_tags)
