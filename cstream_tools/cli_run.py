@@ -8,6 +8,7 @@ run or its files failed, 2 bad arguments or a bad experiment file).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -191,7 +192,6 @@ def _add_report_parser(subparsers) -> None:
 # -- shared ----------------------------------------------------------------------------------------
 def _experiment(args, command: str):
     """The experiment file of ``args.config`` with the command line's overrides applied."""
-    import dataclasses
 
     from cstream_tools.experiment import ExperimentError, load_experiment, with_layout
 
@@ -209,8 +209,10 @@ def _experiment(args, command: str):
     if command == "run":
         changes = {k: getattr(args, k) for k in ("num_csx", "num_workers_per_csx")
                    if getattr(args, k) is not None}
-        if changes.get("num_workers_per_csx") == "auto":
-            changes["num_workers_per_csx"] = 0  # autoscaled, within the file's bounds if any
+        if changes.get("num_workers_per_csx") == "auto":  # within the file's bounds if any
+            asked = exp.cs_config.autoscale
+            if asked is not None:  # asked for on the command line: refused where impossible
+                changes["autoscale"] = dataclasses.replace(asked, required=True)
         elif "num_workers_per_csx" in changes:
             changes["autoscale"] = None  # a count given: fixed
     if args.wafer_samples_per_sec is not None:

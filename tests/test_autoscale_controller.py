@@ -188,8 +188,10 @@ def test_the_observation_is_built_from_the_wafers_step_records():
 def test_auto_yaml_and_zero_mean_found_while_the_run_runs_a_count_stays_fixed():
     for value in ("auto", 0, None):
         cfg = CSConfig(num_workers_per_csx=value)
-        assert (cfg.autoscaling, cfg.num_workers_per_csx, cfg.autoscale) == (True, 1,
-                                                                             Autoscale())
+        # 0 and None, the Cerebras "chosen automatically", fall back to a fixed count where the
+        # input cannot change its workers; "auto" is refused there
+        assert (cfg.autoscaling, cfg.num_workers_per_csx, cfg.autoscale) == (
+            True, 1, Autoscale(required=value == "auto"))
     cfg = CSConfig(num_workers_per_csx="auto", autoscale={"min_workers_per_csx": 2})
     assert (cfg.num_workers_per_csx, cfg.autoscale.max_workers_per_csx) == (2, 16)
     fixed = CSConfig(num_workers_per_csx=3)
