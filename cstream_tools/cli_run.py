@@ -192,7 +192,6 @@ def _add_report_parser(subparsers) -> None:
 # -- shared ----------------------------------------------------------------------------------------
 def _experiment(args, command: str):
     """The experiment file of ``args.config`` with the command line's overrides applied."""
-
     from cstream_tools.experiment import ExperimentError, load_experiment, with_layout
 
     _check_overrides(args, command)
