@@ -20,8 +20,8 @@ METHODS = [n for n in MEMBERS if callable(vars(Run)[n])]
 
 def test_the_protocol_names_the_calls_the_executor_makes():
     assert METHODS == ["autoscale_state", "checkpoint_reads", "close", "closure_reads",
-                       "end_step", "materialize", "next_batch", "progress_stats", "samples_in_step", "step_done",
-                       "wafer_stats", "worker_states"]
+                       "end_step", "materialize", "next_batch", "progress_stats",
+                       "samples_in_step", "step_done", "wafer_stats", "worker_states"]
     assert "has_wafer" in Run.__annotations__
 
 
