@@ -78,8 +78,11 @@ def become(alias: str) -> None:
     for name in [n for n in list(sys.modules) if n.startswith(target + ".")]:
         sys.modules.setdefault(alias + name[len(target):], sys.modules[name])
     from cstream._cerebras_check import check_alias_in_use
+    from workers import torch_compat
 
     check_alias_in_use(alias)
+    # Cerebras programs were written for the torch their release pinned (2.4 for 2.10)
+    torch_compat.accept_treespec_field_names()
     sys.modules[alias] = module
     parent, _, child = alias.rpartition(".")
     if parent and parent in sys.modules:

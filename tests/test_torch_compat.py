@@ -206,6 +206,27 @@ def test_pytree_flattens_as_cstream_expects():
     assert tc.tree_unflatten(leaves, spec)["b"][0] == 2
 
 
+def test_a_spec_rebuilt_by_dataclasses_replace_as_programs_for_older_torch_do():
+    """The Model Zoo 2.10 Trainer turns tuples into lists with ``dataclasses.replace``, which
+    passes TreeSpec's field names (``_context``, ``_children``) to its constructor."""
+    import dataclasses
+
+    import cerebras.pytorch  # noqa: F401  (a Cerebras program's import installs the shim)
+
+    def tuples_to_lists(spec):
+        if spec.num_children == 0:
+            return spec
+        children = [tuples_to_lists(spec.child(i)) for i in range(spec.num_children)]
+        return dataclasses.replace(spec, type=list if spec.type is tuple else spec.type,
+                                   children_specs=children)
+
+    leaves, spec = tc.tree_flatten({"a": (1, (2, 3)), "b": [4]})
+    assert tc.tree_unflatten(leaves, tuples_to_lists(spec)) == {"a": [1, [2, 3]], "b": [4]}
+    leaf = tc.TreeSpec(None, None, [])
+    assert dataclasses.replace(leaf) == leaf
+    assert tc.accept_treespec_field_names()  # installed once; a second call changes nothing
+
+
 def test_a_name_torch_no_longer_has_fails_the_import_naming_it():
     """As a torch without ``_foreach_neg`` and ``_subclasses.fake_tensor.FakeTensor`` would."""
     proc = _run_python("import torch, torch._subclasses.fake_tensor as f\n"

@@ -69,6 +69,34 @@ FAMILIES_2_2 = [*GPT_FAMILIES_2_2, "bert", "bert_classifier", "bert_token_classi
 """Release 2.2's 25 model families (bert counted with each of its fine-tuning heads)."""
 
 
+TRAINER_CONFIGS = {  # family: (its folder under models/, the shipped configuration derived from)
+    "fc_mnist": ("vision/fc_mnist", "params_cszoov2.yaml"),
+    "gpt2": ("nlp/gpt2", "../../gpt3/configs/params_gpt3_xl.yaml"),
+    "gpt3": ("nlp/gpt3", "params_gpt3_xl.yaml"),
+    "gptj": ("nlp/gptj", "params_gptj_6B.yaml"),
+    "llama": ("nlp/llama", "params_llama2_7b.yaml"),
+    "mistral": ("nlp/mistral", "params_mistral_12b.yaml"),
+    "mixtral": ("nlp/mixtral", "params_moe_111M_base.yaml"),
+    "falcon": ("nlp/falcon", "params_falcon_7b.yaml"),
+    "bloom": ("nlp/bloom", "params_bloom_7b.yaml"),
+    "btlm": ("nlp/btlm", "params_btlm_2p7b_2k.yaml"),
+    "jais": ("nlp/jais", "params_jais_13b.yaml"),
+    "gemma2": ("nlp/gemma2", "params_gemma2_9b_msl8k.yaml"),
+    "santacoder": ("nlp/santacoder", "params_santacoder_1b.yaml"),
+    "starcoder": ("nlp/starcoder", "params_starcoder_15b.yaml"),
+    "dpo": ("nlp/dpo", "params_zephyr_7b_dpo.yaml"),
+}
+"""Release 2.3+ (``Trainer``) families this tool writes data for. gpt2's folder ships no
+configuration in 2.10: its trial is gpt3's configuration with the model named gpt2 (the two
+config classes share their fields)."""
+
+
+def is_trainer_release(release: Path) -> bool:
+    """Release 2.3 on: programs run through ``cerebras.modelzoo.trainer`` and read a
+    ``trainer:`` configuration."""
+    return (code_root(release)[1] / "trainer" / "trainer.py").is_file()
+
+
 def code_root(release: Path) -> tuple[Path, Path]:
     """(the folder to put on PYTHONPATH, the Model Zoo's package folder) of a checkout."""
     if (release / "src" / "cerebras" / "modelzoo").is_dir():
@@ -79,6 +107,10 @@ def code_root(release: Path) -> tuple[Path, Path]:
 def program_paths(release: Path, program: str) -> tuple[Path, Path, Path]:
     """(run.py, shipped params.yaml, the folder to put on PYTHONPATH) of ``program``."""
     root, code = code_root(release)
+    if is_trainer_release(release):
+        folder, shipped = TRAINER_CONFIGS[program]
+        folder = code / "models" / folder
+        return folder / "run.py", (folder / "configs" / shipped).resolve(), root
     if program == "fc_mnist":
         folder, shipped = code / "fc_mnist" / "pytorch", "params.yaml"
     elif root.name != "src":  # Release 2.0/2.1
@@ -231,6 +263,96 @@ def trial_optimizer(optimizer: dict, steps: int) -> dict:
     return optimizer
 
 
+def trial_schedulers(schedulers: list, steps: int) -> list:
+    """A Trainer configuration's ``schedulers:`` list for a run of ``steps`` steps, as
+    :func:`trial_optimizer` does for Release 2.2: every scheduler (also inside a SequentialLR)
+    keeps its class and its share of the run, its rates scaled so the largest is
+    TRIAL_PEAK_LR."""
+    leaves = []
+
+    def walk(spec):
+        for name, args in spec.items():
+            if isinstance(args, dict) and isinstance(args.get("schedulers"), list):
+                for inner in args["schedulers"]:
+                    walk(inner)
+            elif isinstance(args, dict):
+                leaves.append(args)
+
+    schedulers = yaml.safe_load(yaml.safe_dump(schedulers))  # a copy
+    for spec in schedulers:
+        walk(spec)
+    rates = [(a, k) for a in leaves for k, v in a.items()
+             if "learning_rate" in k and isinstance(v, (int, float))]
+    peak = max([a[k] for a, k in rates] or [0.0])
+    for a, k in rates:
+        a[k] = a[k] * TRIAL_PEAK_LR / peak if peak else TRIAL_PEAK_LR
+    for a in leaves:
+        if "total_iters" in a:
+            a["total_iters"] = max(1, steps // len(leaves))
+    return schedulers
+
+
+CSX_PERFORMANCE_FLAGS = ("csx.performance.micro_batch_size",)
+"""Flags of the ScopedTrainFlags/ScopedValidateFlags callbacks sized for the shipped batch (a
+micro batch of 88 does not divide the trials' 8): removed, as Release 2.2's trials remove
+``micro_batch_size``."""
+
+
+def trainer_params_for(program: str, shipped: Path, data: Path, steps: int,
+                       precision: str) -> dict:
+    """A Release 2.3+ ``trainer:`` configuration from the shipped one: this trial's data,
+    steps, precision, checkpoints and logging; decoders shrunk by :func:`tiny_decoder`.
+
+    Mixed precision is on in every trial of these releases: their MixedPrecision callback
+    turns it on for CSX whatever the configuration says, so CPU runs it too to compare the same
+    computation. The loss scale is fixed at 1.0 (dynamic scaling runs on CSX only); gradient
+    clipping, which the callback applies on both devices, is kept. The fit trains only: the
+    evaluation is its own ``--mode eval`` run of the last checkpoint."""
+    params = yaml.safe_load(shipped.read_text())
+    trainer = params["trainer"]
+    init, fit = trainer["init"], trainer["fit"]
+    init.pop("model_dir", None)  # the command line's --model_dir
+    init.pop("backend", None)  # the command line's CPU / CSX
+    init["seed"] = 1
+    init["loop"] = {"max_steps": steps, "eval_steps": 20 if program == "fc_mnist" else 4}
+    init["checkpoint"] = {"steps": checkpoint_every(steps), "save_initial_checkpoint": False}
+    init["logging"] = {"log_steps": 1}
+    _, bf16 = PRECISIONS[precision]
+    init["precision"] = {**{k: v for k, v in (init.get("precision") or {}).items()
+                            if k in ("max_gradient_norm", "max_gradient_value")},
+                         "enabled": True, "fp16_type": "bfloat16" if bf16 else "float16",
+                         "loss_scaling_factor": 1.0}
+    callbacks = []
+    for callback in init.get("callbacks") or []:
+        (name, args), = callback.items()
+        if name in ("ScopedTrainFlags", "ScopedValidateFlags"):
+            args = {k: v for k, v in (args or {}).items() if k not in CSX_PERFORMANCE_FLAGS}
+        callbacks.append({name: args})
+    init["callbacks"] = callbacks
+    model = init["model"]
+    if program == "gpt2":
+        model["name"] = "gpt2"
+    if program != "fc_mnist":
+        tiny_decoder(model.get("policy_model", model))  # DPO trains a decoder inside
+        init["schedulers"] = trial_schedulers(init.get("schedulers") or [], steps)
+    loaders = [fit["train_dataloader"], fit.get("val_dataloader") or
+               trainer.get("validate", {}).get("val_dataloader")]
+    for loader in loaders:
+        loader["data_dir"] = str(data)
+        if program == "fc_mnist":
+            loader["to_float16"] = True
+        else:
+            loader.update(batch_size=8, shuffle=False, num_workers=0)
+            for key in ("prefetch_factor", "persistent_workers", "max_sequence_length",
+                        "micro_batch_size"):
+                loader.pop(key, None)
+    val = loaders[1]
+    trainer["fit"] = {"train_dataloader": loaders[0]}
+    trainer["validate"] = {"val_dataloader": val}
+    trainer.pop("validate_all", None)
+    return params
+
+
 RAY_START_TIMEOUT = "The current node timed out during startup"
 """What Ray raises when its node does not register within its fixed 30 s (a loaded machine)."""
 
@@ -271,6 +393,8 @@ def run_program(python: str, run_py: Path, backend: str, mode: str, params: Path
 
 def runnable(release: Path) -> list[str]:
     """The families of ``release`` this tool runs."""
+    if is_trainer_release(release):
+        return list(TRAINER_CONFIGS)
     if code_root(release)[0].name == "src":
         return [f for f in FAMILIES_2_2 if f == "fc_mnist" or f in DECODER_FAMILIES_2_2]
     return ["fc_mnist", "gpt2"]
@@ -288,8 +412,11 @@ def trial(args, program: str) -> dict:
         write_gpt_hdf5(data, pairs=program == "dpo")
     params = work / "params.yaml"
     release_2_2 = root.name == "src"
-    params.write_text(yaml.safe_dump(params_for(program, shipped, data, args.steps,
-                                                args.precision, release_2_2)))
+    if is_trainer_release(args.release):
+        written = trainer_params_for(program, shipped, data, args.steps, args.precision)
+    else:
+        written = params_for(program, shipped, data, args.steps, args.precision, release_2_2)
+    params.write_text(yaml.safe_dump(written))
     path = [str(REPO), str(root), *args.pythonpath, os.environ.get("PYTHONPATH", "")]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p),
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
@@ -310,12 +437,17 @@ def trial(args, program: str) -> dict:
             runs[f"{backend} resume"] = runs[f"{backend} eval"] = skipped
             continue
         log = work / f"{backend}-resume.log"
+        # a Trainer resumes from --checkpoint_path (its autoload reads the checkpoints a run
+        # recorded in its model folder's index); the older flows from a checkpoint they find
+        trainer_release = is_trainer_release(args.release)
         if not (args.reuse and log.exists() and DONE.search(log.read_text())):
             shutil.rmtree(resumed, ignore_errors=True)
             resumed.mkdir()
-            shutil.copy(start, resumed)
-        runs[f"{backend} resume"] = run_program(args.python, run_py, backend, "train", params,
-                                                resumed, env, log, reuse=args.reuse)
+            if not trainer_release:
+                shutil.copy(start, resumed)
+        runs[f"{backend} resume"] = run_program(
+            args.python, run_py, backend, "train", params, resumed, env, log, reuse=args.reuse,
+            extra=("--checkpoint_path", str(start)) if trainer_release else ())
         runs[f"{backend} eval"] = run_program(
             args.python, run_py, backend, "eval", params, work / f"{backend}-eval", env,
             work / f"{backend}-eval.log", extra=("--checkpoint_path", str(last)),
@@ -353,6 +485,7 @@ def weights_gap(work: Path, steps: int) -> dict | None:
     tensors; None where a checkpoint is missing. Finer than the logged losses: under mixed
     precision the weights stay float32 while the losses are logged in the half dtype."""
     import h5py
+    import hdf5plugin  # noqa: F401  (registers the LZ4 filter checkpoints are written with)
 
     paths = [work / f"{b}-full" / f"checkpoint_{steps}.mdl" for b in ("CPU", "CSX")]
     if not all(p.exists() for p in paths):

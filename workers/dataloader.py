@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import itertools
 import torch
 from collections.abc import Mapping
 from typing import Any, Callable, Iterable
@@ -21,6 +22,9 @@ STATE_FORMAT = "cstream.dataloader/1"
 
 class EmptyDataLoaderError(ValueError):
     """``input_fn`` produced a dataloader that yields no batch."""
+
+
+_LOADER_IDS = itertools.count()
 
 
 class DataLoader:
@@ -54,6 +58,9 @@ class DataLoader:
                 f"build its own dataloader, so pass the function itself, e.g. "
                 f"cstream.utils.data.DataLoader(input_fn, batch_size=64), not input_fn(...)."
             )
+        self.id = next(_LOADER_IDS)
+        """A number of its own in this process (the Cerebras Trainer keys its validation
+        loaders by it)."""
         self.input_fn = input_fn
         self.input_fn_name = getattr(input_fn, "__qualname__", repr(input_fn))
         try:
@@ -66,6 +73,8 @@ class DataLoader:
                 "pass paths or settings instead of open handles."
             ) from e
         self._client_loader = None
+        self.load_strict = True
+        """``strict`` of the last :meth:`load_state_dict`, for the input_fn loader's own."""
         self._len = None
         self._resume = None
         self._resume_states = None
@@ -99,6 +108,11 @@ class DataLoader:
         if self._client_loader is None:
             self._client_loader = self.build(WorkerInfo())
         return self._client_loader
+
+    @property
+    def dataloader(self):
+        """The dataloader ``input_fn`` returns, as the client builds it (worker 0 of 1)."""
+        return self.client_loader()
 
     def __len__(self) -> int:
         if self._len is None:
@@ -152,8 +166,16 @@ class DataLoader:
         if provider is not None:
             self.client_rng_state = torch.get_rng_state()
 
-    def load_state_dict(self, state_dict: dict) -> None:
-        """Resume every worker from ``state_dict`` (from :meth:`state_dict`) in the next run."""
+    def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
+        """Resume every worker from ``state_dict`` (from :meth:`state_dict`) in the next run.
+
+        ``strict`` is passed on to an input_fn's loader whose ``load_state_dict`` and
+        ``deaggregate_state_dict`` take it (the Cerebras RestartableDataLoader protocol since
+        Release 2.5); a loader without it ignores it."""
+        if not isinstance(strict, bool):
+            raise TypeError(f"DataLoader.load_state_dict(strict={strict!r}): expected True or "
+                            "False.")
+        self.load_strict = strict
         if not isinstance(state_dict, Mapping) or state_dict.get("format") != STATE_FORMAT:
             raise ValueError(
                 "DataLoader.load_state_dict expects what DataLoader.state_dict() returned inside "

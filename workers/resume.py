@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -448,7 +449,8 @@ class Source:
         try:
             if resumed and self.batch_in_epoch:
                 if self.restartable is not None and self._loader_state is not None:
-                    self.restartable[1].load_state_dict(self._state_to_load())
+                    self.restartable[1].load_state_dict(self._state_to_load(),
+                                                        **self._strict_kwargs())
                 else:
                     skip, self.batch_in_epoch = self.batch_in_epoch, 0
             self._it = lean_iter(self.loader)
@@ -533,7 +535,23 @@ class Source:
                 f"worker resumes from that aggregate; cstream resumes each of the {workers} "
                 "workers from its own state, so this loader resumes only with one input worker "
                 "in all: set num_csx=1 and num_workers_per_csx=1 for the resumed run.")
-        return deaggregate(aggregate([state]))
+        return deaggregate(aggregate([state]), **self._strict_kwargs())
+
+    def _strict_kwargs(self) -> dict:
+        """``{"strict": ...}`` for a restartable part whose ``load_state_dict`` and
+        ``deaggregate_state_dict`` take ``strict`` (Release 2.5's protocol), else nothing."""
+        part = self.restartable[1]
+        methods = [m for m in (getattr(part, "load_state_dict", None),
+                               getattr(part, "deaggregate_state_dict", None)) if callable(m)]
+        takes = [_takes_strict(m) for m in methods]
+        if not any(takes):
+            return {}
+        if not all(takes):
+            raise TypeError(
+                f"input_fn {self.dataloader.input_fn_name}: its {type(part).__name__} takes "
+                "`strict` in one of load_state_dict and deaggregate_state_dict but not the "
+                "other; give both methods the argument, or neither.")
+        return {"strict": getattr(self.dataloader, "load_strict", True)}
 
     def last_sample_ids(self) -> list[int] | None:
         """The sample ids of the batch just returned, where the loader's sampler gave ints."""
@@ -606,3 +624,10 @@ def copy_state(x: Any) -> Any:
     if type(x) is tuple:
         return tuple(copy_state(v) for v in x)
     return copy.deepcopy(x)
+
+
+def _takes_strict(method) -> bool:
+    try:
+        return "strict" in inspect.signature(method).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False

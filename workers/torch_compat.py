@@ -13,6 +13,7 @@ comment saying what it is for), and a check in ``tests/test_torch_compat.py``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import re
 import threading
@@ -359,8 +360,41 @@ TorchDispatchMode = _private("torch.utils._python_dispatch:TorchDispatchMode",
                              "a mode that sees every aten op")
 
 
+# -- pytree specs built by field name (programs written for torch <= 2.5) ----------------------
+# torch 2.6 renamed TreeSpec's dataclass fields ``context`` / ``children_specs`` to ``_context`` /
+# ``_children`` but kept the old names in ``__init__``. ``dataclasses.replace(spec, ...)``
+# passes every init field by its field name, so code written for the old names (the Model Zoo
+# 2.10 Trainer's config serialiser) fails with "unexpected keyword argument '_context'".
+# TreeSpec's constructor is given the field names as well as the old ones.
+
+
+def accept_treespec_field_names() -> bool:
+    """Let ``TreeSpec(type=..., _context=..., _children=...)`` build a spec (once per process).
+
+    Returns False where TreeSpec already takes its field names (nothing to do).
+    """
+    spec_class = TreeSpec
+    if getattr(spec_class.__init__, "_cstream_field_names", False):
+        return True
+    field_names = {f.name for f in dataclasses.fields(spec_class) if f.init}
+    if "_context" not in field_names:
+        return False
+    original = spec_class.__init__
+
+    def __init__(self, type, context=None, children_specs=None, *, _context=None,
+                 _children=None):
+        children = _children if children_specs is None else children_specs
+        original(self, type, _context if context is None else context,
+                 [] if children is None else children)
+
+    __init__._cstream_field_names = True
+    spec_class.__init__ = __init__
+    return True
+
+
 if _MISSING:
     raise ImportError(
         f"torch {torch.__version__} lacks {len(_MISSING)} private name(s) cstream uses: "
         + "; ".join(f"{p} ({PRIVATE_NAMES[p]})" for p in _MISSING)
         + ". workers/torch_compat.py is where cstream reaches them: adapt that section.")
+

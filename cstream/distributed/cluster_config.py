@@ -14,8 +14,14 @@ a real cluster's scheduler: checked, kept and without effect.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import uuid
 from dataclasses import dataclass, field
 from typing import List, Optional
+
+from cstream.unsupported import UnsupportedFeatureError
+
+log = logging.getLogger("cstream")
 
 JOB_PRIORITIES = ("p1", "p2", "p3")
 LAYOUT_FIELDS = ("num_csx", "num_workers_per_csx")
@@ -78,11 +84,43 @@ _DEFAULTS = {f.name: (f.default if f.default is not dataclasses.MISSING else f.d
 
 class Cluster:
     """``backend.cluster`` of a CSX backend: its :class:`ClusterConfig` as ``.config``;
-    ``client`` (the cluster management client) is None: there is no management service."""
+    ``client`` (the cluster management client) is None: there is no management service.
+
+    A workflow (the Cerebras cluster's reservation of systems across a run's compile and
+    execute jobs) is started and stopped as there: its id is ``config.workflow_id`` while it
+    runs. The simulated cluster has nothing to reserve, so starting one always succeeds."""
 
     def __init__(self, config: ClusterConfig):
         self.config = config
         self.client = None
+        self._started_id: Optional[str] = None
+
+    @property
+    def workflow_id(self) -> Optional[str]:
+        return self.config.workflow_id
+
+    def start_workflow(self, lock_resources: bool = True) -> bool:
+        """Start a workflow; True if one was started, False if one runs already."""
+        if self.workflow_id is not None:
+            log.info("Workflow is already initialized with id: %s. Stop the current workflow "
+                     "before starting a new one.", self.workflow_id)
+            return False
+        self._started_id = self.config.workflow_id = f"wf-cstream-{uuid.uuid4().hex[:12]}"
+        log.info("Successfully initialized workflow with id: %s", self.workflow_id)
+        return True
+
+    def stop_workflow(self) -> None:
+        """Stop the workflow :meth:`start_workflow` started (an id given in the config stays)."""
+        if self._started_id is not None and self.config.workflow_id == self._started_id:
+            self.config.workflow_id = None
+        self._started_id = None
+
+    def check_storage_connectivity(self) -> None:
+        """The Cerebras cluster checks it can reach an S3 checkpoint root; here no cluster
+        reaches S3, so a checkpoint folder must be a local path."""
+        raise UnsupportedFeatureError(
+            "checkpoints in S3 storage: cstream writes checkpoints to local folders; set the "
+            "checkpoint folder (model_dir / checkpoint root) to a local path.")
 
     @property
     def config(self) -> ClusterConfig:

@@ -110,6 +110,8 @@ class CompiledModel:
     def __init__(self, model: torch.nn.Module, backend: "Backend"):
         object.__setattr__(self, "model", model)
         object.__setattr__(self, "backend", backend)
+        if not hasattr(model, "device"):  # the module says where it runs, as the Cerebras stack's
+            model.device = backend.device.torch_device
 
     def __call__(self, *args, **kwargs):
         return self.model(*args, **kwargs)
@@ -268,6 +270,12 @@ class Backend:
     @property
     def is_gpu(self) -> bool:
         return self.name == "GPU"
+
+    @property
+    def _impl(self) -> "Backend":
+        """The implementation behind the backend, which programs for the Cerebras stack read as
+        ``backend._impl`` (``cstream.backend.current_backend_impl()``): here the backend itself."""
+        return self
 
     @property
     def is_e2e_execution(self) -> bool:

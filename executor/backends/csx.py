@@ -98,6 +98,7 @@ class CSXBackend(Backend):
         self.driver_device = "cpu" if options.validate_only else options.device
         self.store = Store(remote=self)
         self._driver = None
+        self.appliance = None  # the Cerebras appliance client: the simulated wafer has none
         self._params: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()
         self._models: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
         self._run: Optional[CSXRun] = None

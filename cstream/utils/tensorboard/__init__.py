@@ -8,6 +8,8 @@ continues the curves. Steps the program passes to ``add_scalar`` itself are writ
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch.utils.tensorboard import SummaryWriter as _TorchSummaryWriter
 
@@ -20,6 +22,9 @@ class SummaryWriter(_TorchSummaryWriter):
         if isinstance(base_step, bool) or not isinstance(base_step, int) or base_step < 0:
             raise ValueError(f"SummaryWriter(base_step={base_step!r}): expected an int >= 0.")
         self.base_step = base_step
+        # a folder of its own beside the event file, for summaries outside TensorBoard's format
+        self.cs_events_dir = os.path.join(self.get_logdir(), "cs_events")
+        os.makedirs(self.cs_events_dir, exist_ok=True)
 
     def add_tensor(self, tag: str, tensor: torch.Tensor, global_step=None, walltime=None):
         """Write ``tensor`` under ``tag`` (as a histogram of its values)."""
