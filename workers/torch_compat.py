@@ -392,6 +392,13 @@ def accept_treespec_field_names() -> bool:
     return True
 
 
+
+# -- TensorBoard: the path of a SummaryWriter's event file (its file writer's private names)
+def summary_event_file(writer) -> str:
+    """The event file ``writer`` (a ``torch.utils.tensorboard.SummaryWriter``) writes."""
+    return writer._get_file_writer().event_writer._file_name
+
+
 if _MISSING:
     raise ImportError(
         f"torch {torch.__version__} lacks {len(_MISSING)} private name(s) cstream uses: "

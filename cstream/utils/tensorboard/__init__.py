@@ -8,10 +8,12 @@ continues the curves. Steps the program passes to ``add_scalar`` itself are writ
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
 
 import torch
 from torch.utils.tensorboard import SummaryWriter as _TorchSummaryWriter
+
+from workers import torch_compat
 
 from cstream.summaries import summarize_scalar, summarize_tensor  # noqa: F401  (Release 2.3's place)
 
@@ -22,9 +24,12 @@ class SummaryWriter(_TorchSummaryWriter):
         if isinstance(base_step, bool) or not isinstance(base_step, int) or base_step < 0:
             raise ValueError(f"SummaryWriter(base_step={base_step!r}): expected an int >= 0.")
         self.base_step = base_step
-        # a folder of its own beside the event file, for summaries outside TensorBoard's format
-        self.cs_events_dir = os.path.join(self.get_logdir(), "cs_events")
-        os.makedirs(self.cs_events_dir, exist_ok=True)
+        # beside the event file, the Cerebras stack's folder for summaries outside TensorBoard's
+        # format, named after it: events.out.tfevents.X -> events.out.csevents.X
+        events_file = Path(torch_compat.summary_event_file(self))
+        self.cs_events_dir = events_file.parent / events_file.name.replace(
+            "events.out.tfevents.", "events.out.csevents.")
+        self.cs_events_dir.mkdir(parents=True, exist_ok=True)
 
     def add_tensor(self, tag: str, tensor: torch.Tensor, global_step=None, walltime=None):
         """Write ``tensor`` under ``tag`` (as a histogram of its values)."""
