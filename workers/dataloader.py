@@ -147,13 +147,25 @@ class DataLoader:
         Call it inside a ``@cstream.checkpoint_closure`` and save it with the checkpoint; a new
         run that calls :meth:`load_state_dict` first streams exactly the samples the
         uninterrupted run would have streamed next.
+
+        Where ``input_fn``'s loader is a Cerebras ``RestartableDataLoader`` (it has
+        ``aggregate_state_dict``), the state also holds, at its top level, what that loader
+        aggregates from every worker's ``state_dict()`` (the Cerebras stack's ``state_dict()``
+        is that aggregate: the Model Zoo reads ``state_dict()["samples_streamed"]``).
         """
         if self._state_provider is None:
             raise RuntimeError(
                 "DataLoader.state_dict() reads the workers' positions at a checkpoint step: call "
                 "it inside a @cstream.checkpoint_closure during the run."
             )
-        return self._state_provider()
+        state = self._state_provider()
+        aggregate = getattr(self.client_loader(), "aggregate_state_dict", None)
+        loader_states = [w.get("user_state_dict", {}) for w in state["workers"]]
+        if not callable(aggregate) or not loader_states or any(
+                usd.get("loader_state_of") != "loader" for usd in loader_states):
+            return state
+        aggregated = aggregate([copy.deepcopy(usd["loader_state"]) for usd in loader_states])
+        return {**aggregated, **state} if isinstance(aggregated, Mapping) else state
 
     def bind_state_provider(self, provider: Callable[[], dict] | None) -> None:
         """Set by the executor running this DataLoader (None when the run ends): the callable

@@ -31,7 +31,9 @@ from typing import Any
 
 import torch
 
-from workers.context import AssignmentClosed, get_batch_assignment, get_worker_info
+from workers.context import (AssignmentClosed, get_batch_assignment, get_worker_info,
+                             is_streamer)
+from workers.global_batches import BatchSampler, ShuffleSampler
 
 __all__ = ["DistributedSampler", "ShardedSampler", "shard_iterable"]
 
@@ -407,8 +409,17 @@ class _EpochWalk:
 # DistributedSampler: samples interleaved over all workers
 # ---------------------------------------------------------------------------------------------
 
+GLOBAL_BATCH_ARGS = frozenset({"start_index", "shard", "batch_size", "num_samples", "pad_last"})
+"""Arguments of the Release 2.x ``DistributedSampler`` (global batches): given any of them,
+``DistributedSampler(...)`` is a :class:`GlobalBatchSampler`."""
+
+
 class DistributedSampler:
     """A sampler that interleaves samples over every input worker of every CS-X.
+
+    Given any of the Cerebras Release 2.x arguments (:data:`GLOBAL_BATCH_ARGS`: ``batch_size``,
+    ``shard``, ...) it is a :class:`GlobalBatchSampler` instead, the sampler of global batches
+    the Model Zoo's data processors use.
 
     Global worker ``g`` of ``T`` takes samples ``g, g + T, g + 2T, ...`` of the (optionally
     shuffled) order, exactly as ``torch.utils.data.DistributedSampler(dataset, num_replicas=T,
@@ -426,6 +437,11 @@ class DistributedSampler:
     ...     list(sampler)
     [1, 5, 9]
     """
+
+    def __new__(cls, *args, **kwargs):
+        if cls is DistributedSampler and (len(args) > 4 or GLOBAL_BATCH_ARGS & set(kwargs)):
+            cls = GlobalBatchSampler
+        return super().__new__(cls)
 
     def __init__(self, dataset, shuffle: bool = False, seed: int = 0, drop_last: bool = False):
         if not hasattr(dataset, "__len__"):
@@ -522,6 +538,94 @@ class DistributedSampler:
     def __repr__(self) -> str:
         return (f"DistributedSampler(len={len(self.dataset)}, shuffle={self.shuffle}, "
                 f"seed={self.seed}, drop_last={self.drop_last})")
+
+
+class GlobalBatchSampler(DistributedSampler):
+    """``DistributedSampler`` given any of the Release 2.x arguments (``batch_size``,
+    ``shard``, ``start_index``, ``num_samples``, ``pad_last``), as the Cerebras stack's:
+    :class:`workers.global_batches.ShuffleSampler`, then
+    :class:`~workers.global_batches.BatchSampler` when ``batch_size`` is given, then
+    :class:`ShardedSampler` with ``shard`` (global batch ``i`` to input worker ``i % W`` of
+    every CS-X, each CS-X its contiguous slice). Its defaults are the real package's:
+    ``shuffle=True`` (with a ``seed``), ``drop_last=True``, ``shard=True``.
+
+    ``set_state(start_index)`` continues after ``start_index`` samples streamed in all (what the
+    Model Zoo's RestartableDataLoader calls on resume).
+
+    >>> sampler = DistributedSampler(range(10), shuffle=False, batch_size=4)
+    >>> list(sampler)
+    [[0, 1, 2, 3], [4, 5, 6, 7]]
+    >>> list(sampler)  # the 2 left over start the next epoch's first batch
+    [[8, 9, 0, 1], [2, 3, 4, 5], [6, 7, 8, 9]]
+    """
+
+    def __init__(self, data_source, shuffle: bool = True, seed: int | None = None,
+                 start_index: int = 0, shard: bool = True, batch_size: int | None = None,
+                 drop_last: bool = True, num_samples: int | None = None,
+                 pad_last: bool = False):
+        if is_streamer() and not drop_last and not pad_last:
+            raise ValueError(
+                "DistributedSampler: on CSX every batch has the same size, and drop_last=False "
+                "with pad_last=False may leave a smaller last batch. Set drop_last=True or "
+                "pad_last=True.")
+        if is_streamer() and batch_size is None and shard:
+            raise ValueError(
+                "DistributedSampler: on CSX a sharded sampler needs batch_size, the global "
+                "batch size (each input worker takes its CS-X's slice of every global batch).")
+        self.kwargs = dict(data_source=data_source, shuffle=shuffle, seed=seed, shard=shard,
+                           batch_size=batch_size, drop_last=drop_last, num_samples=num_samples,
+                           pad_last=pad_last)
+        self.dataset, self.shuffle, self.seed, self.drop_last = data_source, shuffle, seed, \
+            drop_last
+        sampler = ShuffleSampler(data_source, num_samples=num_samples, shuffle=shuffle,
+                                 seed=seed, start_index=start_index)
+        if batch_size is not None:
+            sampler = BatchSampler(sampler, batch_size, drop_last, pad_last)
+            if shard:  # without a batch size there is one reader: the client (see above)
+                sampler = ShardedSampler(sampler)
+        self.sampler = sampler
+
+    def __iter__(self):
+        return iter(self.sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def set_state(self, start_index: int) -> None:
+        """Continue after ``start_index`` samples streamed in all (by every worker).
+
+        Sharded, the global batches keep their numbers: the order restarts at the epoch
+        ``start_index`` falls in and the :class:`ShardedSampler` resumes at its global batch,
+        so the input workers take up the numbering the executor continues (a restart at the
+        sample itself would renumber the batches from 0)."""
+        check_int("start_index", start_index, 0, "DistributedSampler.set_state")
+        if not isinstance(self.sampler, ShardedSampler):
+            self.__init__(**self.kwargs, start_index=start_index)
+            return
+        batch_size = self.kwargs["batch_size"]
+        per_epoch = self.sampler.data_source.sampler.num_samples
+        epoch, within = divmod(start_index, per_epoch)
+        if per_epoch % batch_size or within % batch_size:
+            raise ValueError(
+                f"DistributedSampler.set_state({start_index}): the position is not at a global "
+                f"batch of a whole number of batches per epoch ({per_epoch} samples an epoch, "
+                f"batch_size={batch_size}), so the workers cannot take up the batches' "
+                "numbering. Resume from a checkpoint of a run whose epoch is a multiple of the "
+                "batch size (num_samples=..., or a dataset of such a length).")
+        self.__init__(**self.kwargs, start_index=epoch * per_epoch)
+        self.sampler.load_state_dict({"next_global_batch": within // batch_size, "epoch": epoch})
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw epoch ``epoch``'s order (the shuffle seeded ``seed + epoch``); each pass also
+        advances it by itself."""
+        super().set_epoch(epoch)
+        self.sampler.set_epoch(epoch)
+
+    state_dict = load_state_dict = None  # it resumes by set_state (the loader's position)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items() if k != "data_source")
+        return f"DistributedSampler({shown})"
 
 
 # ---------------------------------------------------------------------------------------------
