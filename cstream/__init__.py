@@ -46,7 +46,11 @@ from cstream.utils.constant import make_constant  # noqa: E402
 from cstream.utils.data.utils import from_numpy, to_numpy  # noqa: E402
 from cstream.utils.pol import current_pol, pol  # noqa: E402
 
-__version__ = "0.1.0"
+__version__ = "2.10.0+cstream.0.1.0"
+"""The Cerebras PyTorch API release cstream implements (2.10.0), and cstream's own version as
+the local part: programs written for the Cerebras stack read ``cerebras.pytorch.__version__``
+as the stack's release (the Model Zoo stamps it into its checkpoints and checks a checkpoint's
+major.minor against it; a local version is taken as compatible)."""
 
 _generating_docs = False
 """The Cerebras package's flag for building its documentation (some imports are skipped then);

@@ -417,9 +417,7 @@ def trial(args, program: str) -> dict:
     else:
         written = params_for(program, shipped, data, args.steps, args.precision, release_2_2)
     params.write_text(yaml.safe_dump(written))
-    path = [str(REPO), str(root), *args.pythonpath, os.environ.get("PYTHONPATH", "")]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p),
-               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    env = _cstream_env(root, args)
     first = checkpoint_every(args.steps)
     runs = {}
     for backend in ("CPU", "CSX"):
@@ -454,9 +452,62 @@ def trial(args, program: str) -> dict:
             reuse=args.reuse)
     figures = compare(runs)
     figures["CSX vs CPU, weights at the last step"] = weights_gap(work, args.steps)
+    if args.real_python:
+        runs.update(real_package_runs(args, run_py, params, root, work))
+        figures["real package"] = compare_real(runs)
     return {"release": args.release.name, "program": program, "precision": args.precision,
             "steps": args.steps, "resumed_from": first, "runs": runs, "work": str(work),
             "compare": figures}
+
+
+def real_package_runs(args, run_py: Path, params: Path, root: Path, work: Path) -> dict:
+    """The same program and configuration on the real cerebras-pytorch's CPU backend (its own
+    interpreter, ``--real-python``, with only the Model Zoo on the path), and the checkpoints
+    crossed over: the real package evaluates cstream's last CPU checkpoint, cstream the real
+    package's."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(p) for p in [root, *args.pythonpath]))
+    full = work / "real-full"
+    last = f"checkpoint_{args.steps}.mdl"
+    runs = {"real train": run_program(args.real_python, run_py, "CPU", "train", params, full,
+                                      env, work / "real-train.log", reuse=args.reuse)}
+    crossed = {
+        "real eval": (args.real_python, env, full / last),
+        "real eval of cstream's checkpoint": (args.real_python, env, work / "CPU-full" / last),
+        "cstream eval of the real checkpoint": (args.python, _cstream_env(root, args),
+                                                full / last),
+    }
+    for name, (python, run_env, checkpoint) in crossed.items():
+        if not checkpoint.exists():
+            runs[name] = {"rc": None, "losses": {}, "metrics": {}, "seconds": 0,
+                          "error": f"not run: no {checkpoint}"}
+            continue
+        slug = name.replace(" ", "-").replace("'", "")
+        runs[name] = run_program(python, run_py, "CPU", "eval", params, work / slug, run_env,
+                                 work / f"{slug}.log", extra=("--checkpoint_path", str(checkpoint)),
+                                 reuse=args.reuse)
+    return runs
+
+
+def _cstream_env(root: Path, args) -> dict:
+    path = [str(REPO), str(root), *args.pythonpath, os.environ.get("PYTHONPATH", "")]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p),
+                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+
+
+def compare_real(runs: dict) -> dict:
+    """cstream's CPU and CSX training losses against the real package's, and the evaluation
+    losses of the four (program, checkpoint) pairs."""
+    out = {}
+    real = runs["real train"]["losses"]
+    for backend in ("CPU", "CSX"):
+        gap, n = _max_gap(runs[f"{backend} train"]["losses"], real)
+        ok, _, _ = within_bf16(runs[f"{backend} train"]["losses"], real)
+        out[f"{backend} train vs real"] = {"max_abs_loss_gap": gap, "steps_compared": n,
+                                            "within_one_bf16_unit": ok}
+    out["eval losses"] = {name: runs[name].get("eval_loss") for name in (
+        "CPU eval", "real eval", "real eval of cstream's checkpoint",
+        "cstream eval of the real checkpoint")}
+    return out
 
 
 def _max_gap(a: dict, b: dict):
@@ -712,6 +763,10 @@ def main(argv=None) -> int:
     parser.add_argument("--python", default=sys.executable,
                         help="the interpreter that runs the programs (a venv with the Model "
                         "Zoo's requirements)")
+    parser.add_argument("--real-python",
+                        help="also run each program on the real cerebras-pytorch's CPU backend "
+                        "with this interpreter (a venv with the real package and the Model Zoo's "
+                        "requirements), and evaluate each package's checkpoint with the other")
     parser.add_argument("--reuse", action="store_true",
                         help="keep the work folder and read the logs of runs that succeeded "
                         "there instead of running them again")
