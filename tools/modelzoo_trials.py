@@ -315,7 +315,9 @@ def trainer_params_for(program: str, shipped: Path, data: Path, steps: int,
     init.pop("backend", None)  # the command line's CPU / CSX
     init["seed"] = 1
     init["loop"] = {"max_steps": steps, "eval_steps": 20 if program == "fc_mnist" else 4}
-    init["checkpoint"] = {"steps": checkpoint_every(steps), "save_initial_checkpoint": False}
+    # the initial weights too: the real package's trial trains from cstream's (see
+    # real_package_runs), so the two train from the same weights
+    init["checkpoint"] = {"steps": checkpoint_every(steps), "save_initial_checkpoint": True}
     init["logging"] = {"log_steps": 1}
     _, bf16 = PRECISIONS[precision]
     init["precision"] = {**{k: v for k, v in (init.get("precision") or {}).items()
@@ -340,7 +342,9 @@ def trainer_params_for(program: str, shipped: Path, data: Path, steps: int,
     for loader in loaders:
         loader["data_dir"] = str(data)
         if program == "fc_mnist":
-            loader["to_float16"] = True
+            # no shuffle: its DataLoader shuffles with torch's global generator, whose state
+            # at the first batch depends on what each package drew before
+            loader.update(to_float16=True, shuffle=False)
         else:
             loader.update(batch_size=8, shuffle=False, num_workers=0)
             for key in ("prefetch_factor", "persistent_workers", "max_sequence_length",
@@ -462,14 +466,17 @@ def trial(args, program: str) -> dict:
 
 def real_package_runs(args, run_py: Path, params: Path, root: Path, work: Path) -> dict:
     """The same program and configuration on the real cerebras-pytorch's CPU backend (its own
-    interpreter, ``--real-python``, with only the Model Zoo on the path), and the checkpoints
-    crossed over: the real package evaluates cstream's last CPU checkpoint, cstream the real
-    package's."""
+    interpreter, ``--real-python``, with only the Model Zoo on the path), trained from the
+    initial weights of cstream's CPU run (its ``checkpoint_0.mdl``: the two packages draw their
+    initial weights differently), and the checkpoints crossed over: the real package evaluates
+    cstream's last CPU checkpoint, cstream the real package's."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(p) for p in [root, *args.pythonpath]))
     full = work / "real-full"
     last = f"checkpoint_{args.steps}.mdl"
-    runs = {"real train": run_program(args.real_python, run_py, "CPU", "train", params, full,
-                                      env, work / "real-train.log", reuse=args.reuse)}
+    initial = work / "CPU-full" / "checkpoint_0.mdl"
+    runs = {"real train": run_program(
+        args.real_python, run_py, "CPU", "train", params, full, env, work / "real-train.log",
+        reuse=args.reuse, extra=("--checkpoint_path", str(initial)) if initial.exists() else ())}
     crossed = {
         "real eval": (args.real_python, env, full / last),
         "real eval of cstream's checkpoint": (args.real_python, env, work / "CPU-full" / last),
@@ -598,6 +605,25 @@ NOT_RUN_2_2 = {
 }
 """Why a Release 2.2 family has no trial results (its row in the table says so)."""
 
+NOT_RUN_TRAINER = {  # family: the data processor of its shipped configurations
+    "bert": "BertCSVDynamicMaskDataProcessor's CSV files",
+    "bert_classifier": "the SST-2/MNLI TSV files its classifier configurations read",
+    "bert_extractive_summarization": "BertSumCSVDataProcessor's CSV files",
+    "bert_token_classifier": "BertTokenClassifierDataProcessor's CSV files and label2id.json",
+    "dino": "DinoImageDataProcessor's image folders",
+    "dit": "DiffusionLatentImageNet1KProcessor's VAE latent files",
+    "dpr": "DPRHDF5DataProcessor's question/context files",
+    "esm2": "BertHDF5DataProcessor's protein token files",
+    "generic_image_encoders": "the image folders of its data processors (its folder ships no "
+                              "configuration)",
+    "llava": "LlavaHDF5MapDataProcessor's token files and image folder",
+    "multimodal_simple": "MultimodalSimpleHDF5MapDataProcessor's token files and image folder",
+    "t5": "T5DynamicDataProcessor's text files and vocabulary",
+    "transformer": "TransformerDynamicDataProcessor's text files and vocabulary",
+    "vision_transformer": "ImageNet1KProcessor's image folders",
+}
+"""Release 2.3+ families this tool writes no data for yet: each row names the data it needs."""
+
 NO_REAL_PACKAGE = {
     "Release_2.2.1": "no real package to compare: PyPI has cerebras-pytorch 2.6.0-2.10.0 only",
 }
@@ -654,11 +680,35 @@ def family_row(r: dict) -> tuple[list[str], bool]:
     else:
         eval_ok, equal = False, "not compared: a training run failed"
     cells = [ran("CPU train"), ran("CSX train"), f"{ran('CPU eval')} / {ran('CSX eval')}",
-             f"{resumed('CPU')} / {resumed('CSX')}", equal,
-             NO_REAL_PACKAGE.get(r["release"], "not run for time")]
+             f"{resumed('CPU')} / {resumed('CSX')}", equal, real_package_cell(r)]
     ok = all(run["rc"] == 0 for run in runs.values()) and train_ok and eval_ok and all(
         resumed(b) == "exact" for b in ("CPU", "CSX"))
     return cells, ok
+
+
+def real_package_cell(r: dict) -> str:
+    """What the real package's run of the same program says: its evaluation of cstream's
+    checkpoint and cstream's of its checkpoint against each package's own, and the training
+    losses side by side."""
+    real = r["compare"].get("real package")
+    if real is None:
+        return NO_REAL_PACKAGE.get(r["release"], "not run for time")
+    runs, ev = r["runs"], real["eval losses"]
+    failed = [n for n in ("real train", "real eval", "real eval of cstream's checkpoint",
+                          "cstream eval of the real checkpoint") if runs[n]["rc"] != 0]
+    if failed:
+        return f"{failed[0]} fails: {(runs[failed[0]].get('error') or '')[:120]}"
+    crossed = ev["real eval of cstream's checkpoint"] == ev["CPU eval"] and \
+        ev["cstream eval of the real checkpoint"] == ev["real eval"]
+    train = real["CPU train vs real"]
+    of_cstreams = ev["real eval of cstream's checkpoint"]
+    return (f"checkpoints cross over: {'equal' if crossed else 'differ'} (real evaluates "
+            f"cstream's {of_cstreams:.6g} = cstream's "
+            f"{ev['CPU eval']:.6g}; cstream evaluates the real one's "
+            f"{ev['cstream eval of the real checkpoint']:.6g} = real's {ev['real eval']:.6g}); "
+            f"training from the same initial weights: losses "
+            f"{'within one bf16 unit' if train['within_one_bf16_unit'] else 'differ'}, largest "
+            f"gap {train['max_abs_loss_gap']:.3g} ({train['steps_compared']} steps)")
 
 
 def families_2_10(release: Path) -> list[str]:
@@ -687,7 +737,7 @@ def import_probe(release: Path, python: str, family: str = "gpt3") -> str | None
     return re.sub(r" \(/[^)]*\)$", "", errors[-1])  # without the file it names
 
 
-def families_table(release: str, paths: list[Path]) -> str:
+def families_table(release: str, paths: list[Path], release_dir: Path | None = None) -> str:
     """The families table of docs/modelzoo.md for one release: a row per family, from the
     trial results in ``paths`` and, for a family without one, the reason it was not run."""
     results = {}
@@ -695,7 +745,12 @@ def families_table(release: str, paths: list[Path]) -> str:
         r = json.loads(path.read_text())
         if r["release"] == release:
             results[r["program"]] = r
-    families = FAMILIES_2_2 if release.startswith("Release_2.2") else sorted(results)
+    if release.startswith("Release_2.2"):
+        families = FAMILIES_2_2
+    elif release_dir is not None:
+        families = families_2_10(release_dir)
+    else:
+        families = sorted(results)
     rows = ["| family | train CPU | train CSX | eval CPU / CSX | resume CPU / CSX | "
             "CSX = CPU | matches the real package |", "| --- | --- | --- | --- | --- | --- | --- |"]
     good = []
@@ -706,8 +761,11 @@ def families_table(release: str, paths: list[Path]) -> str:
             precision = results[family]["precision"]
             rows.append(f"| {family} ({precision}) | " + " | ".join(cells) + " |")
         else:
-            reason = NOT_RUN_2_2.get(family, "not run for time: the trials on the shared "
-                                     "machine were stopped before it finished")
+            if family in NOT_RUN_TRAINER and not release.startswith("Release_2.2"):
+                reason = f"not run: no writer yet for {NOT_RUN_TRAINER[family]}"
+            else:
+                reason = NOT_RUN_2_2.get(family, "not run for time: the trials on the shared "
+                                         "machine were stopped before it finished")
             rows.append(f"| {family} | {reason} | | | | | "
                         f"{NO_REAL_PACKAGE.get(release, 'not run for time')} |")
     rows.append("")
@@ -723,8 +781,10 @@ def main(argv=None) -> int:
     if argv[:1] == ["--table"]:
         print(table([Path(p) for p in argv[1:]]))
         return 0
-    if argv[:1] == ["--families-table"]:  # --families-table Release_2.2.1 FILE...
-        print(families_table(argv[1], [Path(p) for p in argv[2:]]))
+    if argv[:1] == ["--families-table"]:  # --families-table RELEASE_DIR FILE...
+        release_dir = Path(argv[1])
+        print(families_table(release_dir.name, [Path(p) for p in argv[2:]],
+                             release_dir if release_dir.is_dir() else None))
         return 0
     if argv[:1] == ["--recompare"]:  # --recompare WORK_ROOT FILE...: add the weights' gap
         for path in map(Path, argv[2:]):
