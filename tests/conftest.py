@@ -11,6 +11,32 @@ import pytest  # noqa: E402
 from executor import runtime  # noqa: E402
 
 
+LONG_RUNS = os.path.join(os.path.dirname(__file__), "long_runs.txt")
+
+
+def _long_runs() -> set[str]:
+    with open(LONG_RUNS) as f:
+        return {line.strip() for line in f if line.strip() and not line.startswith("#")}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests listed in long_runs.txt ``slow``; a listed id that names no test of a
+    whole-suite collection is an error (a renamed test must be listed anew)."""
+    long_runs = _long_runs()
+    seen = set()
+    for item in items:
+        if item.nodeid in long_runs:
+            item.add_marker(pytest.mark.slow)
+            seen.add(item.nodeid)
+    whole_suite = not config.args or config.args == [str(config.rootpath / "tests")] or \
+        config.args == ["tests"]
+    missing = sorted(long_runs - seen)
+    if whole_suite and missing:
+        raise pytest.UsageError(
+            f"tests/long_runs.txt names {len(missing)} test(s) the suite does not have: "
+            + ", ".join(missing[:5]) + ". Rename them there too, or remove the lines.")
+
+
 @pytest.fixture(autouse=True)
 def _run_in_tmp_path(tmp_path, monkeypatch):
     """Default artifact directories (cwd/cstream_logs) land in the test's own folder."""
