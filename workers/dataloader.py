@@ -159,12 +159,18 @@ class DataLoader:
                 "it inside a @cstream.checkpoint_closure during the run."
             )
         state = self._state_provider()
-        aggregate = getattr(self.client_loader(), "aggregate_state_dict", None)
-        loader_states = [w.get("user_state_dict", {}) for w in state["workers"]]
-        if not callable(aggregate) or not loader_states or any(
-                usd.get("loader_state_of") != "loader" for usd in loader_states):
+        client = self.client_loader()
+        aggregate = getattr(client, "aggregate_state_dict", None)
+        if not callable(aggregate):
             return state
-        aggregated = aggregate([copy.deepcopy(usd["loader_state"]) for usd in loader_states])
+        if state["workers"]:
+            positions = [w.get("user_state_dict", {}) for w in state["workers"]]
+            if any(p.get("loader_state_of") != "loader" for p in positions):
+                return state
+            loader_states = [copy.deepcopy(p["loader_state"]) for p in positions]
+        else:  # before the first step (an initial checkpoint): the loader as it starts
+            loader_states = [client.state_dict()]
+        aggregated = aggregate(loader_states)
         return {**aggregated, **state} if isinstance(aggregated, Mapping) else state
 
     def bind_state_provider(self, provider: Callable[[], dict] | None) -> None:
