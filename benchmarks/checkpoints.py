@@ -5,8 +5,8 @@ tensors with bfloat16 ones.
 Every save and every load runs in a process of its own (the real package in its own virtual
 environment, ``--real-python``), in interleaved rounds (each round runs every writer, then every
 reader, the order turned by one each round); the medians are printed and written to
-``benchmarks/results/checkpoints.json``. A load reads the whole state and touches every page of
-every tensor (one byte in 4096), so a reader that maps the file pays for reading it too. Peak
+``benchmarks/results/checkpoints.json``. A load reads the whole state and sums every tensor, so a
+reader that maps the file or defers its reads pays for reading it too. Peak
 memory is the process's high-water mark of resident memory during the save or load (reset just
 before), above what it held before, as a multiple of the state's size.
 
@@ -91,15 +91,17 @@ def _reset_peak() -> None:
         f.write("5")  # resets VmHWM to the current resident size
 
 
-def _touch(obj) -> int:
-    """Reads one byte of every 4096 of every tensor in ``obj``: every page is read."""
+def _touch(obj) -> float:
+    """Sums every element of every tensor in ``obj``, in its own dtype: every value is read,
+    whatever the reader returned (a tensor, a lazy tensor that loads on its first use, a
+    subclass that reads only the elements an op asks for), with no copy of the state."""
     import torch
 
     if isinstance(obj, dict):
         return sum(_touch(v) for v in obj.values())
     if isinstance(obj, torch.Tensor):
-        return int(obj.reshape(-1).view(torch.uint8)[::4096].sum())
-    return 0
+        return float(obj.sum())
+    return 0.0
 
 
 def _save(tool: str, state: dict, path: str) -> None:
