@@ -720,7 +720,8 @@ def real_package_cell(r: dict) -> str:
     losses side by side."""
     real = r["compare"].get("real package")
     if real is None:
-        return NO_REAL_PACKAGE.get(r["release"], "not run for time")
+        return NO_REAL_PACKAGE.get(r["release"], "not compared: the trial ran without "
+                                   "--real-python")
     runs, ev = r["runs"], real["eval losses"]
     failed = [n for n in REAL_RUNS if runs[n]["rc"] != 0]
     if failed:
