@@ -227,6 +227,16 @@ def test_a_spec_rebuilt_by_dataclasses_replace_as_programs_for_older_torch_do():
     assert tc.accept_treespec_field_names()  # installed once; a second call changes nothing
 
 
+def test_a_summary_writers_event_file_is_the_file_it_writes(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path))
+    path = Path(tc.summary_event_file(writer))
+    writer.close()
+    assert path.parent == tmp_path and path.name.startswith("events.out.tfevents.")
+    assert path.is_file()
+
+
 def test_a_name_torch_no_longer_has_fails_the_import_naming_it():
     """As a torch without ``_foreach_neg`` and ``_subclasses.fake_tensor.FakeTensor`` would."""
     proc = _run_python("import torch, torch._subclasses.fake_tensor as f\n"

@@ -25,6 +25,7 @@ registry's dependencies in Release 2.2).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import re
@@ -278,7 +279,7 @@ def trial_schedulers(schedulers: list, steps: int) -> list:
             elif isinstance(args, dict):
                 leaves.append(args)
 
-    schedulers = yaml.safe_load(yaml.safe_dump(schedulers))  # a copy
+    schedulers = copy.deepcopy(schedulers)
     for spec in schedulers:
         walk(spec)
     rates = [(a, k) for a in leaves for k, v in a.items()

@@ -159,16 +159,18 @@ class DataLoader:
                 "it inside a @cstream.checkpoint_closure during the run."
             )
         state = self._state_provider()
+        positions = [w.get("user_state_dict", {}) for w in state["workers"]]
+        if any(p.get("loader_state_of") != "loader" for p in positions):
+            return state  # the loader itself keeps no state: nothing to aggregate
+        # the client's loader is built only for a loader that keeps its state (or before the
+        # first step, an initial checkpoint, where only the loader itself can say)
         client = self.client_loader()
         aggregate = getattr(client, "aggregate_state_dict", None)
         if not callable(aggregate):
             return state
-        if state["workers"]:
-            positions = [w.get("user_state_dict", {}) for w in state["workers"]]
-            if any(p.get("loader_state_of") != "loader" for p in positions):
-                return state
+        if positions:
             loader_states = [copy.deepcopy(p["loader_state"]) for p in positions]
-        else:  # before the first step (an initial checkpoint): the loader as it starts
+        else:  # before the first step: the loader as it starts
             loader_states = [client.state_dict()]
         aggregated = aggregate(loader_states)
         return {**aggregated, **state} if isinstance(aggregated, Mapping) else state

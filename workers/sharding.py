@@ -577,8 +577,9 @@ class GlobalBatchSampler(DistributedSampler):
                            pad_last=pad_last)
         self.dataset, self.shuffle, self.seed, self.drop_last = data_source, shuffle, seed, \
             drop_last
-        sampler = ShuffleSampler(data_source, num_samples=num_samples, shuffle=shuffle,
-                                 seed=seed, start_index=start_index)
+        self.order = sampler = ShuffleSampler(data_source, num_samples=num_samples,
+                                              shuffle=shuffle, seed=seed,
+                                              start_index=start_index)
         if batch_size is not None:
             sampler = BatchSampler(sampler, batch_size, drop_last, pad_last)
             if shard:  # without a batch size there is one reader: the client (see above)
@@ -603,7 +604,7 @@ class GlobalBatchSampler(DistributedSampler):
             self.__init__(**self.kwargs, start_index=start_index)
             return
         batch_size = self.kwargs["batch_size"]
-        per_epoch = self.sampler.data_source.sampler.num_samples
+        per_epoch = self.order.num_samples
         epoch, within = divmod(start_index, per_epoch)
         if per_epoch % batch_size or within % batch_size:
             raise ValueError(

@@ -373,13 +373,11 @@ def accept_treespec_field_names() -> bool:
 
     Returns False where TreeSpec already takes its field names (nothing to do).
     """
-    spec_class = TreeSpec
-    if getattr(spec_class.__init__, "_cstream_field_names", False):
+    if getattr(TreeSpec.__init__, "_cstream_field_names", False):
         return True
-    field_names = {f.name for f in dataclasses.fields(spec_class) if f.init}
-    if "_context" not in field_names:
+    if "_context" not in {f.name for f in dataclasses.fields(TreeSpec) if f.init}:
         return False
-    original = spec_class.__init__
+    original = TreeSpec.__init__
 
     def __init__(self, type, context=None, children_specs=None, *, _context=None,
                  _children=None):
@@ -388,9 +386,8 @@ def accept_treespec_field_names() -> bool:
                  [] if children is None else children)
 
     __init__._cstream_field_names = True
-    spec_class.__init__ = __init__
+    TreeSpec.__init__ = __init__
     return True
-
 
 
 # -- TensorBoard: the path of a SummaryWriter's event file (its file writer's private names)
@@ -404,4 +401,3 @@ if _MISSING:
         f"torch {torch.__version__} lacks {len(_MISSING)} private name(s) cstream uses: "
         + "; ".join(f"{p} ({PRIVATE_NAMES[p]})" for p in _MISSING)
         + ". workers/torch_compat.py is where cstream reaches them: adapt that section.")
-
