@@ -7,9 +7,7 @@ import pytest
 from tools import reply_path
 
 
-@pytest.mark.parametrize("plan_name", ["static", pytest.param("dynamic", marks=pytest.mark.xfail(
-    strict=True, reason="DynamicAssignment.min_batches reads WorkerLink.w, and WorkerLink.request "
-    "calls DynamicAssignment.min_batches: the dynamic reply path still calls back into link.py"))])
+@pytest.mark.parametrize("plan_name", ["static", "dynamic"])
 def test_a_reply_calls_back_into_no_file_on_its_path(ray_session, plan_name):
     tracer = reply_path.follow(plan_name)
     files = {f for edge in tracer.edges for f in edge}

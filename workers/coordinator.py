@@ -77,7 +77,7 @@ class NumberBook:
     worker holding at most :meth:`numbers_per_worker` plus its loader's look-ahead, and sent to
     the workers through their links. It keeps every per-worker fact of the assignment (the
     numbers held, the look-ahead, the reply size, a process starting, a worker leaving), and
-    is the links' :class:`~workers.link.ReplySizing`."""
+    says how many batches each link's next reply waits for (:meth:`min_batches`)."""
 
     def __init__(self, parts: StreamParts, recorder: AssignmentRecorder, draws_ahead: list):
         self.parts, self.recorder = parts, recorder
@@ -133,7 +133,7 @@ class NumberBook:
         """Whether ``link``'s worker now gets many numbers per reply (its batches are cheap)."""
         self.many_per_reply[link.w] = self.numbers_per_worker(link.w) > self.assigned_per_worker
 
-    # -- the links' ReplySizing -----------------------------------------------------------
+    # -- the sizes of the links' replies -------------------------------------------------
     def min_batches(self, link: WorkerLink) -> int:
         """The batches a multi-batch fetch waits for: 1, never delaying a batch that is ready;
         where the worker's batches are cheap, every number it holds (at most a reply's worth,
@@ -196,7 +196,8 @@ class NumberBook:
     def send(self, new: dict) -> None:
         """Send each worker of ``new`` its numbers (one call, numbered for order)."""
         for w, numbers in new.items():
-            self.parts.links[w].send_numbers(self.sends[w], numbers, self)
+            link = self.parts.links[w]
+            link.send_numbers(self.sends[w], numbers, self.min_batches(link))
             self.sends[w] += 1
 
     def can_take(self, w: int, number: int) -> bool:
@@ -445,7 +446,7 @@ class DynamicAssignment:
                     by_ref = {}
                     for link in parts.links:
                         if book.outstanding[link.w] and not link.pending and not link.ready:
-                            link.request(sizing=book)
+                            link.request(min_batches=book.min_batches(link))
                         if link.ready:
                             self._drain(link)
                         if book.outstanding[link.w] and link.pending:
@@ -464,7 +465,10 @@ class DynamicAssignment:
                     for ref in done:
                         link = by_ref[ref]
                         if link.pending and link.pending[0][1] is ref:
-                            link.receive(self.supervisor, book)  # it is there; restarts a dead one
+                            # it is there; restarts a dead one
+                            if link.receive(self.supervisor, numbered=True):
+                                book.drawn_ahead(link, link.reported_drawn_ahead)
+                            link.request(min_batches=book.min_batches(link))
                             self._drain(link)
                     self._cond.notify_all()
         except BaseException as e:  # noqa: BLE001 (raised by next_reply() in the consumer's thread)

@@ -15,7 +15,7 @@ import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional
 
 import ray
 
@@ -127,35 +127,6 @@ class WorkerFailed(Exception):
         self.link, self.reply = link, reply
 
 
-class ReplySizing(Protocol):
-    """What an assignment that gives its workers numbers tells a link about a worker's
-    replies (:class:`workers.coordinator.NumberBook`); without one a reply never waits for
-    more than its first batch."""
-
-    def min_batches(self, link: WorkerLink) -> int:
-        """The batches a multi-batch fetch of ``link``'s worker waits for."""
-
-    def drawn_ahead(self, link: WorkerLink, count: int) -> None:
-        """``link``'s worker says its loader waits for numbers with ``count`` batches drawn
-        and not produced."""
-
-
-class FirstBatchSizing:
-    """Replies that never wait for more than their first batch (round-robin: a worker makes
-    its own shard, and never waits for numbers)."""
-
-    def min_batches(self, link: WorkerLink) -> int:
-        return 1
-
-    def drawn_ahead(self, link: WorkerLink, count: int) -> None:  # pragma: no cover
-        raise WorkerFailed(link, WorkerReply.failure(
-            "RuntimeError", f"a worker not given numbers asked for more ({count} drawn ahead)",
-            "in transport"))
-
-
-FIRST_BATCH = FirstBatchSizing()
-
-
 @dataclass
 class LinkSetup:
     """What every worker of one stream is started with and asked under: the recipe, the
@@ -201,6 +172,7 @@ class WorkerLink:
     restarts: int = 0
     straggler_reports: int = 0
     replies: int = 0  # fetch replies received (each one Ray call and one object)
+    reported_drawn_ahead: int = 0  # the most batches drawn ahead a need_numbers reply said
     keys_until: int = 0  # batches below this index carry sample keys
     keys: list = field(default_factory=list)  # the sample keys received, in order
     node: dict | None = None  # where the actor was placed, then where it says it runs
@@ -296,11 +268,12 @@ class WorkerLink:
             self.actor = None
 
     # -- requests -------------------------------------------------------------------------
-    def request(self, assign: tuple | None = None, sizing: ReplySizing = FIRST_BATCH) -> bool:
+    def request(self, assign: tuple | None = None, min_batches: int = 1) -> bool:
         """Ask for more batches where the requests in flight and the byte budget allow.
         ``assign``: numbers for the worker (:meth:`InputWorker.assign` arguments) that the
-        first request made carries; returns whether one did. ``sizing``: how many batches a
-        multi-batch reply waits for (None: its first)."""
+        first request made carries; returns whether one did. ``min_batches``: the batches a
+        multi-batch reply waits for (an assignment that gives numbers says how many; 1: never
+        more than its first)."""
         extra = {} if assign is None else {"assign": assign}
         s = self.setup
         m = s.batches_per_fetch
@@ -320,7 +293,7 @@ class WorkerLink:
                     return False  # asked again once the stream has taken batches
                 self.pending.append((self.next_request, self.actor.fetch.remote(
                     self.next_request, m, max_bytes,
-                    sizing.min_batches(self), **extra)))
+                    min_batches, **extra)))
                 return bool(extra)
             return False
         if budget is not None and self.ready and self.ready_bytes >= budget:
@@ -333,19 +306,24 @@ class WorkerLink:
             carried = bool(extra)
         return carried
 
-    def send_numbers(self, send: int, numbers: list, sizing: ReplySizing) -> None:
+    def send_numbers(self, send: int, numbers: list, min_batches: int) -> None:
         """Dynamic assignment: global batch numbers for the worker, carried by a new request
-        where none is out (one call, not two)."""
-        if self.pending or not self.request(assign=(send, numbers), sizing=sizing):
+        where none is out (one call, not two); ``min_batches`` as for :meth:`request`."""
+        if self.pending or not self.request(assign=(send, numbers), min_batches=min_batches):
             self.actor.assign.remote(send, numbers)
 
     # -- replies --------------------------------------------------------------------------
-    def receive(self, supervisor, sizing: ReplySizing = FIRST_BATCH) -> bool:
+    def receive(self, supervisor, numbered: bool = False) -> bool:
         """Wait for the oldest outstanding reply and queue its items in :attr:`ready`; False
         when there is none to wait for (the batches waiting here fill the byte bound) or when
         the worker was restarted and the assignment does not wait for its new process.
-        ``sizing``: as for :meth:`request`, and told of a worker's ``need_numbers`` reply."""
-        self.request(sizing=sizing)
+
+        ``numbered``: the assignment gives this worker its numbers (dynamic assignment) and
+        asks again itself after each reply, with the ``min_batches`` it computes; a
+        ``need_numbers`` reply is then kept in :attr:`reported_drawn_ahead` for it to read.
+        Otherwise the link asks again at once, for replies that wait for their first batch."""
+        if not numbered:
+            self.request()
         if not self.pending:
             return False
         got = supervisor.await_reply(self)
@@ -358,18 +336,21 @@ class WorkerLink:
             self.node_of(0)  # it answered a fetch: where() is answered too, as a rule
         items = replies_of(wire, copy=not self.setup.zero_copy)
         if items[0].kind is ReplyKind.NEED_NUMBERS:
-            # dynamic assignment: the worker's loader draws more batches ahead than it was
-            # granted numbers for; ask for batch ``index`` again once it has more
-            sizing.drawn_ahead(self, items[0].drawn_ahead)
+            if not numbered:  # a broken invariant, never a silent wait
+                raise WorkerFailed(self, WorkerReply.failure(
+                    "RuntimeError", "a worker not given numbers asked for more "
+                    f"({items[0].drawn_ahead} drawn ahead)", "in transport"))
+            # the worker's loader draws more batches ahead than it was granted numbers for;
+            # ask for batch ``index`` again once it has more
+            self.reported_drawn_ahead = max(self.reported_drawn_ahead, int(items[0].drawn_ahead))
             if self.setup.batches_per_fetch == 1:
                 self.pending.appendleft((index, self.actor.fetch.remote(index)))
-            else:
-                self.request(sizing=sizing)
             return True
         self._queue(index, items)
         if self.setup.batches_per_fetch > 1:
             self.next_request = self.received
-        self.request(sizing=sizing)
+        if not numbered:
+            self.request()
         return True
 
     def _queue(self, index: int, items: list[WorkerReply]) -> None:
