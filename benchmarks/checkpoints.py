@@ -161,7 +161,17 @@ def _load(tool: str, path: str):
     raise ValueError(tool)
 
 
+_IMPORTS = {  # what a tool's save or load imports, imported before the clock starts
+    "cstream": ["cstream"], "cstream uncompressed": ["cstream"],
+    "cerebras.pytorch 2.10": ["cerebras.pytorch"], "real": ["cerebras.pytorch"],
+    "h5py+hdf5plugin": ["hdf5plugin"], "h5py": ["hdf5plugin"],
+    "safetensors": ["safetensors.torch"],
+}
+
+
 def child(action: str, tool: str, mib: int, path: str) -> None:
+    for name in ["torch", "h5py", "numpy", *_IMPORTS.get(tool, [])]:  # imports are not timed
+        __import__(name)
     if action == "save":
         state = make_state(mib)
         Path(path).unlink(missing_ok=True)
@@ -171,12 +181,6 @@ def child(action: str, tool: str, mib: int, path: str) -> None:
         _save(tool, state, path)
         seconds = time.perf_counter() - start
     else:
-        for name in ("torch", "h5py", "numpy"):  # imports are not part of the load
-            __import__(name)
-        if tool == "real":
-            import cerebras.pytorch  # noqa: F401
-        elif tool == "cstream":
-            import cstream  # noqa: F401
         before, _ = _rss_kib()
         _reset_peak()
         start = time.perf_counter()
