@@ -27,6 +27,7 @@ import torch
 from executor import phases
 from executor.backends.base import RunContext
 from executor.backends.csx_outputs import WaferOutputs
+from executor.backends.snapshot_fetch import SnapshotFetch
 from executor.driver import DriverError, matmul_flops
 from executor.engine import warmup
 from executor.engine.capture import Captured, OutputLeaf, capture, first_difference
@@ -303,15 +304,8 @@ class CSXRun:
     @contextlib.contextmanager
     def checkpoint_reads(self, step: int):
         """Inside a checkpoint closure: state reads return the values at ``step``."""
-        cache: dict = {}
-
-        def reader(slot):
-            if slot.key not in cache:
-                keys = [s.key for s in self.store.slots(SlotKind.REMOTE)]
-                cache.update(self.driver.snapshot(step, keys))
-            return cache[slot.key]
-
-        self._checkpoint_reader = reader
+        fetch = SnapshotFetch(self.driver, step, self.store.slots(SlotKind.REMOTE))
+        self._checkpoint_reader = fetch.read
         self._checkpoint_step = step
         try:
             yield
@@ -319,6 +313,7 @@ class CSXRun:
         finally:
             self._checkpoint_reader = None
             self._checkpoint_step = None
+            fetch.close()
 
     def rng_state(self) -> torch.Tensor:
         """The wafer's generator state after the step of the running checkpoint closure."""

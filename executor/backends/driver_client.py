@@ -136,6 +136,9 @@ class DriverClient(Protocol):
     def snapshot(self, step: int, keys: list) -> dict:
         return self._call("snapshot", step, keys)
 
+    def snapshot_async(self, step: int, keys: list) -> Future:
+        return self._call_async("snapshot", step, keys)
+
     def set_rng_state(self, state) -> None:
         return self._call("set_rng_state", state)
 
