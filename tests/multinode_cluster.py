@@ -7,7 +7,8 @@ suite shares one embedded Ray per session, and a cluster needs its own). Usage::
 
 The cluster (``ray.cluster_utils.Cluster``) is a head and 2 worker nodes on 127.0.0.1, 2 CPUs
 each, every node its own raylet, object store and worker processes; this process starts it,
-kills nodes of it, and shuts it down. Two runs, each with 6 input workers over the 3 nodes:
+kills nodes of it, and shuts it down. The runs (``--runs``, default the first two), the first
+two with 6 input workers over the 3 nodes:
 
 1. ``input_node``: 150 steps over ShardedSampler batches of sample ids; at step 40 a worker
    node holding 2 input workers (not the wafer driver's) loses all its processes (SIGKILL of
@@ -21,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import time
 
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # every Ray server on 127.0.0.1
@@ -127,6 +127,64 @@ def input_node_run(cluster) -> dict:
     return out
 
 
+AUTOSCALED_STEPS, AUTOSCALED_KILL_STEP = 900, 600
+
+
+def _live_worker_places() -> dict:
+    """``{name: where()}`` of every live input worker of CS-X 0 (added ones included)."""
+    from ray.util import list_named_actors
+
+    out = {}
+    for name in list_named_actors():
+        if name.startswith("cstream-csx0-w"):
+            try:
+                out[name] = ray.get(ray.get_actor(name).where.remote(), timeout=30)
+            except (ValueError, ray.exceptions.RayError):
+                pass  # retired or dead between the listing and the question
+    return out
+
+
+def autoscaled_run(cluster) -> dict:
+    backend = cstorch.backend("CSX", artifact_dir="autoscaled_run")
+    _, step = _model(backend)
+    seen, out = [], {}
+
+    @cstorch.step_closure
+    def record(x):
+        seen.extend(x.flatten().tolist())
+
+    executor = cstorch.utils.data.DataExecutor(
+        cstorch.utils.data.DataLoader(ids_input_fn, 1000, batch=2, sleep_s=0.06),
+        num_steps=AUTOSCALED_STEPS,
+        cs_config=cstorch.utils.CSConfig(
+            num_workers_per_csx="auto", wafer_seconds_per_step=0.024,
+            autoscale=cstorch.utils.Autoscale(min_workers_per_csx=1, max_workers_per_csx=6,
+                                              window_steps=20, cooldown_steps=20)))
+    for i, batch in enumerate(executor):
+        _, x = step(batch)
+        record(x)
+        if i == 0:
+            out["driver_node"] = backend.driver().where["node_id"]
+        if i == AUTOSCALED_KILL_STEP - 1:
+            places = _live_worker_places()
+            out["places_before_kill"] = places
+            by_node: dict = {}
+            for where in places.values():
+                by_node[where["node_id"]] = by_node.get(where["node_id"], 0) + 1
+            victim = max((n.node_id for n in cluster.worker_nodes
+                          if n.node_id != out["driver_node"]),
+                         key=lambda n: by_node.get(n, 0))
+            out["killed_node"] = victim
+            out["killed_at_step"] = i + 1
+            _kill_node(cluster, victim, places)
+    backend.shutdown()
+    profile = json.loads((executor.run_dir / "profile.json").read_text())
+    out.update(seen=seen, report=executor.report, counts=[r["num_workers"][0]
+                                                          for r in profile["steps"]],
+               workers=profile["summary"]["workers"], summary=cstorch_summary(executor))
+    return out
+
+
 def cstorch_summary(executor) -> str:
     from executor.report_text import format_summary
 
@@ -203,7 +261,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def main(path: str) -> None:
+def main(path: str, runs: list) -> None:
     t0 = time.perf_counter()
     cluster = Cluster(initialize_head=True, head_node_args=NODE_ARGS)
     try:
@@ -212,10 +270,11 @@ def main(path: str) -> None:
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
         results = {"cluster_start_s": time.perf_counter() - t0}
-        results["input_node"] = input_node_run(cluster)
-        cluster.add_node(**NODE_ARGS)  # 3 nodes again
-        cluster.wait_for_nodes()
-        results["driver_node"] = driver_node_run(cluster)
+        for name in runs:
+            if len(cluster.worker_nodes) < 2:
+                cluster.add_node(**NODE_ARGS)  # 3 nodes again
+                cluster.wait_for_nodes()
+            results[name] = RUNS[name](cluster)
         results["total_s"] = time.perf_counter() - t0
     finally:
         ray.shutdown()
@@ -224,5 +283,15 @@ def main(path: str) -> None:
         json.dump(results, f, indent=1, default=str)
 
 
+RUNS = {"input_node": input_node_run, "driver_node": driver_node_run,
+        "autoscaled": autoscaled_run}
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out")
+    p.add_argument("--runs", default="input_node,driver_node",
+                   help=f"comma-separated, of {', '.join(RUNS)}")
+    args = p.parse_args()
+    main(args.out, args.runs.split(","))

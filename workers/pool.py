@@ -71,10 +71,13 @@ class StreamWorkers:
     def start(self, links: list[WorkerLink]) -> None:
         """Start the actors of ``links`` (joining a running stream) on the live nodes with
         the fewest of this stream's workers, and send their first requests."""
-        for link in links:
-            load = collections.Counter(o.node["node_id"] for o in self.links
-                                       if o.node and not o.retired and o.actor is not None)
+        load = collections.Counter(o.node["node_id"] for o in self.links
+                                   if o.node and not o.retired and o.actor is not None
+                                   and o not in links)
+        for link in links:  # each one counted where it goes: a batch of new workers spreads
             link.node = self.placer.replacement(load)
+            if link.node is not None:
+                load[link.node["node_id"]] += 1
             link.spawn()
         for link in links:
             link.request()
