@@ -328,6 +328,10 @@ def trainer_params_for(program: str, shipped: Path, data: Path, steps: int,
     callbacks = []
     for callback in init.get("callbacks") or []:
         (name, args), = callback.items()
+        if name == "LoadCheckpointStates":
+            # a fine-tuning config loads only the weights of the checkpoint it starts from
+            # (gemma2's `load_checkpoint_states: model`); the trial's resume loads all of it
+            continue
         if name in ("ScopedTrainFlags", "ScopedValidateFlags"):
             args = {k: v for k, v in (args or {}).items() if k not in CSX_PERFORMANCE_FLAGS}
         callbacks.append({name: args})
