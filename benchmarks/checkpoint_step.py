@@ -11,13 +11,16 @@ trained with AdamW (the state saved is the weights and both Adam moments: ``--la
 * ``eager cstream.save`` / ``eager torch.save``: plain PyTorch, a torch DataLoader over the same
   data, the same state saved at the same steps.
 
+``--baseline DIR`` adds ``csx at DIR``: the same run on the library checked out at ``DIR`` (a git
+worktree of another revision), to compare two revisions in one interleaved run.
+
 Each variant also runs without checkpoints. A checkpoint's cost to the run is
 ``(seconds with checkpoints - seconds without) / checkpoints``; the closure's own time is
 reported beside it (the wafer keeps computing while the client saves, until its output buffer
 is full). Variants are interleaved over ``--rounds`` rounds; medians.
 
     python -m benchmarks.checkpoint_step [--width 2048] [--layers 5] [--steps 40] [--every 10]
-        [--rounds 3]
+        [--rounds 3] [--baseline DIR]
 
 Writes ``benchmarks/results/checkpoint_step.json`` and prints the table.
 """
@@ -154,16 +157,17 @@ def child_main(spec: dict) -> None:
         import torch
 
         torch.set_num_threads(int(torch_threads))
-    out = child_csx(spec) if spec["variant"] == "csx" else child_eager(spec)
+    out = child_csx(spec) if spec["variant"].startswith("csx") else child_eager(spec)
     print(json.dumps(out))
 
 
 # -- the driver -----------------------------------------------------------------------------------
-def launch(spec: dict, timeout_s: float = 1200.0) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    done = subprocess.run([sys.executable, "-m", "benchmarks.checkpoint_step", "--child",
+def launch(spec: dict, library: Path = REPO, timeout_s: float = 1200.0) -> dict:
+    """One run in a process of its own, importing cstream from the checkout ``library``."""
+    env = {**os.environ, "PYTHONPATH": str(library), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child",
                            json.dumps(spec)], capture_output=True, text=True, env=env,
-                          cwd=REPO, timeout=timeout_s)
+                          cwd=spec["dir"], timeout=timeout_s)
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else
                 f"exit {done.returncode}", "stderr": done.stderr[-3000:]}
@@ -178,7 +182,7 @@ def state_mib(width: int, layers: int) -> float:
 def summarize(runs: dict, steps: int, every: int) -> dict:
     checkpoints = len(range(every, steps + 1, every)) + (steps % every != 0)
     table = {}
-    for v in VARIANTS:
+    for v in runs:
         with_ = [r["seconds"] for r in runs[v]["with"] if "seconds" in r]
         without = [r["seconds"] for r in runs[v]["without"] if "seconds" in r]
         closures = [c for r in runs[v]["with"] for c in r.get("closures_s", [])]
@@ -200,21 +204,27 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--every", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--baseline", help="also run the CSX variant on the library checked out here")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "checkpoint_step.json"))
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         child_main(json.loads(args.child))
         return
-    runs = {v: {"with": [], "without": []} for v in VARIANTS}
+    libraries = {v: REPO for v in VARIANTS}
+    if args.baseline:
+        libraries[f"csx at {args.baseline}"] = Path(args.baseline).resolve()
+    variants = list(libraries)
+    runs = {v: {"with": [], "without": []} for v in variants}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for i in range(len(VARIANTS)):
-                v = VARIANTS[(i + r) % len(VARIANTS)]  # the order turned by one each round
+            for i in range(len(variants)):
+                v = variants[(i + r) % len(variants)]  # the order turned by one each round
                 for kind, every in (("with", args.every), ("without", 0)):
                     d = tempfile.mkdtemp(dir=tmp)
                     res = launch({"variant": v, "width": args.width, "layers": args.layers,
-                                  "steps": args.steps, "every": every, "dir": d})
+                                  "steps": args.steps, "every": every, "dir": d},
+                                 libraries[v])
                     runs[v][kind].append(res)
                     print(f"round {r + 1} {v} {kind} checkpoints: "
                           + (f"{res['seconds']:.2f} s" if "seconds" in res else res["error"])
@@ -233,12 +243,13 @@ def main() -> None:
     out.write_text(json.dumps(doc, indent=1))
     print(f"\n{state_mib(args.width, args.layers):.0f} MiB state, {args.steps} steps, a checkpoint "
           f"every {args.every}, medians of {args.rounds}:")
-    print(f"{'variant':22s}{'step s':>9s}{'closure s':>11s}{'cost/ckpt s':>13s}")
+    width = max(len(v) for v in table) + 2
+    print(f"{'variant':{width}s}{'step s':>9s}{'closure s':>11s}{'cost/ckpt s':>13s}")
     for v, c in table.items():
         if c is None:
-            print(f"{v:22s} failed")
+            print(f"{v:{width}s} failed")
             continue
-        print(f"{v:22s}{c['step_s']:9.3f}{c['closure_s'] or 0:11.2f}"
+        print(f"{v:{width}s}{c['step_s']:9.3f}{c['closure_s'] or 0:11.2f}"
               f"{c['cost_per_checkpoint_s']:13.2f}")
     print(f"wrote {out}")
 
