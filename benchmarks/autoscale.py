@@ -20,6 +20,10 @@ For each ``k`` in ``--needs``:
 Writes ``benchmarks/results/autoscale.json`` and ``autoscale.png`` (worker count over steps).
 
     python benchmarks/autoscale.py [--needs 1,2,4,8] [--steps 900] [--plot-only]
+    python benchmarks/autoscale.py --needs 8 --steps 3000 --keep   # one case again, longer
+
+``--keep`` keeps the cases of the results file that this run does not make (each case
+records its own number of steps).
 """
 
 from __future__ import annotations
@@ -107,6 +111,8 @@ def main(argv=None):
     p.add_argument("--sweep-steps", type=int, default=150)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "autoscale.json"))
     p.add_argument("--plot-only", action="store_true")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the results file's cases of other needs")
     args = p.parse_args(argv)
     out = Path(args.out)
     if args.plot_only:
@@ -116,8 +122,11 @@ def main(argv=None):
     from executor.ray_session import ensure_ray
 
     ensure_ray()
+    needs = [int(x) for x in args.needs.split(",")]
+    kept = [c for c in json.loads(out.read_text())["cases"] if c["need"] not in needs] \
+        if args.keep and out.exists() else []
     cases = []
-    for need in [int(x) for x in args.needs.split(",")]:
+    for need in needs:
         auto = run("auto", args.steps, need)
         a = auto["report"]["autoscale"]["csx"][0]
         changed = a["changed_at"]
@@ -127,7 +136,7 @@ def main(argv=None):
             rows.append({"num_csx": 1, "num_workers_per_csx": w,
                          "utilisation": r["utilisation"]})
         case = {
-            "need": need, "wafer_step_s": wafer_step_s(need),
+            "need": need, "steps": args.steps, "wafer_step_s": wafer_step_s(need),
             "settled_workers": a["workers"], "phase": a["phase"],
             "settle_step": changed,
             "settle_wafer_s": auto["wafer_t"][changed - 1] if changed else 0.0,
@@ -143,8 +152,9 @@ def main(argv=None):
         cases.append(case)
         print(json.dumps({k: v for k, v in case.items() if k != "counts"}, default=float),
               flush=True)
-        doc = {"benchmark": "autoscale", "batch_wait_s": BATCH_WAIT_S, "steps": args.steps,
-               "sweep_steps": args.sweep_steps, "target": TARGET, "cases": cases,
+        doc = {"benchmark": "autoscale", "batch_wait_s": BATCH_WAIT_S,
+               "sweep_steps": args.sweep_steps, "target": TARGET,
+               "cases": sorted(kept + cases, key=lambda c: c["need"]),
                "machine_note": "2 vCPU, shared with other work at the time"}
         save_results(doc, out, plot)  # after every case: an interrupted run keeps them
 
