@@ -70,7 +70,7 @@ REF_VENV ?= $(HOME)/.cache/cstream/reference-venv
 reference:
 	test -x $(REF_VENV)/bin/python || python3.11 -m venv $(REF_VENV)
 	$(REF_VENV)/bin/pip install -q cerebras-pytorch==2.10.0
-	$(REF_VENV)/bin/python tests/reference/generate.py
+	cd tests && $(REF_VENV)/bin/python -m reference.generate
 
 clean:
 	rm -rf $(VENV) demo_run .pytest_cache
