@@ -19,7 +19,7 @@ For each ``k`` in ``--needs``:
 
 Writes ``benchmarks/results/autoscale.json`` and ``autoscale.png`` (worker count over steps).
 
-    python benchmarks/autoscale.py [--needs 1,2,4,8] [--steps 900] [--plot-only]
+    python -m benchmarks.autoscale [--needs 1,2,4,8] [--steps 900] [--plot-only]
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,10 +37,9 @@ import torch  # noqa: E402
 from torch.utils.data import BatchSampler, Dataset, SequentialSampler  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import cstream as cstorch  # noqa: E402
-from bench_data import save_results  # noqa: E402
+from benchmarks.bench_data import save_results  # noqa: E402
 
 BATCH_WAIT_S = 0.04
 SAMPLES = 4
