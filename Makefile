@@ -46,15 +46,15 @@ lint: setup
 	$(VENV)/bin/ruff check cstream cstream_tools workers executor tests examples benchmarks tools
 
 bench: setup
-	$(PY) benchmarks/step_replay.py
-	$(PY) benchmarks/input_scaling.py
+	$(PY) -m benchmarks.step_replay
+	$(PY) -m benchmarks.input_scaling
 
 # On a machine with a CUDA GPU, with the machine's own torch (no venv: `setup` would install
 # another torch): the examples, the model set on a CUDA wafer and the CUDA tests, in under 5
 # minutes; writes benchmarks/results/gpu_check.json. GPU_CHECK_ARGS="--device cpu" is the dry
 # run on a CPU, "--ray no" leaves out the Ray rows.
 gpu-check:
-	PYTHONPATH=$(CURDIR) $(PYTHON) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m benchmarks.gpu_check $(GPU_CHECK_ARGS)
 
 # On one CUDA GPU, with the machine's own torch: the CUDA graph's tests, then the training
 # speed of eager PyTorch, torch.compile, the GPU backend and the CUDA wafer with and without
@@ -62,7 +62,7 @@ gpu-check:
 # docs/performance.md. GPU_BENCH_ARGS="--device cpu --quick" is the dry run on a CPU.
 gpu-bench:
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest -q -m "cuda and not slow" tests/test_cuda_graph.py -p no:cacheprovider; \
-	PYTHONPATH=$(CURDIR) $(PYTHON) benchmarks/gpu.py --docs $(GPU_BENCH_ARGS)
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m benchmarks.gpu --docs $(GPU_BENCH_ARGS)
 
 # The real cerebras-pytorch package in a venv of its own (it pins torch 2.4.0, a CUDA build of
 # about 5.7 GB) rewrites tests/reference/fixtures/. Never part of `make test`.
@@ -70,7 +70,7 @@ REF_VENV ?= $(HOME)/.cache/cstream/reference-venv
 reference:
 	test -x $(REF_VENV)/bin/python || python3.11 -m venv $(REF_VENV)
 	$(REF_VENV)/bin/pip install -q cerebras-pytorch==2.10.0
-	$(REF_VENV)/bin/python tests/reference/generate.py
+	cd tests && $(REF_VENV)/bin/python -m reference.generate
 
 clean:
 	rm -rf $(VENV) demo_run .pytest_cache

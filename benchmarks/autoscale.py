@@ -19,8 +19,8 @@ For each ``k`` in ``--needs``:
 
 Writes ``benchmarks/results/autoscale.json`` and ``autoscale.png`` (worker count over steps).
 
-    python benchmarks/autoscale.py [--needs 1,2,4,8] [--steps 900] [--plot-only]
-    python benchmarks/autoscale.py --needs 8 --steps 3000 --keep   # one case again, longer
+    python -m benchmarks.autoscale [--needs 1,2,4,8] [--steps 900] [--plot-only]
+    python -m benchmarks.autoscale --needs 8 --steps 3000 --keep   # one case again, longer
 
 ``--keep`` keeps the cases of the results file that this run does not make (each case
 records its own number of steps).
@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -42,10 +41,9 @@ import torch  # noqa: E402
 from torch.utils.data import BatchSampler, Dataset, SequentialSampler  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import cstream as cstorch  # noqa: E402
-from bench_data import save_results  # noqa: E402
+from benchmarks.bench_data import save_results  # noqa: E402
 
 BATCH_WAIT_S = 0.04
 SAMPLES = 4

@@ -55,6 +55,18 @@ TRAIN_MODELS = {
     "transformer_lm_2x128_seq64_b8": {"sizes": None, "batch": 8, "samples": 256},
 }
 LM_VOCAB, LM_SEQ = 256, 64
+#: the benchmarks' small transformer LM (``cstream_tools.models.TinyLM``): 2 blocks of d128
+LM = {"vocab": LM_VOCAB, "d": 128, "heads": 4, "layers": 2, "seq": LM_SEQ}
+
+
+def mlp(sizes):
+    """Linear layers of ``sizes`` with a ReLU between each two."""
+    layers = []
+    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+        layers.append(torch.nn.Linear(a, b))
+        if i < len(sizes) - 2:
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers)
 
 
 def memory_input_fn(model: str, seed: int = 0, sharded: bool = True):
@@ -107,7 +119,11 @@ def ready_batches_input_fn(num_batches: int):
 
 
 def save_results(results: dict, out, plot) -> None:
-    """Write ``results`` to ``out`` (JSON) and ``plot(results, path)`` next to it (PNG)."""
+    """Write ``results`` to ``out`` (JSON), with the machine they were measured on where they
+    do not say already, and ``plot(results, path)`` next to it (PNG)."""
+    from benchmarks.machine import describe
+
+    results.setdefault("machine", describe())
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1, default=float))

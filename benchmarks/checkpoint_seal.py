@@ -3,7 +3,7 @@ seal (the user block's length and CRC-32, written after HDF5 closes the file and
 opens it) and without (the same writer, temporary file, fsync and rename, no user block), in
 alternating rounds; prints the medians.
 
-    python benchmarks/checkpoint_seal.py [--rounds 9] [--mb 100]
+    python -m benchmarks.checkpoint_seal [--rounds 9] [--mb 100]
 """
 
 from __future__ import annotations

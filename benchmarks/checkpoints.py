@@ -10,9 +10,9 @@ reader that maps the file or defers its reads pays for reading it too. Peak
 memory is the process's high-water mark of resident memory during the save or load (reset just
 before), above what it held before, as a multiple of the state's size.
 
-    python benchmarks/checkpoints.py [--sizes 256 2048] [--rounds 3] [--dir DIR]
+    python -m benchmarks.checkpoints [--sizes 256 2048] [--rounds 3] [--dir DIR]
         [--real-python /work/venvs/cs210/bin/python]
-    python benchmarks/checkpoints.py --table [RESULTS.json]   # the results as a markdown table
+    python -m benchmarks.checkpoints --table [RESULTS.json]   # the results as a markdown table
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -203,17 +202,11 @@ def _run(python: str, action: str, tool: str, mib: int, path: Path, env: dict) -
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _machine() -> str:
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        model = next(line.split(":", 1)[1].strip() for line in lscpu.splitlines()
-                     if line.startswith("Model name"))
-    except (OSError, StopIteration, subprocess.SubprocessError):
-        model = platform.processor()
-    return f"{model}, {os.cpu_count()} vCPU, {platform.system()} {platform.release()}"
-
-
 def main() -> None:
+    # here, not at the top: a child runs this file under the real package's Python, where
+    # the repository is not importable
+    from benchmarks.machine import describe
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 2048], help="states, in MiB")
     parser.add_argument("--rounds", type=int, default=3)
@@ -234,7 +227,7 @@ def main() -> None:
                and (have_st or w != "safetensors")]
     readers = [r for r, (tool, file) in READERS.items() if file in writers
                and (have_real or tool != "real")]
-    results = {"machine": _machine(), "load_average_at_start": os.getloadavg(),
+    results = {"machine": describe(), "load_average_at_start": os.getloadavg(),
                "rounds": args.rounds, "states": {}}
     with tempfile.TemporaryDirectory(dir=args.dir) as folder:
         for mib in args.sizes:

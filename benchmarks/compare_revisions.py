@@ -19,7 +19,7 @@ few minutes on 2 cores):
 
 Writes ``benchmarks/results/compare_revisions.json`` and prints one table.
 
-    python benchmarks/compare_revisions.py --before REV [--after HEAD] [--rounds 2]
+    python -m benchmarks.compare_revisions --before REV [--after HEAD] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -38,9 +38,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
-from train_throughput import cpu_model  # noqa: E402
+from benchmarks.machine import describe  # noqa: E402
 
 # name -> (script, arguments, where the script writes: "out" (its --out) or a file name next to it)
 BENCHMARKS = {
@@ -95,7 +94,7 @@ def run_one(tree: Path, name: str, timeout_s: float) -> dict:
     script, args, writes = BENCHMARKS[name]
     out = tree / "benchmarks" / "results" / f"{name}.json"
     # every benchmark takes --out; input_scaling --quick writes its file beside it
-    cmd = [sys.executable, str(tree / "benchmarks" / script), *args, "--out", str(out)]
+    cmd = [sys.executable, "-m", f"benchmarks.{Path(script).stem}", *args, "--out", str(out)]
     target = out if writes == "out" else out.with_name(writes)
     target.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": str(tree)}
@@ -168,8 +167,7 @@ def main(argv=None):
         print(f"{key:{width}s}  {b if b is None else f'{b:10.3f}'}  "
               f"{a if a is None else f'{a:10.3f}'}  {'' if q is None else f'{q:.3f}'}")
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "machine": {"cpu": cpu_model(), "nproc": os.cpu_count(),
-                          "loadavg_end": list(os.getloadavg())},
+              "machine": describe(), "loadavg_end": list(os.getloadavg()),
               "commits": commits, "rounds": args.rounds, "table": table,
               "errors": {side: {n: [x["error"] for x in runs[side][n] if "error" in x]
                                 for n in names} for side in sides}}

@@ -25,7 +25,7 @@ The CSX runs also give the wafer's own compute time a step (the median of the ru
 Writes ``benchmarks/results/cpu_per_step_<model>.json`` and prints a table (medians over
 rounds).
 
-    python benchmarks/cpu_per_step.py [--rounds 3] [--model mlp_784_512_512_10_b64]
+    python -m benchmarks.cpu_per_step [--rounds 3] [--model mlp_784_512_512_10_b64]
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
 
-from bench_data import TRAIN_MODELS  # noqa: E402
-from train_throughput import RESULT_TAG, machine_info  # noqa: E402
+from benchmarks.bench_data import TRAIN_MODELS  # noqa: E402
+from benchmarks.machine import describe  # noqa: E402
+from benchmarks.train_throughput import RESULT_TAG  # noqa: E402
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 SAMPLE_S = 0.25
@@ -221,7 +221,7 @@ def main(argv=None) -> None:
                   "wakeups_per_step": {role: statistics.median(x["wakeups_per_step"][role]
                                                                for x in rs) for role in ROLES}}
               for v, rs in runs.items()}
-    out = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine_info(),
+    out = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": describe(),
            "model": args.model, "steps": args.steps, "rounds": args.rounds, "steady": STEADY,
            "median": median, "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

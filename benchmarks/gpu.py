@@ -33,8 +33,8 @@ a CUDA graph; per run, the time from launching its process to its first step.
 Writes ``benchmarks/results/gpu.json`` (``--device cpu``: ``gpu_cpu.json``), prints the table
 and the goals of the GPU issue, each met or not, with the measured figure.
 
-    python benchmarks/gpu.py                      # one GPU, about 5 minutes
-    python benchmarks/gpu.py --device cpu --quick # the dry run: the script's logic on the CPU
+    python -m benchmarks.gpu                      # one GPU, about 5 minutes
+    python -m benchmarks.gpu --device cpu --quick # the dry run: the script's logic on the CPU
                                                   # (smaller models, the CPU backend for "GPU")
 """
 
@@ -49,7 +49,6 @@ import datetime  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -60,15 +59,14 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
 
 # the steady window, its rate and the loss: the same as the CPU training benchmark's
-from train_throughput import loss_fn, rate, steady_window  # noqa: E402
+from benchmarks.train_throughput import loss_fn, rate, steady_window  # noqa: E402
+from benchmarks.docs_table import update_block  # noqa: E402
+from benchmarks.machine import describe, label, revision  # noqa: E402
 
 RESULT_TAG = "GPU_BENCH_RESULT "
-DOCS_BEGIN = "<!-- gpu.py: begin generated block -->"
-DOCS_END = "<!-- gpu.py: end generated block -->"
+DOCS_BLOCK = "gpu.py"  # the name of docs/performance.md's generated block
 
 #: per model: the layer sizes (None: the LM), batch, steps of a run, input workers (N), and
 #: the --quick/--device cpu dry run's smaller stand-in (same code, small enough for a CPU)
@@ -105,20 +103,13 @@ def model_spec(name: str, dry: bool) -> dict:
 
 
 def build_model(spec: dict):
-    import torch
+    from benchmarks.bench_data import mlp
 
     if spec["sizes"] is None:
-        from step_replay import TinyLM
+        from cstream_tools.models import TinyLM
 
-        lm = spec["lm"]
-        return TinyLM(vocab=lm["vocab"], d=lm["d"], heads=lm["heads"], layers=lm["layers"],
-                      seq=lm["seq"])
-    layers = []
-    for i, (a, b) in enumerate(zip(spec["sizes"], spec["sizes"][1:])):
-        layers.append(torch.nn.Linear(a, b))
-        if i < len(spec["sizes"]) - 2:
-            layers.append(torch.nn.ReLU())
-    return torch.nn.Sequential(*layers)
+        return TinyLM(**spec["lm"])
+    return mlp(spec["sizes"])
 
 
 class Samples:
@@ -300,23 +291,6 @@ def ray_importable() -> bool:
     return probe.returncode == 0
 
 
-def machine(device: str) -> dict:
-    import torch
-
-    info = {"python": platform.python_version(), "torch": torch.__version__,
-            "cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-            "device": device}
-    if device.startswith("cuda"):
-        info["card"] = torch.cuda.get_device_name(0)
-        info["cuda"] = torch.version.cuda
-    try:
-        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                        capture_output=True, text=True).stdout.strip()
-    except OSError:
-        pass
-    return info
-
-
 def summarize(runs: list) -> dict:
     ok = [r for r in runs if "error" not in r and r.get("steps_per_s")]
     out: dict = {"runs": runs, "ok_runs": len(ok)}
@@ -405,27 +379,17 @@ def table(results: dict) -> str:
 def markdown(results: dict) -> str:
     """The docs' block: the card, the date, the table and the goals."""
     m = results["machine"]
-    lines = [DOCS_BEGIN, "", f"Measured with `python benchmarks/gpu.py` on {m.get('card', m['cpu'])} "
-             f"(torch {m['torch']}, CUDA {m.get('cuda')}, {m['cpus']} CPUs), {results['date']}, "
-             f"commit {m.get('commit')}, {results['rounds']} round(s), "
+    commit = (results["git"]["commit"] or "?")[:7]
+    lines = ["", f"Measured with `python -m benchmarks.gpu` on {label(m)} "
+             f"(torch {m['torch']}, CUDA {m.get('cuda')}), {results['date']}, "
+             f"commit {commit}, {results['rounds']} round(s), "
              f"{results['wall_s']:.0f} s. Eager's steps/s, the others as ratios to it; "
              "(busy) is the GPU-busy fraction from CUDA events; then the time from launching "
              "the process to the first step.", "", table(results), ""]
     lines += [f"- {g['goal']}: {g['measured'] or '-'} (goal {g['target']}): "
               f"{ {True: 'met', False: 'not met', None: 'not measured'}[g['met']] }"
               for g in results["goals"]]
-    return "\n".join([*lines, "", DOCS_END])
-
-
-def update_docs(text: str, page: Path = ROOT / "docs" / "performance.md") -> None:
-    """Replace the generated block of ``page`` (or add it, under its own heading, at the end)."""
-    doc = page.read_text()
-    if DOCS_BEGIN in doc and DOCS_END in doc:
-        head, rest = doc.split(DOCS_BEGIN, 1)
-        doc = head + text + rest.split(DOCS_END, 1)[1]
-    else:
-        doc = doc.rstrip("\n") + "\n\n## On one GPU\n\n" + text + "\n"
-    page.write_text(doc)
+    return "\n".join([*lines, ""])
 
 
 def main(argv=None) -> int:
@@ -463,7 +427,8 @@ def main(argv=None) -> int:
     models = [m for m in args.models.split(",") if m]
     t0 = time.time()
     results = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "machine": machine(args.device), "dry_run": dry, "rounds": args.rounds,
+               "machine": describe(args.device), "git": revision(), "dry_run": dry,
+               "rounds": args.rounds,
                "variants": variants, "models": {}}
     runs: dict = {m: {v: [] for v in variants} for m in models}
     with tempfile.TemporaryDirectory(prefix="cstream-gpu-bench-") as tmp:
@@ -499,7 +464,7 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1, default=str))
     print()
-    print(f"{results['machine'].get('card', results['machine']['cpu'])}, torch "
+    print(f"{label(results['machine'])}, torch "
           f"{results['machine']['torch']}, {results['date']}; {results['wall_s']:.0f} s"
           + ("; DRY RUN: smaller models, figures mean nothing" if dry else ""))
     print(table(results))
@@ -510,7 +475,7 @@ def main(argv=None) -> int:
         print(f"- {g['goal']}: {g['measured'] or '-'} (goal {g['target']}): {met}")
     print(f"\nwrote {out}")
     if args.docs and not dry:
-        update_docs(markdown(results))
+        update_block(DOCS_BLOCK, markdown(results), heading="On one GPU")
         print("updated docs/performance.md")
     return 0
 

@@ -24,8 +24,8 @@ Three parts, each a table; the whole passes when every row passes:
 Writes ``benchmarks/results/gpu_check.json`` (``--device cpu``: ``gpu_check_cpu.json``) and
 prints the tables.
 
-    python benchmarks/gpu_check.py                # on a machine with a CUDA GPU
-    python benchmarks/gpu_check.py --device cpu   # the dry run: the CPU backend is the
+    python -m benchmarks.gpu_check                # on a machine with a CUDA GPU
+    python -m benchmarks.gpu_check --device cpu   # the dry run: the CPU backend is the
                                                   # reference and the wafer runs on the CPU
 
 ``--ray no`` leaves out the Ray rows (for a machine without Ray: ``pip install ray``, or put a
@@ -41,7 +41,6 @@ import importlib.util
 import json
 import math
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -54,17 +53,18 @@ from typing import Callable, Optional
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
 import cstream as cstorch  # noqa: E402
+from benchmarks.machine import describe, revision  # noqa: E402
+from cstream_tools.models import TinyLM  # noqa: E402
 
 TIME_LIMIT_S = 300
 EXAMPLE_ACCURACY_TOL = 0.01  # 1% of the test set (module docstring)
 FP32_REL, FP32_ABS = 1e-4, 1e-5
 BF16_REL = 2.0 ** -6
-VOCAB, SEQ, BATCH, STEPS = 64, 16, 4, 10
+VOCAB, SEQ, BATCH, STEPS = 64, 16, 4, 10  # VOCAB, SEQ: the sizes TinyLM() is built with
 
 
 # -- 1. the examples ----------------------------------------------------------------------------------
@@ -157,32 +157,6 @@ class ResNet(torch.nn.Module):
         for b in self.blocks:
             x = torch.relu(b["a"](x) + b["skip"](x))
         return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
-
-
-class TinyLM(torch.nn.Module):
-    """Embeddings, 2 pre-norm blocks with causal scaled_dot_product_attention, a head."""
-
-    def __init__(self, d=32, heads=4, layers=2):
-        super().__init__()
-        self.heads = heads
-        self.tok, self.pos = torch.nn.Embedding(VOCAB, d), torch.nn.Embedding(SEQ, d)
-        self.blocks = torch.nn.ModuleList(torch.nn.ModuleDict({
-            "ln1": torch.nn.LayerNorm(d), "qkv": torch.nn.Linear(d, 3 * d),
-            "proj": torch.nn.Linear(d, d), "ln2": torch.nn.LayerNorm(d),
-            "fc1": torch.nn.Linear(d, 4 * d), "fc2": torch.nn.Linear(4 * d, d)})
-            for _ in range(layers))
-        self.ln, self.head = torch.nn.LayerNorm(d), torch.nn.Linear(d, VOCAB)
-
-    def forward(self, idx):
-        b, t = idx.shape
-        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
-        for blk in self.blocks:
-            q, k, v = blk["qkv"](blk["ln1"](x)).chunk(3, dim=-1)
-            q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
-            a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + blk["proj"](a.transpose(1, 2).reshape(b, t, -1))
-            x = x + blk["fc2"](torch.nn.functional.gelu(blk["fc1"](blk["ln2"](x))))
-        return self.head(self.ln(x))
 
 
 def vectors(n=STEPS, outputs=None):
@@ -409,21 +383,6 @@ def table(rows: list, columns: list) -> str:
     return "\n".join(lines)
 
 
-def machine(device: str) -> dict:
-    info = {"python": platform.python_version(), "torch": torch.__version__,
-            "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads()}
-    if device == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(0)
-        info["cuda"] = torch.version.cuda
-    try:
-        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                        capture_output=True, text=True).stdout.strip() or None
-    except OSError:
-        info["commit"] = None
-    return info
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -454,7 +413,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "device": args.device, "dry_run": args.device == "cpu", "ray": use_ray,
-              "machine": machine(args.device)}
+              "machine": describe(args.device), "git": revision()}
     print(f"gpu_check on {result['machine'].get('gpu', 'the CPU (dry run)')}, torch "
           f"{torch.__version__}, Ray rows: {'yes' if use_ray else 'no'}", flush=True)
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:

@@ -14,8 +14,8 @@ second run of a script finds it):
 * ``kept``: cstream's setting: cstream's own default; for eager PyTorch the same values given
   through ``GLIBC_TUNABLES``, as a user would set them.
 
-    python benchmarks/heap.py            # about 10 minutes on 2 cores
-    python benchmarks/heap.py --quick    # one round, short runs
+    python -m benchmarks.heap            # about 10 minutes on 2 cores
+    python -m benchmarks.heap --quick    # one round, short runs
 
 Writes ``benchmarks/results/heap.json`` and prints the table.
 """
@@ -26,14 +26,13 @@ import argparse
 import datetime
 import json
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
-import train_throughput as tt  # noqa: E402
+from benchmarks import train_throughput as tt  # noqa: E402
+from benchmarks.machine import describe, revision  # noqa: E402
 
 from executor.wafer.heap import MMAP_THRESHOLD_BYTES, OPT_OUT, TRIM_THRESHOLD_BYTES  # noqa: E402
 
@@ -96,7 +95,7 @@ def main() -> None:
                 table[m][f"{v}/{h}"] = {"steps_per_s": med, "samples": got,
                                         "ratio_to_eager": med / eager if med else None}
     doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "git": tt.git_commit(), "machine": tt.machine_info(), "rounds": rounds,
+           "git": revision(), "machine": describe(), "rounds": rounds,
            "quick": args.quick, "kept_env_for_eager": KEPT_FOR_EAGER, "table": table, "runs": runs}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

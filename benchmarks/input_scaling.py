@@ -17,7 +17,7 @@ disk. Variants interleave and medians are reported. Writes
 ``executor.profiler.global_rate()`` after the loop, beside the same model fed in one process by
 ``DataLoader(num_workers=N, prefetch_factor=4)`` (``input_scaling_quick.json``).
 
-    python benchmarks/input_scaling.py [--quick] [--only-32mib]
+    python -m benchmarks.input_scaling [--quick] [--only-32mib]
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -38,11 +37,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import cstream as cstorch  # noqa: E402
-from bench_data import BATCH, SlowBatches, save_results  # noqa: E402
+from benchmarks.bench_data import BATCH, SlowBatches, save_results  # noqa: E402
+from benchmarks.machine import describe  # noqa: E402
 
 
 def slow_input_fn(kind: str, num_batches: int, nbytes: int = 0):
@@ -260,11 +258,12 @@ def main(argv=None):
 
             ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1",
                      object_store_memory=args.object_store_mib << 20,
-                     runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path[:2])}})
+                     runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
             key += f"_store_{args.object_store_mib}MiB"
         backend = cstorch.backend("CSX", artifact_dir=tempfile.mkdtemp(prefix="cstream-bench-"))
         results[key] = transport_32mib(args.rounds)
         results[key]["cpu_count"] = os.cpu_count()
+        results["machine"] = describe()
         backend.shutdown()
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=1, default=float))
@@ -277,7 +276,7 @@ def main(argv=None):
         return
     if args.quick:
         backend = cstorch.backend("CSX", artifact_dir=tempfile.mkdtemp(prefix="cstream-bench-"))
-        results = {"cpu_count": os.cpu_count(), "rounds": args.rounds,
+        results = {"cpu_count": os.cpu_count(), "machine": describe(), "rounds": args.rounds,
                    "model_comparison": model_comparison([1, 2, 4, 8], [80, 500], args.rounds)}
         backend.shutdown()
         out = Path(args.out).with_name("input_scaling_quick.json")

@@ -18,7 +18,7 @@ each reading global batches of one sample from a ``ShardedSampler`` whose read s
 Variants are interleaved round by round (4, 8, 16, then 16, 8, 4, ...) and medians reported.
 Writes ``benchmarks/results/multinode.json`` and ``multinode.png``.
 
-    python benchmarks/multinode.py [--rounds 2] [--workers 4,8,16] [--batches-per-worker 100]
+    python -m benchmarks.multinode [--rounds 2] [--workers 4,8,16] [--batches-per-worker 100]
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import argparse
 import collections
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -39,11 +38,9 @@ import torch  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import cstream as cstorch  # noqa: E402
-from bench_data import save_results  # noqa: E402
+from benchmarks.bench_data import save_results  # noqa: E402
 
 NODE_ARGS = dict(num_cpus=2, object_store_memory=128 * 1024 * 1024,
                  node_ip_address="127.0.0.1")

@@ -5,7 +5,7 @@ wafer; the resident memory of the client and of the driver actor is sampled ever
 ``--sample-every`` steps. Growth is measured from the end of the warm-up (10% of the run).
 Writes ``benchmarks/results/soak.json``.
 
-    python benchmarks/soak.py [--steps 20000] [--workers 8]
+    python -m benchmarks.soak [--steps 20000] [--workers 8]
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,9 +22,9 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import cstream as cstorch  # noqa: E402
+from benchmarks.machine import describe  # noqa: E402
 from executor.driver import rss_bytes  # noqa: E402
 
 
@@ -106,7 +105,7 @@ def main(argv=None):
           f"{r['client_rss_growth']:+.1%}, driver {r['driver_rss_growth']:+.1%}; outputs kept "
           f"at most {r['max_outputs_kept']}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(r, indent=1))
+    Path(args.out).write_text(json.dumps({**r, "machine": describe()}, indent=1))
 
 
 if __name__ == "__main__":

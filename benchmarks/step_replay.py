@@ -19,7 +19,7 @@ process of its own minutes later. Within a
 case the variants are interleaved (A B C A B C ...) and the medians reported, because this
 machine is noisy. Writes ``benchmarks/results/step_replay.json``.
 
-    python benchmarks/step_replay.py [--quick]
+    python -m benchmarks.step_replay [--quick]
 """
 
 from __future__ import annotations
@@ -37,50 +37,17 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import cstream as cstorch  # noqa: E402
+from benchmarks.bench_data import LM, mlp  # noqa: E402
+from benchmarks.machine import describe  # noqa: E402
+from cstream_tools.models import TinyLM  # noqa: E402
 from executor import runtime  # noqa: E402
 
 
-class TinyLM(torch.nn.Module):
-    """A small GPT-style language model: 2 pre-norm blocks, causal attention."""
-
-    def __init__(self, vocab=256, d=128, heads=4, layers=2, seq=64):
-        super().__init__()
-        self.heads = heads
-        self.tok = torch.nn.Embedding(vocab, d)
-        self.pos = torch.nn.Parameter(torch.randn(seq, d) * 0.02)
-        self.blocks = torch.nn.ModuleList()
-        for _ in range(layers):
-            self.blocks.append(torch.nn.ModuleDict({
-                "ln1": torch.nn.LayerNorm(d), "qkv": torch.nn.Linear(d, 3 * d),
-                "proj": torch.nn.Linear(d, d), "ln2": torch.nn.LayerNorm(d),
-                "fc1": torch.nn.Linear(d, 4 * d), "fc2": torch.nn.Linear(4 * d, d),
-            }))
-        self.ln = torch.nn.LayerNorm(d)
-        self.head = torch.nn.Linear(d, vocab)
-
-    def forward(self, idx):
-        b, t = idx.shape
-        x = self.tok(idx) + self.pos[:t]
-        for blk in self.blocks:
-            q, k, v = blk["qkv"](blk["ln1"](x)).chunk(3, dim=-1)
-            q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
-            a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + blk["proj"](a.transpose(1, 2).reshape(b, t, -1))
-            x = x + blk["fc2"](torch.nn.functional.gelu(blk["fc1"](blk["ln2"](x))))
-        return self.head(self.ln(x))
-
-
 def cases():
-    def mlp(sizes):
-        layers = []
-        for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
-            layers.append(torch.nn.Linear(a, b))
-            if i < len(sizes) - 2:
-                layers.append(torch.nn.ReLU())
-        return torch.nn.Sequential(*layers)
+    def lm():
+        return TinyLM(**LM)
 
     def cls_batch(n, d, k):
         g = torch.Generator().manual_seed(0)
@@ -99,8 +66,8 @@ def cases():
                                               lambda: cls_batch(16, 16, 4), ce, 200),
         "compute_bound_mlp_784_512_512_10_b64": (lambda: mlp([784, 512, 512, 10]),
                                                  lambda: cls_batch(64, 784, 10), ce, 40),
-        "small_transformer_lm_2x128_seq64_b8": (TinyLM, lm_batch, ce, 20),
-        FULL_STEP: (TinyLM, lm_batch, ce, 20),
+        "small_transformer_lm_2x128_seq64_b8": (lm, lm_batch, ce, 20),
+        FULL_STEP: (lm, lm_batch, ce, 20),
     }
 
 
@@ -218,10 +185,12 @@ CASE_TAG = "STEP_REPLAY_CASE "
 
 def run_case_process(name: str, rounds: int, compilers: list, compile_dir: str) -> dict:
     """:func:`measure_case` in a fresh ``python`` process; its result."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--case", name, "--rounds",
+    cmd = [sys.executable, "-m", "benchmarks.step_replay", "--case", name, "--rounds",
            str(rounds), "--compilers", ",".join(compilers), "--compile-dir", compile_dir]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"case {name}: its process ran over 900 s") from None
     line = next((x for x in done.stdout.splitlines() if x.startswith(CASE_TAG)), None)
@@ -262,7 +231,7 @@ def main(argv=None):
             print(f"{'':40s} {c}: trace {info[c]['trace_s']:.2f} s, compile "
                   f"{info[c]['compile_s']:.2f} s")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1))
+    Path(args.out).write_text(json.dumps({**results, "machine": describe()}, indent=1))
     print(f"wrote {args.out}")
 
 

@@ -26,7 +26,7 @@ empty at the wafer's pace):
 
 Writes ``benchmarks/results/stragglers.json`` and ``stragglers.png``.
 
-    python benchmarks/stragglers.py [--rounds 3] [--steps 700] [--plot-only]
+    python -m benchmarks.stragglers [--rounds 3] [--steps 700] [--plot-only]
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ import json
 import math
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -46,10 +45,9 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 import cstream as cstorch  # noqa: E402
-from bench_data import save_results  # noqa: E402
+from benchmarks.bench_data import save_results  # noqa: E402
 
 WORKERS = 4
 BATCH = 1  # samples per global batch

@@ -5,8 +5,8 @@ embedded; variants are interleaved (A B C D A B C D ...) over ``--rounds`` round
 reported, because this machine is noisy.
 
 * **Training** -- three models, each trained with Adam on data already in memory:
-  MLP 784-512-512-10 (batch 64), MLP 16-64-64-4 (batch 16), and the small transformer LM of
-  ``step_replay.py`` (2 x d128, seq 64, batch 8). Variants:
+  MLP 784-512-512-10 (batch 64), MLP 16-64-64-4 (batch 16), and the small transformer LM
+  ``cstream_tools.models.TinyLM`` (2 x d128, seq 64, batch 8). Variants:
 
   - ``eager``: plain PyTorch, ``torch.optim.Adam(foreach=True)``, a torch DataLoader over the
     same in-memory data, and a Python callback after each step that reads ``loss.item()``;
@@ -34,7 +34,7 @@ the start-up breakdown, the compile report, thread counts, tiered-compilation fi
 Writes ``benchmarks/results/train_throughput.json`` and prints tables; ``--docs`` also
 rewrites the generated block of docs/performance.md from the results.
 
-    python benchmarks/train_throughput.py [--rounds 3] [--quick] [--docs]
+    python -m benchmarks.train_throughput [--rounds 3] [--quick] [--docs]
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ import argparse  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -60,12 +59,11 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
+from benchmarks.docs_table import update_block  # noqa: E402
+from benchmarks.machine import describe, revision  # noqa: E402
 
 RESULT_TAG = "TRAIN_THROUGHPUT_RESULT "
-DOCS_BEGIN = "<!-- train_throughput.py: begin generated block -->"
-DOCS_END = "<!-- train_throughput.py: end generated block -->"
+DOCS_BLOCK = "train_throughput.py"  # the name of docs/performance.md's generated block
 
 MODEL_LABELS = {
     "mlp_784_512_512_10_b64": "MLP 784-512-512-10, batch 64, Adam",
@@ -115,21 +113,14 @@ def rate(times: list, lo: int, hi: int):
 
 
 def make_model(name: str):
-    import torch
-
-    from bench_data import TRAIN_MODELS
+    from benchmarks.bench_data import LM, TRAIN_MODELS, mlp
 
     sizes = TRAIN_MODELS[name]["sizes"]
     if sizes is None:
-        from step_replay import TinyLM
+        from cstream_tools.models import TinyLM
 
-        return TinyLM()
-    layers = []
-    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
-        layers.append(torch.nn.Linear(a, b))
-        if i < len(sizes) - 2:
-            layers.append(torch.nn.ReLU())
-    return torch.nn.Sequential(*layers)
+        return TinyLM(**LM)
+    return mlp(sizes)
 
 
 def loss_fn(out, y):
@@ -189,7 +180,7 @@ def engine_figures(executor, backend, lo: int, hi: int) -> dict:
 def child_train(spec: dict) -> dict:
     import torch
 
-    from bench_data import memory_input_fn
+    from benchmarks.bench_data import memory_input_fn
 
     closure = spec["closure"]
     steps = spec["steps"]
@@ -288,7 +279,7 @@ def child_train(spec: dict) -> dict:
 def child_consume(spec: dict) -> dict:
     import torch
 
-    from bench_data import ReadyBatches, ready_batches_input_fn
+    from benchmarks.bench_data import ReadyBatches, ready_batches_input_fn
 
     steps = spec["steps"]
     times: list = []
@@ -428,18 +419,6 @@ def median_of(runs: list, key: str):
     return statistics.median(values) if values else None
 
 
-def cpu_model() -> str:
-    """The CPU's model name as the OS reports it (``/proc/cpuinfo``), else the platform's."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("model name", "Model")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def trial_figures(runs: list) -> Optional[dict]:
     """The tiering trial's median step time of each candidate (ms, median over the runs whose
     summary records a trial) and the compilers it chose; None where no run had a trial."""
@@ -453,39 +432,6 @@ def trial_figures(runs: list) -> Optional[dict]:
             "steps_each": trials[0].get(key + "steps_each"),
             "chosen": sorted({f.get(key + "chosen") or f.get("summary.compile.active")
                               for f in trials})}
-
-
-def machine_info() -> dict:
-    import torch
-
-    info = {"nproc": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)),
-            "cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "platform": platform.platform(), "python": platform.python_version(),
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
-    try:
-        from importlib.metadata import version
-
-        info["ray"] = version("ray")
-    except Exception:  # ray not installed: the CSX Ray path will fail and say so
-        info["ray"] = None
-    try:
-        mem_kb = int(next(line.split()[1] for line in open("/proc/meminfo")
-                          if line.startswith("MemTotal")))
-        info["memory_gib"] = round(mem_kb / 2 ** 20, 1)
-    except (OSError, StopIteration):
-        info["memory_gib"] = None
-    return info
-
-
-def git_commit() -> dict:
-    def git(*args):
-        try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
-                                  timeout=30).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-    return {"commit": git("rev-parse", "HEAD") or None,
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
 
 
 def default_compiler() -> str:
@@ -789,16 +735,6 @@ def print_tables(results: dict) -> None:
                   + (f" [{len(e['errors'])} failed]" if e["errors"] else ""))
 
 
-def update_docs(text: str, page: Path = ROOT / "docs" / "performance.md") -> None:
-    doc = page.read_text()
-    if DOCS_BEGIN not in doc or DOCS_END not in doc:
-        raise SystemExit(f"--docs: {page} has no block between {DOCS_BEGIN!r} and "
-                         f"{DOCS_END!r}; add the two markers where the table belongs.")
-    head, rest = doc.split(DOCS_BEGIN, 1)
-    _, tail = rest.split(DOCS_END, 1)
-    page.write_text(f"{head}{DOCS_BEGIN}\n{text}{DOCS_END}{tail}")
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -831,7 +767,7 @@ def main(argv=None):
         results = json.loads(Path(args.out).read_text())
         print_tables(results)
         if args.docs:
-            update_docs(markdown(results))
+            update_block(DOCS_BLOCK, markdown(results))
             print("rewrote the generated block of docs/performance.md")
         return
     LOAD_GATE["max_load"] = args.wait_for_load
@@ -848,7 +784,7 @@ def main(argv=None):
     if bad:
         p.error(f"--sections: unknown {bad}; choose from training, consumption, startup.")
     results = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "machine": machine_info(), "git": git_commit(), "rounds": args.rounds,
+               "machine": describe(), "git": revision(), "rounds": args.rounds,
                "quick": args.quick, "default_compiler": default_compiler(),
                "steady_window": [STEADY_FROM, STEADY_TO], "loadavg_start": os.getloadavg()}
     tmp = Path(tempfile.mkdtemp(prefix="cstream-train-throughput-"))
@@ -869,7 +805,7 @@ def main(argv=None):
     print_tables(results)
     print(f"\nwrote {out}")
     if args.docs:
-        update_docs(results["markdown"])
+        update_block(DOCS_BLOCK, results["markdown"])
         print("rewrote the generated block of docs/performance.md")
 
 

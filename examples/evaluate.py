@@ -7,17 +7,13 @@ checkpoint.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch
 
-import torch  # noqa: E402
-
-import cstream.experimental as cstorch  # noqa: E402
-import cstream.experimental.metrics as metrics  # noqa: E402
-from data import MLP, TEST_SIZE, eval_input_fn  # noqa: E402
+import cstream.experimental as cstorch
+import cstream.experimental.metrics as metrics
+from data import MLP, TEST_SIZE, eval_input_fn
 
 
 def newest_checkpoint(directory: Path) -> Path:

@@ -15,12 +15,8 @@ worker count (the same table and plot as `cstream sweep`).
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch
 from data import digits

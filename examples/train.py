@@ -19,6 +19,8 @@ import os
 import sys
 from pathlib import Path
 
+# data.py beside this file, by the name a script sees it: also where the file is imported as a
+# module (the tests import examples.train; input workers unpickle its data.train_input_fn)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402

@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import BatchSampler, Dataset, RandomSampler
 
 import cstream as cstorch
-from test_input_promises import run as run_and_record
+from helpers.runs import record_run
 
 SAMPLES = 4          # per batch
 BATCH_WAIT_S = 0.06  # an I/O-like input: each batch waits 60 ms (15 ms a sample)
@@ -59,9 +59,10 @@ def run(steps, workers, input_kwargs=None, resume=None, checkpoint_steps=None,
     """The sample ids the wafer saw, the dataloader states at checkpoint steps, the profile."""
     cfg = cstorch.utils.CSConfig(num_workers_per_csx=workers, wafer_seconds_per_step=wafer_s,
                                  autoscale=autoscale if workers == "auto" else None)
-    seen, states, executor = run_and_record(
+    run = record_run(
         "CSX", functools.partial(io_input_fn, **(input_kwargs or {})), steps, cfg,
         resume=resume, checkpoint_steps=checkpoint_steps)
+    seen, states, executor = run.seen, run.states, run.executor
     return seen, states, json.loads((executor.run_dir / "profile.json").read_text())
 
 
@@ -104,7 +105,7 @@ def test_cheaper_input_mid_run_retires_workers_and_the_sequence_stays_exact(ray_
 def cpu_samples(steps, input_kwargs):
     """The CPU backend's samples of the same loader (the oracle), the reads not waiting."""
     kwargs = {**input_kwargs, "wait_s": 0.0, "cheap_s": 0.0}
-    return run_and_record("CPU", functools.partial(io_input_fn, **kwargs), steps)[0]
+    return record_run("CPU", functools.partial(io_input_fn, **kwargs), steps).seen
 
 
 @pytest.mark.parametrize("resumed_with", ["auto", 2])
@@ -130,8 +131,8 @@ def own_list_input_fn():
 
 def test_autoscaling_a_loader_that_cannot_be_re_formed_is_refused_at_start(ray_session):
     with pytest.raises(cstorch.AutoscaleError) as e:
-        run_and_record("CSX", own_list_input_fn, 5,
-                       cstorch.utils.CSConfig(num_workers_per_csx="auto"))
+        record_run("CSX", own_list_input_fn, 5,
+                   cstorch.utils.CSConfig(num_workers_per_csx="auto"))
     msg = str(e.value)
     assert msg.startswith("CSConfig.num_workers_per_csx='auto': the loader own_list_input_fn "
                           "builds in CS-X 0's input workers cannot be re-formed exactly with "
@@ -145,18 +146,19 @@ def test_autoscaling_in_process_is_refused_with_the_reason():
     with pytest.raises(cstorch.AutoscaleError, match=r"this run streams its input in this process "
                                          r"\(in_process=True\), where the workers run one "
                                          r"after another"):
-        run_and_record("CSX", io_input_fn, 5, cstorch.utils.CSConfig(num_workers_per_csx="auto"),
-                       in_process=True)
+        record_run("CSX", io_input_fn, 5, cstorch.utils.CSConfig(num_workers_per_csx="auto"),
+                   in_process=True)
 
 
 def test_zero_workers_in_process_keeps_one_worker_and_says_why():
     # 0 is the Cerebras "chosen automatically" that Model Zoo programs pass: where the input
     # cannot change its workers the run is not refused but keeps min_workers_per_csx
-    seen, _, executor = run_and_record(
+    run = record_run(
         "CSX", functools.partial(io_input_fn, n=40, wait_s=0.0), 5,
         cstorch.utils.CSConfig(num_workers_per_csx=0), in_process=True)
-    fixed, _, _ = run_and_record("CSX", functools.partial(io_input_fn, n=40, wait_s=0.0), 5,
-                                 cstorch.utils.CSConfig(num_workers_per_csx=1), in_process=True)
+    seen, executor = run.seen, run.executor
+    fixed = record_run("CSX", functools.partial(io_input_fn, n=40, wait_s=0.0), 5,
+                       cstorch.utils.CSConfig(num_workers_per_csx=1), in_process=True).seen
     assert seen == fixed and len(seen) == 5 * SAMPLES
     summary = json.loads((executor.run_dir / "profile.json").read_text())["summary"]
     assert "autoscale" not in summary
@@ -166,10 +168,10 @@ def test_zero_workers_in_process_keeps_one_worker_and_says_why():
 
 
 def test_zero_workers_with_a_loader_that_cannot_be_re_formed_runs_fixed(ray_session):
-    seen, _, executor = run_and_record("CSX", own_list_input_fn, 5,
-                                       cstorch.utils.CSConfig(num_workers_per_csx=None))
-    fixed, _, _ = run_and_record("CSX", own_list_input_fn, 5,
-                                 cstorch.utils.CSConfig(num_workers_per_csx=1))
+    run = record_run("CSX", own_list_input_fn, 5, cstorch.utils.CSConfig(num_workers_per_csx=None))
+    seen, executor = run.seen, run.executor
+    fixed = record_run("CSX", own_list_input_fn, 5,
+                       cstorch.utils.CSConfig(num_workers_per_csx=1)).seen
     assert seen == fixed and len(seen) == 5  # one value a step
     summary = json.loads((executor.run_dir / "profile.json").read_text())["summary"]
     assert summary["autoscale_not_possible"].startswith(
@@ -178,7 +180,7 @@ def test_zero_workers_with_a_loader_that_cannot_be_re_formed_runs_fixed(ray_sess
 
 
 def test_cstream_run_auto_prints_where_the_workers_settled(tmp_path):
-    from test_cli_run import REPO, cstream
+    from helpers.cli import REPO, cstream
 
     done = cstream("run", REPO / "configs" / "digits_input_only.yaml", "--num-workers-per-csx",
                    "auto", "--steps", "60", "--no-progress", "--artifact-dir", tmp_path,

@@ -28,7 +28,7 @@ import torch
 import cstream
 from cstream.checkpoint import guard
 from cstream.checkpoint.saving import CheckpointError, describe, layout
-from checkpoint_files import values_offset, write_unsealed
+from helpers.checkpoint_files import values_offset, write_unsealed
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "reference" / "fixtures"

@@ -31,7 +31,8 @@ from hypothesis import strategies as st
 import cstream
 from cstream.checkpoint import guard
 from cstream.checkpoint.saving import CheckpointError, to_eager
-from checkpoint_files import write_unsealed
+from helpers.checkpoint_files import write_unsealed
+from helpers.cli import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "reference" / "fixtures"
@@ -102,8 +103,7 @@ os.dup2(2, 1)
 resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))  # a damaged size must not take the host
 import cstream
 from cstream.checkpoint.saving import CheckpointError, describe, to_eager
-sys.path.insert(0, sys.argv[1])
-from records import record
+from reference.records import record
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     path = line.rstrip("\n")
@@ -124,9 +124,9 @@ class Reader:
 
     def __init__(self):
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", READER, str(REPO / "tests" / "reference")],
+            [sys.executable, "-c", READER],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONPATH": str(REPO)})
+            env=child_env())
         assert self._answer(120.0, "the reader to import cstream") == {"ready": True}
 
     def _answer(self, bound_s: float, what: str) -> dict:

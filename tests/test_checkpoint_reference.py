@@ -15,7 +15,6 @@ import json
 import os
 import pickle
 import shutil
-import sys
 from pathlib import Path
 
 import h5py
@@ -29,6 +28,7 @@ from cstream.checkpoint.h5_legacy import LegacyH5Checkpoint
 from cstream.checkpoint.opener import open_checkpoint
 from cstream.checkpoint.saving import CheckpointError, describe
 from cstream.checkpoint.v2 import V2Checkpoint
+from reference.records import record
 from reference.tolerance import assert_number_close, assert_tensor_close
 
 # compares with numbers another program made on another CPU (make test reruns these under
@@ -37,10 +37,6 @@ pytestmark = pytest.mark.cross_cpu
 
 REFERENCE = Path(__file__).resolve().parent / "reference"
 FIXTURES = REFERENCE / "fixtures"
-sys.path.insert(0, str(REFERENCE))
-from records import record  # noqa: E402
-
-sys.path.remove(str(REFERENCE))
 
 
 def _module(path: Path):

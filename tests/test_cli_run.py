@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from executor.report import pct
-from helpers import cstream, table_rows
+from helpers.cli import cstream, table_rows
 from workers.config import CSConfig
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,7 +16,9 @@ from torch.utils.data import BatchSampler, SequentialSampler, TensorDataset
 
 import cstream as cstorch
 
-from input_helpers import cstream_actors
+from helpers.cli import child_env
+from helpers.runs import train_by_hand
+from helpers.streams import cstream_actors
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,44 +32,16 @@ def global_batches_input_fn(n=48, batch_size=8):
         TensorDataset(x, y), batch_sampler=cstorch.utils.data.ShardedSampler(batches))
 
 
+def small_mlp():
+    return torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 3))
+
+
 def train(kind, cs_config=None, steps=9, on_step=None, **options):
-    torch.manual_seed(0)
-    backend = cstorch.backend(kind, **options)
-    with backend.device:
-        model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.Tanh(), torch.nn.Linear(12, 3))
-    compiled = cstorch.compile(model, backend)
-    params = list(model.parameters())
-    velocity = [cstorch.zeros_like(p) for p in params]
-    lr = cstorch.full((), 0.2)
-    losses = []
-
-    @cstorch.step_closure
-    def record(loss):
-        losses.append(loss.item())
-
-    @cstorch.trace
-    def step(batch):
-        x, y = batch
-        loss = torch.nn.functional.cross_entropy(compiled(x), y)
-        loss.backward()
-        with torch.no_grad():
-            for p, v in zip(params, velocity):
-                v.mul_(0.5).add_(p.grad)
-                p.sub_(v * lr)
-                p.grad = None
-        return loss
-
-    executor = cstorch.utils.data.DataExecutor(
-        cstorch.utils.data.DataLoader(global_batches_input_fn), num_steps=steps,
-        cs_config=cs_config)
-    for batch in executor:
-        loss = step(batch)
-        record(loss)
-        if on_step is not None:
-            on_step(loss)
-    final = {k: v.to("cpu").clone() for k, v in model.state_dict().items()}
-    backend.shutdown()
-    return losses, final
+    """Losses and final weights of SGD with momentum, by hand, on the global batches."""
+    run = train_by_hand(kind, small_mlp, global_batches_input_fn, steps=steps, lr=0.2,
+                        momentum=0.5, cs_config=cs_config, build_on_device=True,
+                        on_step=on_step, **options)
+    return run.losses, run.final
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +167,6 @@ TWO_NODES = textwrap.dedent("""
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     import ray, torch
     from ray.cluster_utils import Cluster
-    sys.path.insert(0, sys.argv[1])
     import cstream as cstorch
     import test_csx_ray
 
@@ -225,10 +198,8 @@ TWO_NODES = textwrap.dedent("""
 def test_workers_spread_over_a_two_node_ray_cluster_and_train(tmp_path):
     script = tmp_path / "two_nodes.py"
     script.write_text(TWO_NODES)
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}",
-           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    out = subprocess.run([sys.executable, str(script), str(REPO / "tests")], capture_output=True,
-                         text=True, env=env, timeout=240)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         env=child_env(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0"), timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "nodes 2" in out.stdout
     assert "losses 6" in out.stdout

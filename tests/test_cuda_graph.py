@@ -17,8 +17,7 @@ import cstream as cstorch
 from executor.backends.options import CSXOptions
 from executor.engine.errors import TracingError
 from executor.wafer.cuda_graph import plan, spec_of
-from test_device_capture import lm_batches, mlp, mse, next_token, vectors
-from helpers import TinyLM
+from helpers.models import TinyLM, lm_batches, mlp, mse, next_token, vectors
 
 HAS_CUDA = torch.cuda.is_available()
 

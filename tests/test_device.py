@@ -138,13 +138,7 @@ def test_optimizer_state_made_before_compile_follows_the_model_to_the_device(met
 
 
 def _scheduler_cases():
-    import sys
-    from pathlib import Path
-
-    reference = str(Path(__file__).parent / "reference")
-    if reference not in sys.path:
-        sys.path.insert(0, reference)
-    from gen_sched import CASES, build, make_optimizer
+    from reference.gen_sched import CASES, build, make_optimizer
 
     return CASES, build, make_optimizer
 

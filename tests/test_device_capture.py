@@ -15,7 +15,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import cstream as cstorch
 from executor.engine.devices import (DeviceBoundError, check_device_clean, device_bound_ops,
                                      neutral_dispatch, op_runs_on, retarget)
-from helpers import TinyLM, lm_input_fn
+from helpers.models import TinyLM, lm_batches, mlp, mse, next_token, vectors
 
 
 # -- the engine's passes on plain graphs -----------------------------------------------------------
@@ -112,19 +112,6 @@ def test_the_dispatcher_knows_cpu_kernels():
 
 # -- the models the suite trains on CSX, traced for a CUDA wafer ----------------------------------
 
-def mlp():
-    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-
-
-def vectors(n=4):
-    g = torch.Generator().manual_seed(3)
-    return [(torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g)) for _ in range(n)]
-
-
-def lm_batches(n=4):
-    return lm_input_fn(n=n)
-
-
 def validate_for(device: str, build, input_fn, loss_of, adam=True, clip=None,
                  half=None) -> dict:
     """Trace one training step of ``build()`` for ``device`` with validate_only (nothing
@@ -158,16 +145,6 @@ def validate_for(device: str, build, input_fn, loss_of, adam=True, clip=None,
         backend.shutdown()
         cstorch.amp.enable_mixed_precision(False)
         cstorch.amp.use_bfloat16(False)
-
-
-def mse(compiled, batch):
-    x, y = batch
-    return ((compiled(x) - y) ** 2).mean()
-
-
-def next_token(compiled, batch):
-    inputs, targets = batch
-    return torch.nn.functional.cross_entropy(compiled(inputs).reshape(-1, 64), targets.reshape(-1))
 
 
 OWN_MODELS = {

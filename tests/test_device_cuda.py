@@ -208,9 +208,7 @@ def test_training_with_a_scheduler_a_loss_scaler_and_summaries_gives_the_cpu_bac
 @pytest.mark.parametrize("case", ["linear", "cosine_decay", "sequential", "one_cycle",
                                   "cyclic_exp_range", "wd_sequential_tagged"])
 def test_schedulers_on_the_gpu_backend_give_the_cpu_backends_rates(case, tmp_path):
-    if str(Path(__file__).parent / "reference") not in sys.path:
-        sys.path.insert(0, str(Path(__file__).parent / "reference"))
-    from gen_sched import CASES, build, make_optimizer
+    from reference.gen_sched import CASES, build, make_optimizer
 
     def rates(where):
         backend = backend_of(where, tmp_path)

@@ -29,7 +29,8 @@ from workers.loaders import dynamic_assignment_support
 from workers.sharding import ShardedSampler
 from workers.stream import configured_stream
 
-from input_helpers import client_sequence, read_steps
+from helpers.runs import record_run, whole_batch
+from helpers.streams import client_sequence, close_all, open_streams, read_steps
 
 from test_sharding import TOPOLOGIES
 
@@ -67,22 +68,9 @@ def shuffled_ids_fn(n=24, batch_size=4, marker=None, release_ids=()):
     return torch.utils.data.DataLoader(Ids(), batch_sampler=ShardedSampler(batches))
 
 
-def stream_policy(cfg):
-    """The streams' flow policy: two numbers held a worker, and replies of at most
-    ``batches_per_fetch`` batches whatever their size."""
-    return FlowPolicy.from_config(cfg, assigned_batches_per_worker=2, small_reply_batches=1)
-
-
-def open_streams(cfg, prefix, **kwargs):
-    loader = kwargs.pop("loader", None) or DataLoader(shuffled_ids_fn)
-    return [configured_stream(loader, cfg, c, name_prefix=f"{prefix}",
-                                   policy=stream_policy(cfg), **kwargs)
-            for c in range(cfg.num_csx)]
-
-
-def close_all(streams):
-    for s in streams:
-        s.close()
+def open_id_streams(cfg, prefix, loader=None):
+    """One stream per CS-X of :func:`shuffled_ids_fn` (or ``loader``)."""
+    return open_streams(cfg, prefix, loader or DataLoader(shuffled_ids_fn))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -197,7 +185,7 @@ def test_input_assignment_is_checked_with_the_rule():
 def test_dynamic_stream_delivers_the_single_process_sequence(ray_session, C, W):
     steps = 20  # more than three epochs
     expected = client_sequence(shuffled_ids_fn, steps)
-    streams = open_streams(CSConfig(num_csx=C, num_workers_per_csx=W), f"dyn{C}x{W}")
+    streams = open_id_streams(CSConfig(num_csx=C, num_workers_per_csx=W), f"dyn{C}x{W}")
     try:
         got, _ = read_steps(streams, steps)
         stats = [s.stats() for s in streams]
@@ -217,7 +205,7 @@ def test_a_slow_batch_holds_back_only_its_own_worker(ray_session, tmp_path):
     release = 28
     loader = DataLoader(shuffled_ids_fn, n=200, marker=str(tmp_path / "go"),
                         release_ids=tuple(expected[release]))
-    streams = open_streams(CSConfig(num_workers_per_csx=4), "slowbatch", loader=loader)
+    streams = open_id_streams(CSConfig(num_workers_per_csx=4), "slowbatch", loader)
     try:
         assert streams[0].assignment.window_batches > release
         got, workers = read_steps(streams, 40)
@@ -286,7 +274,7 @@ def test_input_faster_than_the_wafer_goes_several_batches_to_a_reply(ray_session
 
 def test_a_killed_worker_is_replaced_without_losing_or_repeating_a_batch(ray_session):
     cfg = CSConfig(num_workers_per_csx=4, max_worker_restarts=2)
-    streams = open_streams(cfg, "dynkill")
+    streams = open_id_streams(cfg, "dynkill")
     try:
         got, _ = read_steps(streams, 5)
         ray_session.kill(ray_session.get_actor("dynkill-csx0-w1"))
@@ -308,7 +296,7 @@ def test_a_resume_with_another_worker_count_continues_the_sequence_exactly(ray_s
                                                                             new, modes):
     first_steps, rest = 9, 10  # the resume lands mid-epoch (epochs are 6 global batches)
     cfg = CSConfig(num_csx=old[0], num_workers_per_csx=old[1], input_assignment=modes[0])
-    streams = open_streams(cfg, "resume-a")
+    streams = open_id_streams(cfg, "resume-a")
     try:
         first, _ = read_steps(streams, first_steps)
         states = [st for s in streams for st in s.worker_states()]
@@ -316,11 +304,7 @@ def test_a_resume_with_another_worker_count_continues_the_sequence_exactly(ray_s
         close_all(streams)
     cfg2 = CSConfig(num_csx=new[0], num_workers_per_csx=new[1], input_assignment=modes[1])
     states = ResumeStates(states).remap(cfg2.num_csx, cfg2.num_workers_per_csx)
-    loader = DataLoader(shuffled_ids_fn)
-    streams = [configured_stream(loader, cfg2, c, name_prefix="resume-b",
-                                      policy=stream_policy(cfg2),
-                                      resume_states=[st for st in states if st.wse_id == c])
-               for c in range(cfg2.num_csx)]
+    streams = open_streams(cfg2, "resume-b", DataLoader(shuffled_ids_fn), resume=states)
     try:
         second, _ = read_steps(streams, rest)
         mode = streams[0].stats()["assignment"]["mode"]
@@ -338,8 +322,8 @@ def ids_without_sampler(n=8):
 
 
 def test_a_loader_that_cannot_take_part_keeps_round_robin_and_says_why(ray_session):
-    streams = open_streams(CSConfig(num_workers_per_csx=2), "dynstatic",
-                           loader=DataLoader(ids_without_sampler))
+    streams = open_id_streams(CSConfig(num_workers_per_csx=2), "dynstatic",
+                              DataLoader(ids_without_sampler))
     try:
         got = [streams[0].next()[0].tolist() for _ in range(6)]
         stats = streams[0].stats()
@@ -358,26 +342,8 @@ def test_a_loader_that_cannot_take_part_keeps_round_robin_and_says_why(ray_sessi
 # ---------------------------------------------------------------------------------------------
 
 def run_ids(cfg, steps):
-    import cstream as cstorch
-
-    backend = cstorch.backend("CSX")
-    anchor = cstorch.compile(torch.nn.Linear(1, 1), backend)
-    seen = []
-
-    @cstorch.trace
-    def step(batch):
-        return batch + anchor.weight.sum().to(batch.dtype) * 0
-
-    @cstorch.step_closure
-    def record(ids):
-        seen.append(ids.tolist())
-
-    executor = cstorch.utils.data.DataExecutor(cstorch.utils.data.DataLoader(shuffled_ids_fn),
-                                               num_steps=steps, cs_config=cfg)
-    for batch in executor:
-        record(step(batch))
-    backend.shutdown()
-    return seen, executor.report
+    run = record_run("CSX", shuffled_ids_fn, steps, cfg, value=whole_batch, per_step=True)
+    return run.seen, run.executor.report
 
 
 def test_the_wafer_sees_the_single_process_sequence_and_the_report_says_dynamic(ray_session):

@@ -17,6 +17,8 @@ import cstream as cstorch
 from cstream.errors import CompileError
 from executor.engine.handles import SlotKind, StateHandle
 
+from helpers.runs import train_by_hand
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -32,48 +34,9 @@ def input_fn(n=3):
 
 def train(kind, steps=6, device_init=False, checkpoint_steps=3, **options):
     """SGD with momentum written as the porting guide's user code; returns losses, snapshots, final."""
-    torch.manual_seed(0)
-    backend = cstorch.backend(kind, **options)
-    if device_init:
-        with backend.device:
-            model = make_model()
-    else:
-        model = make_model()
-    compiled = cstorch.compile(model, backend)
-    params = list(model.parameters())
-    momentum = [cstorch.zeros_like(p) for p in params]
-    lr = cstorch.full((), 0.1)
-    losses, snapshots = [], {}
-
-    @cstorch.step_closure
-    def record(loss):
-        losses.append(loss.item())
-
-    @cstorch.checkpoint_closure
-    def checkpoint(i):
-        snapshots[i] = {k: v.to("cpu").clone() for k, v in model.state_dict().items()}
-
-    @cstorch.trace
-    def step(batch):
-        x, y = batch
-        loss = torch.nn.functional.cross_entropy(compiled(x), y)
-        loss.backward()
-        with torch.no_grad():
-            for p, m in zip(params, momentum):
-                m.mul_(0.9).add_(p.grad)
-                p.sub_(m * lr)
-                p.grad = None
-        return loss
-
-    executor = cstorch.utils.data.DataExecutor(
-        cstorch.utils.data.DataLoader(input_fn), num_steps=steps,
-        checkpoint_steps=checkpoint_steps)
-    for i, batch in enumerate(executor):
-        record(step(batch))
-        checkpoint(i)
-    final = {k: v.to("cpu").clone() for k, v in model.state_dict().items()}
-    backend.shutdown()
-    return losses, snapshots, final
+    run = train_by_hand(kind, make_model, input_fn, steps=steps, lr=0.1, momentum=0.9,
+                        checkpoint_steps=checkpoint_steps, build_on_device=device_init, **options)
+    return run.losses, run.snapshots, run.final
 
 
 @pytest.mark.parametrize("device_init", [False, True])

@@ -15,11 +15,8 @@ REPO = Path(__file__).resolve().parents[1]
 def test_the_shipped_digits_equal_scikit_learns_load_digits():
     from sklearn.datasets import load_digits as sklearn_digits
 
-    sys.path.insert(0, str(REPO / "examples"))
-    try:
-        from data import load_digits
-    finally:
-        sys.path.remove(str(REPO / "examples"))
+    from examples.data import load_digits
+
     x, y = load_digits()
     want_x, want_y = sklearn_digits(return_X_y=True)
     assert np.array_equal(x.numpy(), want_x) and np.array_equal(y.numpy(), want_y)

@@ -21,6 +21,8 @@ from torch.utils.data import BatchSampler, RandomSampler, TensorDataset
 import cstream as cstorch
 from workers.context import WorkerInfo, worker_context
 
+from helpers.runs import record_run
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -99,40 +101,6 @@ def failing_input_fn():
 
 
 # -- running -----------------------------------------------------------------------------------
-def run(kind, input_fn, steps, cs_config=None, resume=None, checkpoint_steps=None, **options):
-    """Every sample the wafer sees (by value), and the dataloader states at checkpoints."""
-    backend = cstorch.backend(kind, **options)
-    compiled = cstorch.compile(torch.nn.Linear(1, 1), backend)
-    seen, states = [], {}
-
-    @cstorch.trace
-    def step(batch):
-        x = batch["x"] if isinstance(batch, dict) else batch[0]
-        return x + compiled.weight.sum().to(x.dtype) * 0
-
-    @cstorch.step_closure
-    def record(x):
-        seen.extend(x.reshape(-1).to(torch.int64).tolist())
-
-    loader = cstorch.utils.data.DataLoader(input_fn)
-    if resume is not None:
-        loader.load_state_dict(resume)
-
-    @cstorch.checkpoint_closure
-    def checkpoint(i):
-        states[i] = loader.state_dict()
-
-    executor = cstorch.utils.data.DataExecutor(loader, num_steps=steps, cs_config=cs_config,
-                                               checkpoint_steps=checkpoint_steps)
-    try:
-        for i, batch in enumerate(executor):
-            record(step(batch))
-            checkpoint(i)
-    finally:
-        backend.shutdown()
-    return seen, states, executor
-
-
 def stream_only(input_fn, cs_config, steps=4, **options):
     """A run with no model: what the input side reports."""
     backend = cstorch.backend("CSX", **options)
@@ -201,27 +169,29 @@ def test_duplicate_samples_error_stops_the_run_before_its_first_step():
     ("CSX", {"in_process": True}, cstorch.utils.CSConfig(num_workers_per_csx=2)),
 ])
 def test_a_resume_with_a_seeded_random_sampler_equals_the_uninterrupted_run(kind, options, cfg):
-    full, _, _ = run(kind, seeded_shuffle_input_fn, 30, cfg, **options)
+    full = record_run(kind, seeded_shuffle_input_fn, 30, cfg, **options).seen
     epochs = [full[i:i + 40] for i in range(0, 120, 40)]
     assert all(sorted(e) == list(range(40)) for e in epochs) and epochs[0] != epochs[1]
-    head, states, _ = run(kind, seeded_shuffle_input_fn, 15, cfg, checkpoint_steps=15, **options)
-    tail, _, _ = run(kind, seeded_shuffle_input_fn, 15, cfg, resume=states[14], **options)
+    run = record_run(kind, seeded_shuffle_input_fn, 15, cfg, checkpoint_steps=15, **options)
+    head, states = run.seen, run.states
+    tail = record_run(kind, seeded_shuffle_input_fn, 15, cfg, resume=states[14], **options).seen
     assert head + tail == full  # epoch 1 from its 6th batch, then epoch 2: no sample twice
 
 
 def test_on_ray_a_global_rng_shuffle_resumes_exactly_in_a_fresh_worker(ray_session):
     # each worker process seeds torch at random: the run that saved the state is the reference
-    full, states, _ = run("CSX", global_rng_shuffle_input_fn, 8, checkpoint_steps=5)
-    tail, _, _ = run("CSX", global_rng_shuffle_input_fn, 3, resume=states[4])
+    run = record_run("CSX", global_rng_shuffle_input_fn, 8, checkpoint_steps=5)
+    full, states = run.seen, run.states
+    tail = record_run("CSX", global_rng_shuffle_input_fn, 3, resume=states[4]).seen
     assert [sorted(full[i:i + 12]) for i in (0, 12)] == [list(range(12))] * 2
     # the resumed worker draws epoch 1 from the state its epoch started with, then epoch 2 on
     assert full[:20] + tail == full
 
 
 def test_a_shuffle_that_cannot_be_drawn_again_refuses_to_resume():
-    _, states, _ = run("CPU", python_shuffle_input_fn, 7, checkpoint_steps=7)
+    states = record_run("CPU", python_shuffle_input_fn, 7, checkpoint_steps=7).states
     with pytest.raises(ValueError) as e:
-        run("CPU", python_shuffle_input_fn, 3, resume=states[6])
+        record_run("CPU", python_shuffle_input_fn, 3, resume=states[6])
     assert str(e.value).startswith(
         "ShardedSampler: the resumed position is global batch 2 of epoch 1, but the global "
         "batches before it are not the ones the saved run streamed")
@@ -255,8 +225,9 @@ def test_parquet_with_12_row_groups_over_1x8_workers_streams_the_single_process_
     if not in_process:
         request.getfixturevalue("ray_session")
     fn = functools.partial(parquet_fn, twelve_row_groups(tmp_path), drop_last)
-    seen, _, executor = run("CSX", fn, 120, cstorch.utils.CSConfig(num_workers_per_csx=8),
-                            in_process=in_process)
+    run = record_run("CSX", fn, 120, cstorch.utils.CSConfig(num_workers_per_csx=8),
+                     in_process=in_process)
+    seen, executor = run.seen, run.executor
     assert seen == list(range(480)) * 2
     assert executor.report["input_assignment"]["mode"] == mode
 
@@ -290,22 +261,24 @@ def test_parquet_on_2x2_resumes_with_another_worker_count_exactly(ray_session, t
     fn = functools.partial(parquet_fn, twelve_row_groups(tmp_path))
     cfg = cstorch.utils.CSConfig(num_csx=2, num_workers_per_csx=2)
     # 27 steps: the saved position is row 216, inside the 2nd row group of the 2nd file
-    head, states, executor = run("CSX", fn, 27, cfg, checkpoint_steps=27)
+    run = record_run("CSX", fn, 27, cfg, checkpoint_steps=27)
+    head, states, executor = run.seen, run.states, run.executor
     assert head == list(range(216))
     assert executor.report["input_assignment"]["mode"] == "dynamic"
-    tail, _, _ = run("CSX", fn, 40, cstorch.utils.CSConfig(num_workers_per_csx=2),
-                     resume=states[26])
+    tail = record_run("CSX", fn, 40, cstorch.utils.CSConfig(num_workers_per_csx=2),
+                      resume=states[26]).seen
     assert tail == list(range(216, 480)) + list(range(56))  # into the next epoch
 
 
 def test_parquet_in_process_resumes_with_another_worker_count_exactly(tmp_path):
     # the in-process input side deals round-robin (static): saved at 1x8, resumed at 2x3
     fn = functools.partial(parquet_fn, twelve_row_groups(tmp_path), False)
-    head, states, _ = run("CSX", fn, 13, cstorch.utils.CSConfig(num_workers_per_csx=8),
-                          checkpoint_steps=13, in_process=True)
+    run = record_run("CSX", fn, 13, cstorch.utils.CSConfig(num_workers_per_csx=8),
+                     checkpoint_steps=13, in_process=True)
+    head, states = run.seen, run.states
     assert head == list(range(104))
-    tail, _, _ = run("CSX", fn, 50, cstorch.utils.CSConfig(num_csx=2, num_workers_per_csx=3),
-                     resume=states[12], in_process=True)
+    tail = record_run("CSX", fn, 50, cstorch.utils.CSConfig(num_csx=2, num_workers_per_csx=3),
+                      resume=states[12], in_process=True).seen
     assert tail == list(range(104, 480)) + list(range(24))
 
 
@@ -355,7 +328,7 @@ def test_an_input_fn_error_on_ray_reads_well_and_every_finished_step_keeps_its_c
 @pytest.mark.parametrize("kind,options", [("CPU", {}), ("CSX", {"in_process": True})])
 def test_a_generator_input_fn_used_past_its_end_says_so(kind, options):
     with pytest.raises(cstorch.utils.data.EmptyDataLoaderError) as e:
-        run(kind, generator_input_fn, 5, **options)
+        record_run(kind, generator_input_fn, 5, **options)
     msg = str(e.value)
     assert "input_fn generator_input_fn returned a one-shot iterator (generator), which was " \
            "used up after 3 batches, and the run needs more" in msg
@@ -370,7 +343,8 @@ def test_relative_directories_are_the_users_not_the_ray_workers(ray_session, tmp
     import os
 
     os.chdir(user_dir)  # the fixture restores the working directory
-    seen, _, executor = run("CSX", sharded_input_fn, 2, artifact_dir="art", compile_dir="cc")
+    run = record_run("CSX", sharded_input_fn, 2, artifact_dir="art", compile_dir="cc")
+    seen, executor = run.seen, run.executor
     assert len(seen) == 8
     assert executor.run_dir.parent.parent == user_dir / "art"
     assert any((user_dir / "cc").iterdir())  # the wafer driver's compile cache
@@ -442,8 +416,8 @@ def test_the_ray_address_is_read_once_in_cstream_backend(monkeypatch):
 
 
 def test_cpu_and_in_process_runs_save_one_position_format():
-    _, cpu, _ = run("CPU", seeded_shuffle_input_fn, 13, checkpoint_steps=13)
-    _, csx, _ = run("CSX", seeded_shuffle_input_fn, 13, checkpoint_steps=13, in_process=True)
+    cpu = record_run("CPU", seeded_shuffle_input_fn, 13, checkpoint_steps=13).states
+    csx = record_run("CSX", seeded_shuffle_input_fn, 13, checkpoint_steps=13, in_process=True).states
     a, b = cpu[12]["workers"][0], csx[12]["workers"][0]
     # the same keys, the same values; only torch's global RNG differs between the two processes
     for state in (a, b):

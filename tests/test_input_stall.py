@@ -18,8 +18,9 @@ import cstream as cstorch
 from workers.config import CSConfig
 from workers.stall import STALL_COST_FACTOR, STALL_FLOOR_S, stall_bound
 
-from helpers import cstream, table_rows
-from input_helpers import cstream_actors
+from helpers.cli import cstream, table_rows
+from helpers.runs import record_run, whole_batch
+from helpers.streams import cstream_actors
 
 HERE = os.path.abspath(__file__)
 STALL_LINE = "_GATES[gate].wait()  # the stall: nothing sets this gate in a worker"
@@ -60,30 +61,11 @@ def stalling_input_fn(n=64, batch=4, stuck_worker=1, stuck_at=2, gate="", sleep_
 
 def run_ids(steps, cs_config, in_process, **kwargs):
     """Run ``steps`` steps of :func:`stalling_input_fn`; the ids each finished step's closure
-    saw, in order, and the exception that ended the run (or None)."""
-    backend = cstorch.backend("CSX", in_process=in_process)
-    seen, error = [], None
-    compiled = cstorch.compile(torch.nn.Linear(1, 1), backend)
-
-    @cstorch.trace
-    def step(batch):
-        return batch + compiled.weight.sum().to(torch.int64) * 0
-
-    @cstorch.step_closure
-    def record(ids):
-        seen.extend(ids.tolist())
-
-    executor = cstorch.utils.data.DataExecutor(
-        cstorch.utils.data.DataLoader(stalling_input_fn, **kwargs), num_steps=steps,
-        cs_config=cs_config)
-    try:
-        for batch in executor:
-            record(step(batch))
-    except cstorch.InputStallError as e:
-        error = e
-    finally:
-        backend.shutdown()
-    return seen, error
+    saw, in order, and the InputStallError that ended the run (or None)."""
+    run = record_run("CSX", stalling_input_fn, steps, cs_config, value=whole_batch,
+                     expect=cstorch.InputStallError, loader_options=kwargs,
+                     in_process=in_process)
+    return run.seen, run.error
 
 
 def _gone(pid) -> bool:

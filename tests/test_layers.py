@@ -1,7 +1,7 @@
 """The layers, read from every module's imports (tools/import_graph.py): ``cstream`` (the API)
 imports ``executor`` and ``workers``, ``executor`` imports ``workers``, ``workers`` neither;
 ``cstream_tools`` stands on all three and none of them imports it; no package has an import
-circle."""
+circle; the benchmarks, the tools and the examples import nothing of the tests."""
 
 import pytest
 
@@ -43,3 +43,22 @@ def test_the_checks_find_a_circle_and_an_import_against_the_layers(tmp_path):
     assert import_graph.layer_breaks(graph, tmp_path) == [
         "workers/c.py:1 workers.c imports cstream_tools",
         "workers/c.py:2 workers.c imports executor.run"]
+
+
+def test_the_benchmarks_tools_and_examples_import_nothing_of_the_tests():
+    assert import_graph.imports_of_tests() == []
+
+
+def test_the_check_finds_a_script_that_imports_the_tests(tmp_path):
+    (tmp_path / "tests" / "helpers").mkdir(parents=True)
+    (tmp_path / "tests" / "helpers" / "models.py").write_text("")
+    (tmp_path / "tests" / "test_x.py").write_text("")
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "run.py").write_text(
+        "import torch\nfrom helpers.models import TinyLM\nimport test_x\nfrom cstream_tools import models\n")
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "data.py").write_text("")
+    (tmp_path / "examples" / "train.py").write_text("from data import MLP\n")
+    assert import_graph.imports_of_tests(tmp_path, ("benchmarks", "examples")) == [
+        "benchmarks/run.py:2 benchmarks.run imports helpers.models",
+        "benchmarks/run.py:3 benchmarks.run imports test_x"]

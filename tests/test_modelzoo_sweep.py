@@ -1,6 +1,6 @@
 """``cstream sweep --modelzoo``: a Model Zoo params file's data processor swept over worker
 counts against a paced wafer, on the release layouts of tests/modelzoo_releases and data files
-in the Model Zoo's formats (tests/modelzoo_files.py)."""
+in the Model Zoo's formats (tests/helpers/modelzoo_files.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cstream_tools.cli import main
-from modelzoo_files import RELEASES, write_bert_csv, write_gpt_hdf5, write_mnist
+from helpers.modelzoo_files import RELEASES, write_bert_csv, write_gpt_hdf5, write_mnist
 
 GPT2_PARAMS = {
     "2.0.x": RELEASES / "Release_2.0.x/modelzoo/transformers/pytorch/gpt2/configs/params_gpt2_tiny.yaml",

@@ -20,13 +20,12 @@ from torch.utils.data import BatchSampler, RandomSampler
 from workers import CSConfig
 from workers.context import BatchAssignment, WorkerInfo, batch_assignment, worker_context
 from workers.dataloader import DataLoader
-from workers.flow import FlowPolicy
 from workers.resume import Source
 from workers.loaders import draws_ahead, dynamic_assignment_support
 from workers.sharding import ShardedSampler
-from workers.stream import configured_stream
 
-from input_helpers import SampleIds, client_sequence, read_steps
+from helpers.runs import record_run, whole_batch
+from helpers.streams import SampleIds, client_sequence, close_all, open_streams, read_steps
 
 N, BATCH = 24, 4  # 6 global batches an epoch
 EPOCH = N // BATCH
@@ -68,17 +67,6 @@ def ids_fn(num_workers=2, prefetch_factor=None, persistent_workers=False, pin_me
                                        pin_memory=pin_memory, **options)
 
 
-def open_streams(cfg, prefix, loader, resume=None, assigned_batches_per_worker=2):
-    """One stream per CS-X; replies carry at most ``batches_per_fetch`` batches whatever their
-    size, and a worker holds ``assigned_batches_per_worker`` numbers."""
-    policy = FlowPolicy.from_config(cfg, small_reply_batches=1,
-                                    assigned_batches_per_worker=assigned_batches_per_worker)
-    return [configured_stream(
-        loader, cfg, c, name_prefix=prefix, policy=policy,
-        resume_states=None if resume is None else [st for st in resume if st.wse_id == c])
-        for c in range(cfg.num_csx)]
-
-
 def run_and_resume(cfg, prefix, loader, first_steps, rest, **options):
     """Stream ``first_steps``, close, resume from the worker states, stream ``rest`` more;
     returns both parts and the assignment stats of each stream."""
@@ -88,15 +76,13 @@ def run_and_resume(cfg, prefix, loader, first_steps, rest, **options):
         states = [st for s in streams for st in s.worker_states()]
         stats = [s.stats()["assignment"] for s in streams]
     finally:
-        for s in streams:
-            s.close()
+        close_all(streams)
     streams = open_streams(cfg, f"{prefix}-b", loader, resume=states, **options)
     try:
         second, _ = read_steps(streams, rest)
         stats += [s.stats()["assignment"] for s in streams]
     finally:
-        for s in streams:
-            s.close()
+        close_all(streams)
     return first, second, stats
 
 
@@ -223,36 +209,9 @@ def test_a_loader_yielding_out_of_order_falls_back_to_static_and_says_why(ray_se
 # ---------------------------------------------------------------------------------------------
 
 def run_executor(cfg, steps, resume=None, checkpoint_at=None):
-    import cstream as cstorch
-
-    backend = cstorch.backend("CSX")
-    anchor = cstorch.compile(torch.nn.Linear(1, 1), backend)
-    seen, saved = [], {}
-
-    @cstorch.trace
-    def step(batch):
-        return batch + anchor.weight.sum().to(batch.dtype) * 0
-
-    @cstorch.step_closure
-    def record(ids):
-        seen.append(ids.tolist())
-
-    loader = cstorch.utils.data.DataLoader(ids_fn, num_workers=2)
-    if resume is not None:
-        loader.load_state_dict(resume)
-
-    @cstorch.checkpoint_closure
-    def checkpoint(i):
-        saved[i] = loader.state_dict()
-
-    executor = cstorch.utils.data.DataExecutor(
-        loader, num_steps=steps, cs_config=cfg,
-        checkpoint_steps=checkpoint_at)
-    for i, batch in enumerate(executor):
-        record(step(batch))
-        checkpoint(i)
-    backend.shutdown()
-    return seen, saved, executor.report
+    run = record_run("CSX", ids_fn, steps, cfg, resume=resume, checkpoint_steps=checkpoint_at,
+                     value=whole_batch, per_step=True, loader_options={"num_workers": 2})
+    return run.seen, run.states, run.executor.report
 
 
 def test_the_wafer_runs_a_dataloader_with_worker_processes_and_resumes_from_a_checkpoint(

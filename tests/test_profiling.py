@@ -12,18 +12,12 @@ from cstream_tools.sweep import best_counts, sweep_points
 from cstream_tools.experiment import experiment_from_dict, run_experiment
 from executor.report import step_rows, summarize, warmup_steps
 from executor.report_text import format_summary
+from helpers.cli import table_rows
 
 
 def rec(step, compute, wait, end, occupancy, workers, samples=8):
     return {"step": step, "samples": samples, "compute_s": compute, "input_wait_s": wait,
             "wafer_t": end, "buffer_occupancy": occupancy, "workers": workers}
-
-
-def table_rows(text):
-    """{label: value} of a summary table (label and value are separated by two spaces or more)."""
-    import re
-
-    return dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in text.splitlines()[2:])
 
 
 def scalars(event_dir):

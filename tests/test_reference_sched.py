@@ -14,21 +14,19 @@ import inspect
 import json
 import math
 import pathlib
-import sys
 
 import pytest
 import torch
 
 import cstream as cstorch
+from reference.gen_sched import build, decode, encode, make_optimizer, values
+from reference.tolerance import rel_bound
 
 # compares with numbers another program made on another CPU (make test reruns these under
 # other float kernels: ATEN_CPU_CAPABILITY / MKL_CBWR)
 pytestmark = pytest.mark.cross_cpu
 
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE / "reference"))
-from gen_sched import build, decode, encode, make_optimizer, values  # noqa: E402
-from reference.tolerance import rel_bound  # noqa: E402
 
 REF = json.loads((HERE / "reference" / "fixtures" / "sched.json").read_text())
 CASES = REF["cases"]

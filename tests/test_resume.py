@@ -7,6 +7,8 @@ import torch
 
 import cstream as cstorch
 
+from helpers.runs import record_run, whole_batch
+
 
 def ids_input_fn(n=10, batch=2):
     """Global batches of sample ids; each worker takes its share of whole batches."""
@@ -15,35 +17,11 @@ def ids_input_fn(n=10, batch=2):
     return batches[info.local_worker_id::info.num_workers_per_csx]
 
 
-def run(backend_kind, steps, cs_config=None, resume=None, checkpoint_steps=None, **options):
-    backend = cstorch.backend(backend_kind, **options)
-    seen, states = [], {}
-    anchor = torch.nn.Linear(1, 1)
-    compiled = cstorch.compile(anchor, backend)
-
-    @cstorch.trace
-    def step(batch):
-        return batch + compiled.weight.sum() * 0
-
-    @cstorch.step_closure
-    def record(ids):
-        seen.extend(ids.to(torch.int64).tolist())
-
-    loader = cstorch.utils.data.DataLoader(ids_input_fn)
-    if resume is not None:
-        loader.load_state_dict(resume)
-
-    @cstorch.checkpoint_closure
-    def checkpoint(i):
-        states[i] = loader.state_dict()
-
-    executor = cstorch.utils.data.DataExecutor(loader, num_steps=steps, cs_config=cs_config,
-                                               checkpoint_steps=checkpoint_steps)
-    for i, batch in enumerate(executor):
-        record(step(batch))
-        checkpoint(i)
-    backend.shutdown()
-    return seen, states
+def run(kind, steps, cs_config=None, **options):
+    """The ids the wafer sees in ``steps`` steps of :func:`ids_input_fn`, and the loader's
+    states at the checkpoint steps."""
+    recorded = record_run(kind, ids_input_fn, steps, cs_config, value=whole_batch, **options)
+    return recorded.seen, recorded.states
 
 
 @pytest.mark.parametrize("kind,options", [("CPU", {}), ("CSX", {"in_process": True})])

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import cstream as cstorch
-from helpers import TinyLM, lm_input_fn
+from helpers.models import TinyLM, lm_input_fn
 from test_optim import CustomOptimizer, CustomScheduler
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def train_lm(kind, make_optimizer, make_scheduler, use_scaler, steps=50, **options):
@@ -81,11 +77,7 @@ def test_a_small_transformer_lm_on_csx_equals_cpu_at_every_one_of_50_steps(setup
 
 
 def _example_losses(capsys, *args):
-    sys.path.insert(0, str(REPO / "examples"))
-    try:
-        import train
-    finally:
-        sys.path.pop(0)
+    from examples import train
     train.main(["--steps", "50", "--log-every", "1", "--checkpoint-steps", "25", *args])
     out = capsys.readouterr().out
     return [float(x) for x in re.findall(r"loss (\d+\.\d+)", out)], out

@@ -23,6 +23,7 @@ from executor.wafer import program
 from executor.wafer.feed import InputFeed
 from executor.wafer.loop import Phase, RunPlan, WaferLoop
 from executor.wafer.state import StateStore
+from helpers.cli import child_env
 from workers.config import CSConfig
 from workers.dataloader import DataLoader
 from workers.flow import FlowPolicy
@@ -346,7 +347,6 @@ def test_a_cache_hit_compiles_nothing(warm_cache, monkeypatch):
 
 CACHE_SCRIPT = textwrap.dedent("""
     import sys, torch
-    sys.path.insert(0, sys.argv[2])
     from test_wafer import _train
     _, ex = _train("CSX", in_process=True, compiler="inductor", compile_dir=sys.argv[1])
     print("cache_hit", ex.summary["compile"]["cache_hit"])
@@ -356,9 +356,9 @@ CACHE_SCRIPT = textwrap.dedent("""
 def test_a_second_process_running_the_same_script_reuses_the_artifact(warm_cache, tmp_path):
     script = tmp_path / "script.py"
     script.write_text(CACHE_SCRIPT)
-    out = subprocess.run([sys.executable, str(script), str(warm_cache), str(REPO / "tests")],
+    out = subprocess.run([sys.executable, str(script), str(warm_cache)],
                          capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+                         env=child_env())
     assert out.returncode == 0, out.stderr
     assert "cache_hit True" in out.stdout
     assert not list(warm_cache.glob("*/job.*.pkl"))  # no compile job was started

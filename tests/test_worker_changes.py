@@ -19,7 +19,7 @@ from workers.parquet import ParquetDataset
 from workers.sharding import DistributedSampler, ShardedSampler, shard_iterable
 from workers.stream import configured_stream
 
-from input_helpers import SampleIds, client_sequence, read_steps
+from helpers.streams import SampleIds, client_sequence, read_steps
 
 N, BATCH = 24, 2  # 12 global batches an epoch: the changes fall in an epoch and across one
 

@@ -7,7 +7,10 @@ module exists, else ``cstream.utils``).
 
 The layers: ``cstream`` (the API) may import ``executor`` and ``workers``, ``executor`` may
 import ``workers``, ``workers`` neither; ``cstream_tools`` stands on all three and none of them
-imports it.
+imports it. The scripts beside them (``benchmarks/``, ``tools/``, ``examples/``) may import the
+packages and their own folder's modules, never the tests' (``tests/``: the test files,
+``helpers``, ``reference``): what both need lives in a package (the small models in
+``cstream_tools.models``).
 
     python tools/import_graph.py        # the circles and the layer breaks, one a line
 """
@@ -125,6 +128,41 @@ def layer_breaks(graph: dict[str, dict], root: Path = REPO) -> list[str]:
     return rows
 
 
+SCRIPT_FOLDERS = ("benchmarks", "tools", "examples")
+
+
+def _tests_names(root: Path) -> set[str]:
+    """The names the tests' modules are imported by: ``tests``, each module in ``tests/`` and
+    each folder there that holds Python files."""
+    tests = root / "tests"
+    names = {"tests"} | {p.stem for p in tests.glob("*.py")}
+    return names | {d.name for d in tests.iterdir() if d.is_dir() and any(d.glob("*.py"))}
+
+
+def imports_of_tests(root: Path = REPO, folders=SCRIPT_FOLDERS) -> list[str]:
+    """``"path:line module imports name"`` for each import in the script folders of one of the
+    tests' modules (a name that is also a module of the importing file's own folder is that
+    module: a script imports its siblings by their names)."""
+    tests = _tests_names(root)
+    rows = []
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            own = {p.stem for p in path.parent.glob("*.py")}
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for name in names:
+                    top = name.split(".")[0]
+                    if top in tests and top not in own:
+                        rows.append(f"{path.relative_to(root)}:{node.lineno} "
+                                    f"{module_name(path, root)} imports {name}")
+    return rows
+
+
 def circles_per_package(graph: dict[str, dict]) -> dict[str, list[list[str]]]:
     """Each package's circles (one that spans packages is listed under each of them; it is
     also a layer break)."""
@@ -138,7 +176,7 @@ def circles_per_package(graph: dict[str, dict]) -> dict[str, list[list[str]]]:
 def main() -> int:
     graph = imports()
     found = circles(graph)
-    breaks = layer_breaks(graph)
+    breaks = layer_breaks(graph) + imports_of_tests()
     print(f"import circles: {len(found)}")
     for group in found:
         print("  " + " <-> ".join(group))

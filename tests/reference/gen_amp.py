@@ -18,8 +18,8 @@ import json
 
 import torch
 
-from gen_optim import f32
-from realpkg import cpu_backend
+from reference.gen_optim import f32
+from reference.realpkg import cpu_backend
 
 FACTORS = {"ok": 1.0, "inf": float("inf"), "nan": float("nan"), "huge": 1e30}
 

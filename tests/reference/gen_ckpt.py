@@ -1,7 +1,7 @@
 """Checkpoint files both ways between the real ``cerebras.pytorch`` and cstream.
 
-Run under the real package (``/work/cbref/bin/python tests/reference/generate.py gen_ckpt``); it
-never imports cstream. It writes into ``fixtures/``:
+Run under the real package (``cd tests && /work/cbref/bin/python -m reference.generate
+gen_ckpt``); it never imports cstream. It writes into ``fixtures/``:
 
 * ``ckpt_real_state.h5`` + ``.json``: ``cerebras.pytorch.save`` of nested dicts, lists, tuples,
   numbers, strings, ``None``, bfloat16 / float16 / integer / bool tensors, tied tensors and pickled
@@ -31,8 +31,8 @@ import math
 import pathlib
 
 import torch
-from realpkg import cpu_backend
-from records import record
+from reference.realpkg import cpu_backend
+from reference.records import record
 
 import cerebras.pytorch as cstorch
 

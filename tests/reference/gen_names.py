@@ -16,7 +16,7 @@ import warnings
 
 import torch
 
-from gen_optim import f32
+from reference.gen_optim import f32
 
 
 def _error(fn):

@@ -14,7 +14,7 @@ import json
 import numpy as np
 import torch
 
-from realpkg import cpu_backend
+from reference.realpkg import cpu_backend
 
 STEPS, K = 7, 4
 

@@ -1,7 +1,7 @@
 """Reference figures for every scheduler of ``cerebras.pytorch.optim.lr_scheduler`` (and some of
 ``weight_decay_scheduler``).
 
-Runs under the real package only (``tests/reference/generate.py gen_sched``). Writes
+Runs under the real package only (``python -m reference.generate gen_sched`` in ``tests/``). Writes
 ``fixtures/sched.json``: for each case, the scheduler's description (class, arguments, nested
 schedulers), and what the real package gave on its CPU backend: ``get_last_lr()``,
 ``get_last_value()`` and every param group's ``lr`` (``weight_decay``) after construction and
@@ -22,7 +22,7 @@ import warnings
 
 import torch
 
-from realpkg import cpu_backend
+from reference.realpkg import cpu_backend
 
 STEPS = 40
 SAVE_AT = 20

@@ -4,8 +4,8 @@ and, unless ``--no-newcomer`` is given, ``newcomer_cstream_step_10.h5``, the ste
 ``../newcomer.py`` run under cstream (CSX).
 
 Run it under cstream (``python tests/reference/cstream_written/make.py``) when the object below or
-cstream's writer changes, then ``make reference`` (or ``/work/cbref/bin/python
-tests/reference/generate.py gen_ckpt``) so the real package reads them again and records what it read
+cstream's writer changes, then ``make reference`` (or ``cd tests && /work/cbref/bin/python -m
+reference.generate gen_ckpt``) so the real package reads them again and records what it read
 in ``fixtures/ckpt_cstream_read_by_real.json``. ``tests/test_checkpoint_reference.py`` checks that
 record against :func:`state`. :func:`state` uses only torch, so the test can rebuild it.
 """

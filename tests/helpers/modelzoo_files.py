@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-RELEASES = Path(__file__).resolve().parent / "modelzoo_releases"
+RELEASES = Path(__file__).resolve().parents[1] / "modelzoo_releases"
 """The Model Zoo release layouts the tests use (see its README)."""
 
 

@@ -1,5 +1,5 @@
-"""What the input side's tests share: the streams they open, the readers that take their
-batches, and the Ray actors they count."""
+"""The input side's tests: the streams they open, the readers that take their batches, the
+single-process sequence they compare with, and the Ray actors they count."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from workers.dataloader import DataLoader
+from workers.flow import FlowPolicy
 from workers.resume import Source
+from workers.stream import configured_stream
 
 
 class SampleIds(torch.utils.data.Dataset):
@@ -24,6 +26,25 @@ class SampleIds(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         return self.ids[i]
+
+
+def open_streams(cfg, prefix, loader, resume=None, assigned_batches_per_worker=2, **kwargs):
+    """One stream per CS-X of ``cfg``, its actors named ``PREFIX-csx<c>-w<w>``; replies carry at
+    most ``batches_per_fetch`` batches whatever their size, a worker holds
+    ``assigned_batches_per_worker`` numbers under dynamic assignment, and each CS-X resumes
+    from its own states of ``resume`` (worker states, or None)."""
+    policy = FlowPolicy.from_config(cfg, small_reply_batches=1,
+                                    assigned_batches_per_worker=assigned_batches_per_worker)
+    return [configured_stream(
+        loader, cfg, c, name_prefix=prefix, policy=policy,
+        resume_states=None if resume is None else [st for st in resume if st.wse_id == c],
+        **kwargs)
+        for c in range(cfg.num_csx)]
+
+
+def close_all(streams):
+    for s in streams:
+        s.close()
 
 
 READ_TIMEOUT_S = 300.0  # far beyond what a loaded machine needs; a deadlock never ends

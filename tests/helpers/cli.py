@@ -1,0 +1,33 @@
+"""The ``cstream`` command in a subprocess, and the summary tables it and the run report print."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def child_env(**extra) -> dict:
+    """This process's environment for a child Python that imports the checkout's packages and
+    the tests' own modules (``helpers``, ``reference``, the test files), with ``extra`` set."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]), **extra)
+
+
+def cstream(*args, cwd, timeout=240):
+    """``cstream ARGS`` as a new process in ``cwd`` (100 columns wide)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="100")
+    return subprocess.run([sys.executable, "-m", "cstream_tools.cli", *map(str, args)], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def table_rows(text):
+    """{label: value} of the lines of a summary table (label and value are separated by two
+    spaces or more; a line without two parts, such as a title or a rule, is left out)."""
+    rows = {}
+    for line in text.splitlines():
+        parts = re.split(r"\s{2,}", line.strip(), maxsplit=1)
+        if len(parts) == 2:
+            rows[parts[0]] = parts[1]
+    return rows
