@@ -231,10 +231,10 @@ def main() -> None:
                           + (f", closures {[round(c, 2) for c in res['closures_s']]}"
                              if res.get("closures_s") else ""), flush=True)
     table = summarize(runs, args.steps, args.every)
-    from benchmarks.train_throughput import git_commit, machine_info
+    from benchmarks import machine
 
     doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "git": git_commit(), "machine": machine_info(), "state_mib": state_mib(args.width,
+           "git": machine.revision(), "machine": machine.describe(), "state_mib": state_mib(args.width,
                                                                                args.layers),
            "args": {k: v for k, v in vars(args).items() if k != "child"}, "table": table,
            "runs": runs}
