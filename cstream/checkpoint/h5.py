@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from cstream.checkpoint import safe_pickle
+from cstream.checkpoint.host_memory import host_array
 from cstream.checkpoint.lazy import CheckpointError, Lazy, LazyDict, real
 from cstream.checkpoint.guard import crc32
 
@@ -441,7 +442,7 @@ class H5Checkpoint:
                 if offset + ds.size * dtype.itemsize > len(mapped):
                     raise self.error(f"the dataset {ds.name!r} lies past the end of the file")
                 return np.frombuffer(mapped, dtype, ds.size, offset).reshape(ds.shape)
-        values = np.empty(ds.shape, dtype)
+        values = host_array(ds.shape, dtype)
         if values.size:
             ds.read_direct(values)
         return values if dtype.isnative else values.astype(dtype.newbyteorder("="))

@@ -22,6 +22,7 @@ import zlib
 import numpy as np
 import torch
 
+from cstream.checkpoint.host_memory import host_array
 from cstream.checkpoint.lazy import CheckpointError, Lazy, LazyDict, real
 
 FORMAT = "cstream.checkpoint"
@@ -124,7 +125,7 @@ class _File:
     def read_tensor(self, entry: dict, where: str, device) -> torch.Tensor:
         dtype, shape, nbytes, offset = entry["dtype"], entry["shape"], entry["nbytes"], entry["offset"]
         stored = np.dtype(_BITS_DTYPES.get(dtype, dtype))
-        array = np.empty(nbytes, dtype=np.uint8)
+        array = host_array((nbytes,), np.uint8)
         if nbytes:
             got = os.preadv(self.fd, [array], offset)
             while got < nbytes:
