@@ -116,6 +116,8 @@ def program_paths(release: Path, program: str) -> tuple[Path, Path, Path]:
         folder, shipped = code / "fc_mnist" / "pytorch", "params.yaml"
     elif root.name != "src":  # Release 2.0/2.1
         folder, shipped = code / "transformers" / "pytorch" / "gpt2", "params_gpt2_small.yaml"
+    elif program in VISION_FAMILIES_2_2:
+        folder, shipped = code / "models" / "vision" / program, VISION_FAMILIES_2_2[program]
     else:
         folder, shipped = code / "models" / "nlp" / program, DECODER_FAMILIES_2_2[program]
     return folder / "run.py", folder / "configs" / shipped, root
@@ -195,7 +197,11 @@ def params_for(program: str, shipped: Path, data: Path, steps: int, precision: s
         run["steps_per_epoch"] = steps  # 2.0.x reads it; 1,500 images give 375 batches of 4
         run["eval_steps"] = 20
     else:
-        tiny_decoder(params["model"])
+        if program in VISION_FAMILIES_2_2:
+            tiny_vision(program, params["model"], [params["train_input"], params["eval_input"]],
+                        steps)
+        else:
+            tiny_decoder(params["model"])
         params["optimizer"] = trial_optimizer(params["optimizer"], steps)
         for key in ("train_input", "eval_input"):
             params[key].update(batch_size=8, shuffle=False,
@@ -377,7 +383,7 @@ VISION_CONFIGS = {  # family: (its folder under models/, the shipped configurati
                                "../../dino/configs/params_dinov2_large_patch14_img224.yaml"),
     "dit": ("vision/dit", "params_dit_small_patchsize_2x2.yaml"),
 }
-"""Release 2.3+ vision families this tool writes image data for (part of TRAINER_CONFIGS).
+"""Release 2.3+ vision families this tool writes data for (part of TRAINER_CONFIGS).
 generic_image_encoders' folder ships no configuration: its trial is DINOv2's with separate
 DINO and iBOT heads, the model and data processor named by their generic names (DinoModel and
 DinoImageDataProcessor only rename BaseSSLArch and BaseImageDataProcessor)."""
@@ -386,6 +392,10 @@ SSL_FAMILIES = ("dino", "generic_image_encoders")
 """The self-supervised image encoders: trunks, heads and losses built from a list each."""
 
 TRAINER_CONFIGS.update(VISION_CONFIGS)
+
+VISION_FAMILIES_2_2 = {"dit": "params_dit_small_patchsize_2x2.yaml"}
+"""Release 2.2's vision families this tool writes data for: family, its smallest shipped
+configuration (the 2.10 latent files are the same)."""
 
 VISION_CLASSES = 4
 """Classes of the trials' image folders (and of the shrunk classifiers)."""
@@ -520,6 +530,8 @@ def tiny_dit(model: dict, loaders: list) -> None:
         loader["data_dir"] = [str(Path(loader["data_dir"]) / name) for name in LATENT_FOLDERS]
         loader.pop("num_workers", None)
         loader.update(use_worker_cache=False, shuffle_seed=1)
+        if "image_size" in loader:  # Release 2.2's: the VAE's image, 8 times the latent
+            loader["image_size"] = [8 * side for side in LATENT["latent_size"]]
 
 
 def _no_dropout(model: dict) -> None:
@@ -634,7 +646,8 @@ def runnable(release: Path) -> list[str]:
     if is_trainer_release(release):
         return list(TRAINER_CONFIGS)
     if code_root(release)[0].name == "src":
-        return [f for f in FAMILIES_2_2 if f == "fc_mnist" or f in DECODER_FAMILIES_2_2]
+        return [f for f in FAMILIES_2_2
+                if f == "fc_mnist" or f in DECODER_FAMILIES_2_2 or f in VISION_FAMILIES_2_2]
     return ["fc_mnist", "gpt2"]
 
 
@@ -832,8 +845,6 @@ NOT_RUN_2_2 = {
                    "text files and vocabulary",
     "esm2": "not run for time: no writer yet for BertCSVDataProcessor's CSV files",
     "dpr": "not run for time: no writer yet for DPRHDF5DataProcessor's question/context files",
-    "dit": "not run for time: no writer yet for DiffusionLatentImageNet1KProcessor's VAE "
-           "latent files",
     "llava": "not run for time: no writer yet for LlavaHDF5MapDataProcessor's token files "
              "and image folder",
     "vision_transformer": "Release 2.2.1 ships no configuration for it (its folder has no "
