@@ -861,12 +861,8 @@ NOT_RUN_TRAINER = {  # family: the data processor of its shipped configurations
     "bert_classifier": "the SST-2/MNLI TSV files its classifier configurations read",
     "bert_extractive_summarization": "BertSumCSVDataProcessor's CSV files",
     "bert_token_classifier": "BertTokenClassifierDataProcessor's CSV files and label2id.json",
-    "dino": "DinoImageDataProcessor's image folders",
-    "dit": "DiffusionLatentImageNet1KProcessor's VAE latent files",
     "dpr": "DPRHDF5DataProcessor's question/context files",
     "esm2": "BertHDF5DataProcessor's protein token files",
-    "generic_image_encoders": "the image folders of its data processors (its folder ships no "
-                              "configuration)",
     "llava": "LlavaHDF5MapDataProcessor's token files and image folder",
     "multimodal_simple": "MultimodalSimpleHDF5MapDataProcessor's token files and image folder",
     "t5": "T5DynamicDataProcessor's text files and vocabulary",
