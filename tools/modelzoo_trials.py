@@ -1039,8 +1039,9 @@ def families_table(release: str, paths: list[Path], release_dir: Path | None = N
             if family in NOT_RUN_TRAINER and not release.startswith("Release_2.2"):
                 reason = f"not run: no writer yet for {NOT_RUN_TRAINER[family]}"
             else:
-                reason = NOT_RUN_2_2.get(family, "not run for time: the trials on the shared "
-                                         "machine were stopped before it finished")
+                reasons = NOT_RUN_2_2 if release.startswith("Release_2.2") else {}
+                reason = reasons.get(family, "not run for time: the trials on the shared "
+                                     "machine were stopped before it finished")
             rows.append(f"| {family} | {reason} | | | | | "
                         f"{NO_REAL_PACKAGE.get(release, 'not run for time')} |")
     rows.append("")
