@@ -188,6 +188,7 @@ class CSXBackend(Backend):
                 if id(b) not in seen:
                     seen[id(b)] = self._to_handle(b, full)
                 setattr(mod, bname, seen[id(b)])
+                self.store.bind_buffer(mod, bname, seen[id(b)])
         for mod in model.modules():
             _FROZEN.add(mod)
         self._models.add(model)

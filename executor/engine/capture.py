@@ -208,6 +208,7 @@ class _StepTrace:
         placed = [*zip(inputs.state_slots, state_values), *zip(inputs.batch_slots, batch_values)]
         with self.store.capturing_values(placed), ReadGuard(self.devices):
             returned = self.fn(*args, **kwargs)
+            self.store.take_reassigned_buffers()
             called = self.take_closures()
             outputs = _GraphOutputs()
             out_leaves, out_spec = tree_flatten(returned)

@@ -143,7 +143,10 @@ class CompiledStep:
 
     def _run(self, state: list, batch: list, consts: list) -> list:
         if self._changed is None:
-            _, outputs = self._fn(state, batch, consts)
+            after, outputs = self._fn(state, batch, consts)
+            for i, value in enumerate(after):  # a state the step assigned a new tensor to
+                if value is not state[i]:
+                    state[i] = value
             return _unaliased(outputs, state)
         flat = self._fn(*state, *batch, *consts, *self._constants)
         n = len(self._changed)

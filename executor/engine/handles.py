@@ -261,6 +261,8 @@ class Store:
         self._slots: "weakref.WeakValueDictionary[int, Slot]" = weakref.WeakValueDictionary()
         self.capturing = False
         self.closed = False  # the backend shut down: values on the wafer are gone
+        # (module, buffer name, its state handle) of every compiled model's buffers
+        self._buffers: list[tuple[weakref.ref, str, StateHandle]] = []
 
     def refuse(self, what: str):
         from executor.engine.guards import read_error
@@ -451,6 +453,32 @@ class Store:
         return tree_map_only(
             torch.Tensor, lambda t: self.handle(self.new_slot(SlotKind.TEMP, t)), out
         )
+
+    def bind_buffer(self, module: torch.nn.Module, name: str, handle: StateHandle) -> None:
+        """Remember that buffer ``name`` of ``module`` is the state ``handle``."""
+        self._buffers.append((weakref.ref(module), name, handle))
+
+    def take_reassigned_buffers(self) -> None:
+        """While a step is captured, after it ran: each buffer the step assigned a new tensor to
+        (``self.center = self.center * m + ...``, as the Model Zoo's DINO losses do) gets that
+        tensor as its state's value after the step, cast to the buffer's dtype, and the module's
+        attribute is the state handle again, so the next step starts from what this one
+        assigned, as it does eagerly."""
+        for ref, name, handle in self._buffers:
+            module = ref()
+            current = None if module is None else module._buffers.get(name)
+            if current is None or current is handle:
+                continue
+            value = current._slot.value if isinstance(current, StateHandle) else current
+            if tuple(value.shape) != tuple(handle.shape):
+                from executor.engine.errors import TracingError
+
+                raise TracingError(
+                    f"the traced step assigned a tensor of shape {tuple(value.shape)} to the "
+                    f"buffer {handle._slot.name or name} of shape {tuple(handle.shape)}: a "
+                    "buffer is state, which keeps its shape from step to step.")
+            handle._slot.value = value.to(handle.dtype)
+            module._buffers[name] = handle
 
     @contextlib.contextmanager
     def capturing_values(self, slots_and_values):
