@@ -345,11 +345,21 @@ def encoder_processors(written: dict) -> list[str]:
     return sorted({loader["data_processor"] for loader in loaders})
 
 
-def encoder_files(model: dict, loaders: list, data: Path) -> None:
+FINE_TUNING_DROPOUTS = ("dropout_rate", "attention_dropout_rate", "embedding_dropout_rate")
+"""Dropout rates of the BERT fine-tuning heads' configuration classes that default to 0.1 when
+the shipped configuration leaves them out (the pretraining models take the embeddings' rate
+from ``dropout_rate``)."""
+
+
+def encoder_files(program: str, model: dict, loaders: list, data: Path) -> None:
     """Point an encoder family's model and loaders at the files :func:`write_bert_data`
     writes: the data folder, ``vocab.txt`` and ``label2id.json`` wherever the configuration
     names a vocabulary or label file, the sequence length ENCODER_MSL (the HDF5 processors
-    take theirs from the files), MAX_CLS_TOKENS sentences."""
+    take theirs from the files), MAX_CLS_TOKENS sentences; a fine-tuning head's
+    FINE_TUNING_DROPOUTS set to 0, as :func:`tiny_decoder` sets the rates a configuration
+    names."""
+    if program.startswith("bert_"):
+        model.update(dict.fromkeys(FINE_TUNING_DROPOUTS, 0.0))
     for section in (model, *loaders):
         if "vocab_file" in section:
             section["vocab_file"] = str(data / "vocab.txt")
@@ -405,7 +415,8 @@ def params_for(program: str, shipped: Path, data: Path, steps: int, precision: s
                 params[key].pop("max_sequence_length", None)  # "sample" files fix the length
             params[key].pop("micro_batch_size", None)  # the whole batch at once
         if program in ENCODER_FAMILIES_2_2:
-            encoder_files(params["model"], [params["train_input"], params["eval_input"]], data)
+            encoder_files(program, params["model"],
+                          [params["train_input"], params["eval_input"]], data)
         run["eval_steps"] = 4
     return params
 
@@ -561,7 +572,7 @@ def trainer_params_for(program: str, shipped: Path, data: Path, steps: int,
             if program not in ENCODER_FAMILIES_2_2:
                 loader.pop("max_sequence_length", None)  # "sample" files fix the length
     if program in ENCODER_FAMILIES_2_2:
-        encoder_files(model, loaders, data)
+        encoder_files(program, model, loaders, data)
     val = loaders[1]
     trainer["fit"] = {"train_dataloader": loaders[0]}
     trainer["validate"] = {"val_dataloader": val}
