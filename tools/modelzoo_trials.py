@@ -2,9 +2,11 @@
 
 Given an extracted Model Zoo release (its code is only read and run, never copied), this writes
 the program's data offline (MNIST in the idx-ubyte format from ``examples/digits.npz``; GPT-2
-token files in the Model Zoo's HDF5 format), a copy of the program's shipped configuration with
-the steps, data folder and precision set, and then runs the program's own ``run.py`` with its
-usual command line, each backend in its own process:
+token files in the Model Zoo's HDF5 format; the CSV, TSV and HDF5 files of the BERT families'
+and ESM-2's data processors with their vocabulary and label files; T5's and the Transformer's
+token text files), a copy of the program's shipped configuration with the steps, data folder
+and precision set, and then runs the program's own ``run.py`` with its usual command line, each
+backend in its own process:
 
 1. ``--mode train`` for ``--steps`` steps, a checkpoint every ``--steps // 3`` steps;
 2. the same training resumed from the first checkpoint in a fresh model folder (the Model Zoo
@@ -75,6 +77,11 @@ ENCODER_FAMILIES_2_2 = {  # family: (its folder under models/nlp/, the shipped c
 """Release 2.2's encoder families: BERT pretraining and its fine-tuning heads, and ESM-2 (a
 BERT of protein tokens); each reads the CSV (or TSV) files its data processor names."""
 
+SEQ2SEQ_FAMILIES_2_2 = {"t5": ("t5", "t5_small.yaml"),
+                        "transformer": ("transformer", "transformer_base.yaml")}
+"""Release 2.2's encoder-decoder families: their loaders name ``src_``/``tgt_`` folders,
+vocabularies and sequence lengths."""
+
 FAMILIES_2_2 = [*GPT_FAMILIES_2_2, "bert", "bert_classifier", "bert_token_classifier",
                 "bert_extractive_summarization", "t5", "transformer", "esm2", "dpr", "dpo",
                 "dit", "llava", "vision_transformer", "fc_mnist"]
@@ -103,6 +110,8 @@ TRAINER_CONFIGS = {  # family: (its folder under models/, the shipped configurat
     "bert_extractive_summarization": ("nlp/bert/extractive_summarization",
                                       "bert_base_summarization.yaml"),
     "esm2": ("nlp/esm2", "params_esm2_t12_35M_UR50D.yaml"),
+    "t5": ("nlp/t5", "t5_3B.yaml"),
+    "transformer": ("nlp/transformer", "transformer_base.yaml"),
 }
 """Release 2.3+ (``Trainer``) families this tool writes data for. gpt2's folder ships no
 configuration in 2.10: its trial is gpt3's configuration with the model named gpt2 (the two
@@ -133,8 +142,8 @@ def program_paths(release: Path, program: str) -> tuple[Path, Path, Path]:
         folder, shipped = code / "fc_mnist" / "pytorch", "params.yaml"
     elif root.name != "src":  # Release 2.0/2.1
         folder, shipped = code / "transformers" / "pytorch" / "gpt2", "params_gpt2_small.yaml"
-    elif program in ENCODER_FAMILIES_2_2:
-        folder, shipped = ENCODER_FAMILIES_2_2[program]
+    elif program in ENCODER_FAMILIES_2_2 or program in SEQ2SEQ_FAMILIES_2_2:
+        folder, shipped = {**ENCODER_FAMILIES_2_2, **SEQ2SEQ_FAMILIES_2_2}[program]
         folder = code / "models" / "nlp" / folder
     else:
         folder, shipped = code / "models" / "nlp" / program, DECODER_FAMILIES_2_2[program]
@@ -375,6 +384,79 @@ def encoder_files(program: str, model: dict, loaders: list, data: Path) -> None:
         if "max_predictions_per_seq" in loader:
             loader["max_predictions_per_seq"] = MAX_PREDICTIONS
 
+SEQ2SEQ_SPECIAL = ["<pad>", "</s>", "<unk>", "<s>"]
+"""The tokens T5DynamicDataProcessor (and TransformerDynamicDataProcessor, built on it) look
+up, at the ids of T5's SentencePiece vocabulary (padding 0, end 1, unknown 2), then <s>."""
+
+TINY_SEQ2SEQ = {"d_model": 64, "d_kv": 16, "num_heads": 4, "d_ff": 256,
+                "encoder_num_hidden_layers": 2, "decoder_num_hidden_layers": 2}
+"""An encoder-decoder as small as TINY_DECODER: 2 layers each side, 64 wide, 4 heads of 16."""
+
+SEQ2SEQ_MSL = {"t5": (64, 32), "transformer": (64, 64)}
+"""(source, target) sequence lengths: T5's span corruption of a 64-token input leaves targets
+of at most 17 tokens, its configurations' 114 of 512 a similar share."""
+
+
+def write_seq2seq_data(folder: Path, program: str, files: int = 2, per_file: int = 64,
+                       vocab: int = 512) -> None:
+    """Text files as T5DynamicDataProcessor and TransformerDynamicDataProcessor read them: one
+    document (T5) or sentence (Transformer: a source file and its target file side by side)
+    a line, as the Python list of its tokens; ``meta.dat`` naming each file (the Transformer's:
+    ``source target count``, absolute paths) and its lines; ``vocab.txt`` of ``vocab`` tokens,
+    SEQ2SEQ_SPECIAL first, then the words ``w4``, ``w5``, ..."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    words = SEQ2SEQ_SPECIAL + [f"w{i}" for i in range(len(SEQ2SEQ_SPECIAL), vocab)]
+    (folder / "vocab.txt").write_text("\n".join(words) + "\n")
+    src, tgt = SEQ2SEQ_MSL[program]
+
+    def line(n):
+        return str([words[i] for i in rng.integers(len(SEQ2SEQ_SPECIAL), vocab, size=n)])
+
+    meta = []
+    for i in range(files):
+        if program == "t5":
+            lines = [line(int(rng.integers(src, 2 * src))) for _ in range(per_file)]
+            (folder / f"data-{i}.txt").write_text("\n".join(lines) + "\n")
+            meta.append(f"data-{i}.txt {per_file}")
+        else:
+            pairs = [(line(int(rng.integers(4, src - 2))), line(int(rng.integers(4, tgt - 2))))
+                     for _ in range(per_file)]
+            for side, k in (("src", 0), ("tgt", 1)):
+                (folder / f"data-{i}.{side}").write_text("\n".join(p[k] for p in pairs) + "\n")
+            meta.append(f"{folder / f'data-{i}.src'} {folder / f'data-{i}.tgt'} {per_file}")
+    (folder / "meta.dat").write_text("\n".join(meta) + "\n")
+
+
+def tiny_seq2seq(program: str, model: dict, loaders: list, data: Path,
+                 vocab: int = 512) -> None:
+    """Shrink an encoder-decoder configuration in place (TINY_SEQ2SEQ, no dropout, the
+    vocabulary ``vocab`` with T5's sentinel ``extra_ids`` in it) and point its loaders at
+    :func:`write_seq2seq_data`'s files, at SEQ2SEQ_MSL's lengths."""
+    model.update(TINY_SEQ2SEQ)
+    extra = int(model.get("extra_ids") or 0)
+    for key in ("src_vocab_size", "tgt_vocab_size"):
+        if key in model:
+            model[key] = vocab - extra
+    for key, value in list(model.items()):
+        if "dropout" in key and isinstance(value, (int, float)) and not isinstance(value, bool):
+            model[key] = 0.0
+    src, tgt = SEQ2SEQ_MSL[program]
+    for key, length in (("src_max_position_embeddings", src),
+                        ("tgt_max_position_embeddings", tgt)):
+        if key in model:
+            model[key] = length
+    for loader in loaders:
+        loader.pop("data_dir", None)
+        for key in ("src_data_dir", "tgt_data_dir"):
+            if key in loader:
+                loader[key] = str(data)
+        for key in ("src_vocab_file", "tgt_vocab_file"):
+            if key in loader:
+                loader[key] = str(data / "vocab.txt")
+        loader.update(src_max_sequence_length=src, tgt_max_sequence_length=tgt)
+        loader.pop("shuffle_buffer", None)
+
 
 def checkpoint_every(steps: int) -> int:
     """Steps between checkpoints: a third of the run (the resumed run starts at the first)."""
@@ -406,7 +488,8 @@ def params_for(program: str, shipped: Path, data: Path, steps: int, precision: s
         run["steps_per_epoch"] = steps  # 2.0.x reads it; 1,500 images give 375 batches of 4
         run["eval_steps"] = 20
     else:
-        tiny_decoder(params["model"])
+        if program not in SEQ2SEQ_FAMILIES_2_2:
+            tiny_decoder(params["model"])
         params["optimizer"] = trial_optimizer(params["optimizer"], steps)
         for key in ("train_input", "eval_input"):
             params[key].update(batch_size=8, shuffle=False,
@@ -417,6 +500,9 @@ def params_for(program: str, shipped: Path, data: Path, steps: int, precision: s
         if program in ENCODER_FAMILIES_2_2:
             encoder_files(program, params["model"],
                           [params["train_input"], params["eval_input"]], data)
+        if program in SEQ2SEQ_FAMILIES_2_2:
+            tiny_seq2seq(program, params["model"],
+                         [params["train_input"], params["eval_input"]], data)
         run["eval_steps"] = 4
     return params
 
@@ -554,7 +640,9 @@ def trainer_params_for(program: str, shipped: Path, data: Path, steps: int,
     model = init["model"]
     if program == "gpt2":
         model["name"] = "gpt2"
-    if program != "fc_mnist":
+    if program in SEQ2SEQ_FAMILIES_2_2:
+        init["schedulers"] = trial_schedulers(init.get("schedulers") or [], steps)
+    elif program != "fc_mnist":
         tiny_decoder(model.get("policy_model", model))  # DPO trains a decoder inside
         init["schedulers"] = trial_schedulers(init.get("schedulers") or [], steps)
     loaders = [fit["train_dataloader"], fit.get("val_dataloader") or
@@ -573,6 +661,8 @@ def trainer_params_for(program: str, shipped: Path, data: Path, steps: int,
                 loader.pop("max_sequence_length", None)  # "sample" files fix the length
     if program in ENCODER_FAMILIES_2_2:
         encoder_files(program, model, loaders, data)
+    if program in SEQ2SEQ_FAMILIES_2_2:
+        tiny_seq2seq(program, model, loaders, data)
     val = loaders[1]
     trainer["fit"] = {"train_dataloader": loaders[0]}
     trainer["validate"] = {"val_dataloader": val}
@@ -624,7 +714,7 @@ def runnable(release: Path) -> list[str]:
         return list(TRAINER_CONFIGS)
     if code_root(release)[0].name == "src":
         return [f for f in FAMILIES_2_2 if f == "fc_mnist" or f in DECODER_FAMILIES_2_2
-                or f in ENCODER_FAMILIES_2_2]
+                or f in ENCODER_FAMILIES_2_2 or f in SEQ2SEQ_FAMILIES_2_2]
     return ["fc_mnist", "gpt2"]
 
 
@@ -647,6 +737,8 @@ def trial(args, program: str) -> dict:
         for processor in encoder_processors(written):
             write_bert_data(data, processor, vocab=model["vocab_size"],
                             special=ESM2_SPECIAL if program == "esm2" else None)
+    elif program in SEQ2SEQ_FAMILIES_2_2:
+        write_seq2seq_data(data, program)
     else:
         write_gpt_hdf5(data, pairs=program == "dpo")
     params.write_text(yaml.safe_dump(written))
@@ -813,17 +905,6 @@ def table(paths: list[Path]) -> str:
 
 
 NOT_RUN_2_2 = {
-    "bert": "not run for time: no writer yet for BertCSVDynamicMaskDataProcessor's CSV files",
-    "bert_classifier": "not run for time: no writer yet for the SST-2 TSV files",
-    "bert_token_classifier": "not run for time: no writer yet for "
-                             "BertTokenClassifierDataProcessor's CSV files and label2id.json",
-    "bert_extractive_summarization": "not run for time: no writer yet for "
-                                     "BertSumCSVDataProcessor's CSV files",
-    "t5": "not run for time: no writer yet for T5DynamicDataProcessor's text files and "
-          "vocabulary",
-    "transformer": "not run for time: no writer yet for TransformerDynamicDataProcessor's "
-                   "text files and vocabulary",
-    "esm2": "not run for time: no writer yet for BertCSVDataProcessor's CSV files",
     "dpr": "not run for time: no writer yet for DPRHDF5DataProcessor's question/context files",
     "dit": "not run for time: no writer yet for DiffusionLatentImageNet1KProcessor's VAE "
            "latent files",
@@ -835,20 +916,13 @@ NOT_RUN_2_2 = {
 """Why a Release 2.2 family has no trial results (its row in the table says so)."""
 
 NOT_RUN_TRAINER = {  # family: the data processor of its shipped configurations
-    "bert": "BertCSVDynamicMaskDataProcessor's CSV files",
-    "bert_classifier": "the SST-2/MNLI TSV files its classifier configurations read",
-    "bert_extractive_summarization": "BertSumCSVDataProcessor's CSV files",
-    "bert_token_classifier": "BertTokenClassifierDataProcessor's CSV files and label2id.json",
     "dino": "DinoImageDataProcessor's image folders",
     "dit": "DiffusionLatentImageNet1KProcessor's VAE latent files",
     "dpr": "DPRHDF5DataProcessor's question/context files",
-    "esm2": "BertHDF5DataProcessor's protein token files",
     "generic_image_encoders": "the image folders of its data processors (its folder ships no "
                               "configuration)",
     "llava": "LlavaHDF5MapDataProcessor's token files and image folder",
     "multimodal_simple": "MultimodalSimpleHDF5MapDataProcessor's token files and image folder",
-    "t5": "T5DynamicDataProcessor's text files and vocabulary",
-    "transformer": "TransformerDynamicDataProcessor's text files and vocabulary",
     "vision_transformer": "ImageNet1KProcessor's image folders",
 }
 """Release 2.3+ families this tool writes no data for yet: each row names the data it needs."""
