@@ -80,21 +80,22 @@ def test_sst2_ner_and_bertsum(tmp_path):
 
 @pytest.mark.parametrize("program", ["t5", "transformer"])
 def test_seq2seq_text(tmp_path, program):
-    trials.write_seq2seq_data(tmp_path, program)
+    extra = 100 if program == "t5" else 0
+    trials.write_seq2seq_data(tmp_path, program, extra_ids=extra)
     vocab = (tmp_path / "vocab.txt").read_text().split()
-    assert vocab[:4] == trials.SEQ2SEQ_SPECIAL and len(vocab) == 512
+    assert vocab[:4] == trials.SEQ2SEQ_SPECIAL and len(vocab) + extra == 512
     lines = (tmp_path / "meta.dat").read_text().splitlines()
     assert len(lines) == 2
     src, tgt = trials.SEQ2SEQ_MSL[program]
     if program == "t5":
         name, count = lines[0].split()
         docs = (tmp_path / name).read_text().splitlines()
-        assert len(docs) == int(count) and all(set(eval(d)) <= set(vocab) for d in docs)
+        assert len(docs) == int(count) and all(set(d.split()) <= set(vocab) for d in docs)
     else:
         source, target, count = lines[0].split()
         pairs = list(zip(open(source).read().splitlines(), open(target).read().splitlines()))
         assert len(pairs) == int(count)
-        assert all(len(eval(s)) < src and len(eval(t)) < tgt for s, t in pairs)
+        assert all(len(s.split()) < src and len(t.split()) < tgt for s, t in pairs)
 
 
 def test_config_helpers(tmp_path):

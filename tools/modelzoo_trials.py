@@ -398,20 +398,22 @@ of at most 17 tokens, its configurations' 114 of 512 a similar share."""
 
 
 def write_seq2seq_data(folder: Path, program: str, files: int = 2, per_file: int = 64,
-                       vocab: int = 512) -> None:
+                       vocab: int = 512, extra_ids: int = 0) -> None:
     """Text files as T5DynamicDataProcessor and TransformerDynamicDataProcessor read them: one
     document (T5) or sentence (Transformer: a source file and its target file side by side)
-    a line, as the Python list of its tokens; ``meta.dat`` naming each file (the Transformer's:
-    ``source target count``, absolute paths) and its lines; ``vocab.txt`` of ``vocab`` tokens,
-    SEQ2SEQ_SPECIAL first, then the words ``w4``, ``w5``, ..."""
+    a line, its tokens separated by spaces; ``meta.dat`` naming each file (the Transformer's:
+    ``source target count``, absolute paths) and its lines; ``vocab.txt`` of ``vocab`` tokens
+    less the ``extra_ids`` the processor adds after them (T5's sentinels), SEQ2SEQ_SPECIAL
+    first, then the words ``w4``, ``w5``, ..."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
+    vocab -= extra_ids
     words = SEQ2SEQ_SPECIAL + [f"w{i}" for i in range(len(SEQ2SEQ_SPECIAL), vocab)]
     (folder / "vocab.txt").write_text("\n".join(words) + "\n")
     src, tgt = SEQ2SEQ_MSL[program]
 
     def line(n):
-        return str([words[i] for i in rng.integers(len(SEQ2SEQ_SPECIAL), vocab, size=n)])
+        return " ".join(words[i] for i in rng.integers(len(SEQ2SEQ_SPECIAL), vocab, size=n))
 
     meta = []
     for i in range(files):
@@ -738,7 +740,8 @@ def trial(args, program: str) -> dict:
             write_bert_data(data, processor, vocab=model["vocab_size"],
                             special=ESM2_SPECIAL if program == "esm2" else None)
     elif program in SEQ2SEQ_FAMILIES_2_2:
-        write_seq2seq_data(data, program)
+        model = written["trainer"]["init"]["model"] if "trainer" in written else written["model"]
+        write_seq2seq_data(data, program, extra_ids=int(model.get("extra_ids") or 0))
     else:
         write_gpt_hdf5(data, pairs=program == "dpo")
     params.write_text(yaml.safe_dump(written))
