@@ -77,6 +77,10 @@ ENCODER_FAMILIES_2_2 = {  # family: (its folder under models/nlp/, the shipped c
 """Release 2.2's encoder families: BERT pretraining and its fine-tuning heads, and ESM-2 (a
 BERT of protein tokens); each reads the CSV (or TSV) files its data processor names."""
 
+DPR_2_2 = ("dpr", "params_dpr_base_nq.yaml")
+"""Release 2.2's DPR: two BERT encoders (questions, contexts) on DPRHDF5DataProcessor's
+files."""
+
 SEQ2SEQ_FAMILIES_2_2 = {"t5": ("t5", "t5_small.yaml"),
                         "transformer": ("transformer", "transformer_base.yaml")}
 """Release 2.2's encoder-decoder families: their loaders name ``src_``/``tgt_`` folders,
@@ -112,6 +116,7 @@ TRAINER_CONFIGS = {  # family: (its folder under models/, the shipped configurat
     "esm2": ("nlp/esm2", "params_esm2_t12_35M_UR50D.yaml"),
     "t5": ("nlp/t5", "t5_3B.yaml"),
     "transformer": ("nlp/transformer", "transformer_base.yaml"),
+    "dpr": ("nlp/dpr", "params_dpr_base_nq.yaml"),
 }
 """Release 2.3+ (``Trainer``) families this tool writes data for. gpt2's folder ships no
 configuration in 2.10: its trial is gpt3's configuration with the model named gpt2 (the two
@@ -142,8 +147,8 @@ def program_paths(release: Path, program: str) -> tuple[Path, Path, Path]:
         folder, shipped = code / "fc_mnist" / "pytorch", "params.yaml"
     elif root.name != "src":  # Release 2.0/2.1
         folder, shipped = code / "transformers" / "pytorch" / "gpt2", "params_gpt2_small.yaml"
-    elif program in ENCODER_FAMILIES_2_2 or program in SEQ2SEQ_FAMILIES_2_2:
-        folder, shipped = {**ENCODER_FAMILIES_2_2, **SEQ2SEQ_FAMILIES_2_2}[program]
+    elif program in ENCODER_FAMILIES_2_2 or program in SEQ2SEQ_FAMILIES_2_2 or program == "dpr":
+        folder, shipped = {**ENCODER_FAMILIES_2_2, **SEQ2SEQ_FAMILIES_2_2, "dpr": DPR_2_2}[program]
         folder = code / "models" / "nlp" / folder
     else:
         folder, shipped = code / "models" / "nlp" / program, DECODER_FAMILIES_2_2[program]
@@ -384,6 +389,41 @@ def encoder_files(program: str, model: dict, loaders: list, data: Path) -> None:
         if "max_predictions_per_seq" in loader:
             loader["max_predictions_per_seq"] = MAX_PREDICTIONS
 
+def write_dpr_hdf5(folder: Path, files: int = 2, per_file: int = 64, msl: int = ENCODER_MSL,
+                   vocab: int = 512, contexts: int = 2) -> None:
+    """Question/context files as DPRHDF5DataProcessor reads them, in the layout the Model
+    Zoo's DPR conversion writes: ``data_0`` [n, 3, msl] (the question's input ids, attention
+    mask, token types) and ``data_1`` [n, 3, ``contexts``, msl] (its positive and hard negative
+    contexts'), the ``n_examples`` attribute, and the ``data_params.json`` that names the
+    features of each group. Each sequence is ``[CLS] ... [SEP]`` over :func:`bert_vocab`'s
+    ids."""
+    import h5py
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    first = len(BERT_SPECIAL)
+
+    def sequences(shape):
+        ids = np.zeros((*shape, msl), np.int32)
+        mask = np.zeros((*shape, msl), np.int32)
+        for index in np.ndindex(*shape):
+            n = int(rng.integers(8, msl - 1))
+            ids[index][:n] = [2, *rng.integers(first, vocab, size=n - 2), 3]
+            mask[index][:n] = 1
+        return np.stack([ids, mask, np.zeros_like(ids)], axis=1)
+
+    for i in range(files):
+        with h5py.File(folder / f"data-{i}.h5", "w") as f:
+            f.attrs["n_examples"] = per_file
+            f.create_dataset("data_0", data=sequences((per_file,)))
+            f.create_dataset("data_1", data=sequences((per_file, contexts)))
+    (folder / "data_params.json").write_text(json.dumps({
+        "data_0_features": [f"questions_{k}" for k in ("input_ids", "attention_mask",
+                                                       "token_type_ids")],
+        "data_1_features": [f"ctx_{k}" for k in ("input_ids", "attention_mask",
+                                                 "token_type_ids")]}))
+
+
 SEQ2SEQ_SPECIAL = ["<pad>", "</s>", "<unk>", "<s>"]
 """The tokens T5DynamicDataProcessor (and TransformerDynamicDataProcessor, built on it) look
 up, at the ids of T5's SentencePiece vocabulary (padding 0, end 1, unknown 2), then <s>."""
@@ -490,7 +530,10 @@ def params_for(program: str, shipped: Path, data: Path, steps: int, precision: s
         run["steps_per_epoch"] = steps  # 2.0.x reads it; 1,500 images give 375 batches of 4
         run["eval_steps"] = 20
     else:
-        if program not in SEQ2SEQ_FAMILIES_2_2:
+        if program == "dpr":
+            for encoder in ("q_encoder", "ctx_encoder"):
+                tiny_decoder(params["model"][encoder])
+        elif program not in SEQ2SEQ_FAMILIES_2_2:
             tiny_decoder(params["model"])
         params["optimizer"] = trial_optimizer(params["optimizer"], steps)
         for key in ("train_input", "eval_input"):
@@ -644,6 +687,10 @@ def trainer_params_for(program: str, shipped: Path, data: Path, steps: int,
         model["name"] = "gpt2"
     if program in SEQ2SEQ_FAMILIES_2_2:
         init["schedulers"] = trial_schedulers(init.get("schedulers") or [], steps)
+    elif program == "dpr":
+        for encoder in ("q_encoder", "ctx_encoder"):
+            tiny_decoder(model[encoder])
+        init["schedulers"] = trial_schedulers(init.get("schedulers") or [], steps)
     elif program != "fc_mnist":
         tiny_decoder(model.get("policy_model", model))  # DPO trains a decoder inside
         init["schedulers"] = trial_schedulers(init.get("schedulers") or [], steps)
@@ -716,7 +763,7 @@ def runnable(release: Path) -> list[str]:
         return list(TRAINER_CONFIGS)
     if code_root(release)[0].name == "src":
         return [f for f in FAMILIES_2_2 if f == "fc_mnist" or f in DECODER_FAMILIES_2_2
-                or f in ENCODER_FAMILIES_2_2 or f in SEQ2SEQ_FAMILIES_2_2]
+                or f in ENCODER_FAMILIES_2_2 or f in SEQ2SEQ_FAMILIES_2_2 or f == "dpr"]
     return ["fc_mnist", "gpt2"]
 
 
@@ -739,6 +786,8 @@ def trial(args, program: str) -> dict:
         for processor in encoder_processors(written):
             write_bert_data(data, processor, vocab=model["vocab_size"],
                             special=ESM2_SPECIAL if program == "esm2" else None)
+    elif program == "dpr":
+        write_dpr_hdf5(data)
     elif program in SEQ2SEQ_FAMILIES_2_2:
         model = written["trainer"]["init"]["model"] if "trainer" in written else written["model"]
         write_seq2seq_data(data, program, extra_ids=int(model.get("extra_ids") or 0))
@@ -908,7 +957,6 @@ def table(paths: list[Path]) -> str:
 
 
 NOT_RUN_2_2 = {
-    "dpr": "not run for time: no writer yet for DPRHDF5DataProcessor's question/context files",
     "dit": "not run for time: no writer yet for DiffusionLatentImageNet1KProcessor's VAE "
            "latent files",
     "llava": "not run for time: no writer yet for LlavaHDF5MapDataProcessor's token files "
@@ -921,7 +969,6 @@ NOT_RUN_2_2 = {
 NOT_RUN_TRAINER = {  # family: the data processor of its shipped configurations
     "dino": "DinoImageDataProcessor's image folders",
     "dit": "DiffusionLatentImageNet1KProcessor's VAE latent files",
-    "dpr": "DPRHDF5DataProcessor's question/context files",
     "generic_image_encoders": "the image folders of its data processors (its folder ships no "
                               "configuration)",
     "llava": "LlavaHDF5MapDataProcessor's token files and image folder",
