@@ -124,3 +124,17 @@ def test_config_helpers(tmp_path):
     assert t5["tgt_max_position_embeddings"] == 32 and "data_dir" not in t5_loader
     assert t5_loader["src_data_dir"] == str(tmp_path)
     assert (t5_loader["src_max_sequence_length"], t5_loader["tgt_max_sequence_length"]) == (64, 32)
+
+
+def test_dpr_hdf5(tmp_path):
+    import h5py
+
+    trials.write_dpr_hdf5(tmp_path)
+    params = json.loads((tmp_path / "data_params.json").read_text())
+    assert params["data_0_features"][0] == "questions_input_ids"
+    assert params["data_1_features"][0] == "ctx_input_ids"
+    with h5py.File(tmp_path / "data-0.h5") as f:
+        assert f.attrs["n_examples"] == 64
+        questions, contexts = np.asarray(f["data_0"]), np.asarray(f["data_1"])
+    assert questions.shape == (64, 3, MSL) and contexts.shape == (64, 3, 2, MSL)
+    assert (questions[:, 0, 0] == 2).all() and (contexts[:, 1].sum(-1) >= 8).all()
