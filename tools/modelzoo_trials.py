@@ -2,9 +2,11 @@
 
 Given an extracted Model Zoo release (its code is only read and run, never copied), this writes
 the program's data offline (MNIST in the idx-ubyte format from ``examples/digits.npz``; GPT-2
-token files in the Model Zoo's HDF5 format), a copy of the program's shipped configuration with
-the steps, data folder and precision set, and then runs the program's own ``run.py`` with its
-usual command line, each backend in its own process:
+token files in the Model Zoo's HDF5 format; the CSV, TSV and HDF5 files of the BERT families'
+and ESM-2's data processors with their vocabulary and label files; T5's and the Transformer's
+token text files), a copy of the program's shipped configuration with the steps, data folder
+and precision set, and then runs the program's own ``run.py`` with its usual command line, each
+backend in its own process:
 
 1. ``--mode train`` for ``--steps`` steps, a checkpoint every ``--steps // 3`` steps;
 2. the same training resumed from the first checkpoint in a fresh model folder (the Model Zoo
@@ -64,6 +66,26 @@ GPT_FAMILIES_2_2 = {  # family: the smallest shipped configuration of its folder
 DECODER_FAMILIES_2_2 = {**GPT_FAMILIES_2_2, "dpo": "params_zephyr_7b_dpo.yaml"}
 """Every Release 2.2 family built on a decoder (DPO trains a Mistral on chosen/rejected pairs)."""
 
+ENCODER_FAMILIES_2_2 = {  # family: (its folder under models/nlp/, the shipped configuration)
+    "bert": ("bert", "bert_base_MSL128.yaml"),
+    "bert_classifier": ("bert/classifier", "bert_base_classifier_sst2.yaml"),
+    "bert_token_classifier": ("bert/token_classifier", "bert_base_ner_bc5cdr_chem.yaml"),
+    "bert_extractive_summarization": ("bert/extractive_summarization",
+                                      "bert_base_summarization.yaml"),
+    "esm2": ("esm2", "params_esm2_t33_650M_UR50D.yaml"),
+}
+"""Release 2.2's encoder families: BERT pretraining and its fine-tuning heads, and ESM-2 (a
+BERT of protein tokens); each reads the CSV (or TSV) files its data processor names."""
+
+DPR_2_2 = ("dpr", "params_dpr_base_nq.yaml")
+"""Release 2.2's DPR: two BERT encoders (questions, contexts) on DPRHDF5DataProcessor's
+files."""
+
+SEQ2SEQ_FAMILIES_2_2 = {"t5": ("t5", "t5_small.yaml"),
+                        "transformer": ("transformer", "transformer_base.yaml")}
+"""Release 2.2's encoder-decoder families: their loaders name ``src_``/``tgt_`` folders,
+vocabularies and sequence lengths."""
+
 FAMILIES_2_2 = [*GPT_FAMILIES_2_2, "bert", "bert_classifier", "bert_token_classifier",
                 "bert_extractive_summarization", "t5", "transformer", "esm2", "dpr", "dpo",
                 "dit", "llava", "vision_transformer", "fc_mnist"]
@@ -86,6 +108,15 @@ TRAINER_CONFIGS = {  # family: (its folder under models/, the shipped configurat
     "santacoder": ("nlp/santacoder", "params_santacoder_1b.yaml"),
     "starcoder": ("nlp/starcoder", "params_starcoder_15b.yaml"),
     "dpo": ("nlp/dpo", "params_zephyr_7b_dpo.yaml"),
+    "bert": ("nlp/bert", "bert_base_MSL128.yaml"),
+    "bert_classifier": ("nlp/bert/classifier", "bert_base_classifier_sst2.yaml"),
+    "bert_token_classifier": ("nlp/bert/token_classifier", "bert_base_ner_bc5cdr_chem.yaml"),
+    "bert_extractive_summarization": ("nlp/bert/extractive_summarization",
+                                      "bert_base_summarization.yaml"),
+    "esm2": ("nlp/esm2", "params_esm2_t12_35M_UR50D.yaml"),
+    "t5": ("nlp/t5", "t5_3B.yaml"),
+    "transformer": ("nlp/transformer", "transformer_base.yaml"),
+    "dpr": ("nlp/dpr", "params_dpr_base_nq.yaml"),
 }
 """Release 2.3+ (``Trainer``) families this tool writes data for. gpt2's folder ships no
 configuration in 2.10: its trial is gpt3's configuration with the model named gpt2 (the two
@@ -118,6 +149,9 @@ def program_paths(release: Path, program: str) -> tuple[Path, Path, Path]:
         folder, shipped = code / "transformers" / "pytorch" / "gpt2", "params_gpt2_small.yaml"
     elif program in VISION_FAMILIES_2_2:
         folder, shipped = code / "models" / "vision" / program, VISION_FAMILIES_2_2[program]
+    elif program in ENCODER_FAMILIES_2_2 or program in SEQ2SEQ_FAMILIES_2_2 or program == "dpr":
+        folder, shipped = {**ENCODER_FAMILIES_2_2, **SEQ2SEQ_FAMILIES_2_2, "dpr": DPR_2_2}[program]
+        folder = code / "models" / "nlp" / folder
     else:
         folder, shipped = code / "models" / "nlp" / program, DECODER_FAMILIES_2_2[program]
     return folder / "run.py", folder / "configs" / shipped, root
@@ -167,6 +201,307 @@ def write_gpt_hdf5(folder: Path, files: int = 2, per_file: int = 64, msl: int = 
         (folder / "data_params.json").write_text(json.dumps({"features": features}))
 
 
+ENCODER_MSL = 64
+"""The sequence length of the encoder families' files (their models' position embeddings are
+shrunk to it)."""
+
+MAX_PREDICTIONS = 10
+"""Masked tokens per sequence in the pre-masked files (15% of 64, rounded up)."""
+
+MAX_CLS_TOKENS = 8
+"""Sentences per document in BertSumCSVDataProcessor's files."""
+
+BERT_SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+"""The first entries of the vocabulary written for the BERT families: the tokens their data
+processors look up (padding id 0, as their ``*_pad_id`` defaults)."""
+
+NER_LABELS = ["[PAD]", "O", "B-Chemical", "I-Chemical", "X", "[CLS]", "[SEP]"]
+"""BertTokenClassifierDataProcessor's label2id.json: as many labels as bc5cdr-chem's
+``num_classes`` (7), the padding label first (its ``labels_pad_id`` is the id of [PAD])."""
+
+
+def bert_vocab(vocab: int = 512) -> list[str]:
+    """A WordPiece vocabulary of ``vocab`` entries: BERT_SPECIAL, then the words ``w5``,
+    ``w6``, ... (lower case, so ``do_lower`` leaves them as they are, and whole words to
+    the FullTokenizer)."""
+    return BERT_SPECIAL + [f"w{i}" for i in range(len(BERT_SPECIAL), vocab)]
+
+
+def _write_csv(folder: Path, name: str, header: list[str], rows: list[list]) -> None:
+    import csv
+
+    with open(folder / name, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
+def _write_meta(folder: Path, counts: dict) -> None:
+    """The ``meta.dat`` the CSV processors of the BERT families read: one ``file count`` line
+    per file."""
+    (folder / "meta.dat").write_text("".join(f"{n} {c}\n" for n, c in counts.items()))
+
+
+def write_bert_data(folder: Path, processor: str, files: int = 2, per_file: int = 64,
+                    vocab: int = 512, msl: int = ENCODER_MSL, special: dict | None = None) -> None:
+    """The files ``processor`` (a data processor of the BERT families) reads, of random
+    sentences over :func:`bert_vocab`'s words, written in the layout its Model Zoo
+    preprocessing writes them, ``files`` files of ``per_file`` samples where it reads a list
+    of files (each listed in ``meta.dat``), and ``vocab.txt``, ``label2id.json`` beside them:
+
+    - BertCSVDynamicMaskDataProcessor: ``tokens`` (a Python list of ``[CLS] A [SEP] B [SEP]``),
+      ``segment_ids``, ``is_random_next``; it masks them as it reads them;
+    - BertCSVDataProcessor: pre-masked ``input_ids``, ``masked_lm_weights``,
+      ``masked_lm_positions``, ``attention_mask``, ``labels`` (MAX_PREDICTIONS gathered);
+      ``special`` gives its ids (``cls``, ``sep``, ``pad``, ``mask``, and the tokens drawn from
+      ``low`` to ``high``; ESM-2's amino acids);
+    - BertHDF5DataProcessor: the same samples in "sample" HDF5 files, ``data`` [n, 2, msl]
+      (input ids, attention mask) and ``labels`` [n, 3, MAX_PREDICTIONS] (labels, positions,
+      mask), with the ``data_params.json`` that says they are gathered MLM samples;
+    - SST2DataProcessor: ``train.tsv`` and ``dev.tsv`` (``sentence``, ``label``);
+    - BertTokenClassifierDataProcessor: ``tokens`` and ``labels``, space separated, with
+      NER_LABELS in ``label2id.json``;
+    - BertSumCSVDataProcessor: ``input_token_ids``, ``labels``, ``segment_ids``,
+      ``cls_indices`` (lists, a document of up to MAX_CLS_TOKENS ``[CLS] ... [SEP]``
+      sentences)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    words = bert_vocab(vocab)
+    (folder / "vocab.txt").write_text("\n".join(words) + "\n")
+    (folder / "label2id.json").write_text(json.dumps({k: i for i, k in enumerate(NER_LABELS)}))
+    first = len(BERT_SPECIAL)
+
+    def sentence(n):
+        return [words[i] for i in rng.integers(first, vocab, size=n)]
+
+    if processor == "SST2DataProcessor":
+        for name, n in (("train", files * per_file), ("dev", per_file)):
+            lines = ["sentence\tlabel"] + [f"{' '.join(sentence(int(rng.integers(4, msl - 2))))}"
+                                           f"\t{int(rng.integers(0, 2))}" for _ in range(n)]
+            (folder / f"{name}.tsv").write_text("\n".join(lines) + "\n")
+        return
+    counts, h5_rows = {}, []
+    for i in range(files):
+        rows = []
+        for _ in range(per_file):
+            if processor == "BertCSVDynamicMaskDataProcessor":
+                a, b = int(rng.integers(4, msl // 2 - 2)), int(rng.integers(4, msl // 2 - 1))
+                tokens = ["[CLS]", *sentence(a), "[SEP]", *sentence(b), "[SEP]"]
+                rows.append([str(tokens), str([0] * (a + 2) + [1] * (b + 1)),
+                             int(rng.integers(0, 2))])
+            elif processor == "BertTokenClassifierDataProcessor":
+                n = int(rng.integers(4, msl - 2))
+                labels = [NER_LABELS[j] for j in rng.integers(1, 5, size=n)]
+                rows.append([" ".join(["[CLS]", *sentence(n), "[SEP]"]),
+                             " ".join(["[CLS]", *labels, "[SEP]"])])
+            elif processor == "BertSumCSVDataProcessor":
+                ids, segments, cls, labels = [], [], [], []
+                for k in range(int(rng.integers(2, MAX_CLS_TOKENS + 1))):
+                    n = int(rng.integers(2, msl // MAX_CLS_TOKENS - 1))
+                    cls.append(len(ids))
+                    ids += [2, *rng.integers(first, vocab, size=n).tolist(), 3]
+                    segments += [k % 2] * (n + 2)
+                    labels.append(int(rng.integers(0, 2)))
+                rows.append([str(ids), str(labels), str(segments), str(cls)])
+            else:  # pre-masked: BertCSVDataProcessor, BertHDF5DataProcessor
+                sp = {"cls": 2, "sep": 3, "pad": 0, "mask": 4, "low": first, "high": vocab,
+                      **(special or {})}
+                n = int(rng.integers(msl // 2, msl - 1))
+                tokens = [sp["cls"], *rng.integers(sp["low"], sp["high"], size=n).tolist(),
+                          sp["sep"]]
+                ids = np.full(msl, sp["pad"], np.int32)
+                ids[:len(tokens)] = tokens
+                mask = np.zeros(msl, np.int32)
+                mask[:len(tokens)] = 1
+                positions = np.zeros(MAX_PREDICTIONS, np.int32)
+                chosen = np.sort(rng.choice(np.arange(1, len(tokens) - 1),
+                                            size=MAX_PREDICTIONS, replace=False))
+                positions[:] = chosen
+                labels = ids[positions].copy()
+                weights = np.ones(MAX_PREDICTIONS, np.int32)
+                ids[positions] = sp["mask"]
+                rows.append([str(ids.tolist()), str(weights.tolist()), str(positions.tolist()),
+                             str(mask.tolist()), str(labels.tolist())])
+                h5_rows.append((ids, mask, labels, positions, weights))
+        name = f"data-{i}.csv"
+        header = {"BertCSVDynamicMaskDataProcessor": ["tokens", "segment_ids", "is_random_next"],
+                  "BertTokenClassifierDataProcessor": ["tokens", "labels"],
+                  "BertSumCSVDataProcessor": ["input_token_ids", "labels", "segment_ids",
+                                              "cls_indices"]}.get(
+            processor, ["input_ids", "masked_lm_weights", "masked_lm_positions",
+                        "attention_mask", "labels"])
+        _write_csv(folder, name, header, rows)
+        counts[name] = per_file
+    _write_meta(folder, counts)
+    if h5_rows:
+        import h5py
+
+        for i in range(files):
+            part = h5_rows[i * per_file:(i + 1) * per_file]
+            with h5py.File(folder / f"data-{i}.h5", "w") as f:
+                f.attrs["n_examples"] = per_file
+                f.create_dataset("data", data=np.stack([np.stack(r[:2]) for r in part]))
+                f.create_dataset("labels", data=np.stack([np.stack(r[2:]) for r in part]))
+        (folder / "data_params.json").write_text(json.dumps(
+            {"dataset": {"training_objective": "mlm", "mlm_with_gather": True}}))
+
+
+ESM2_SPECIAL = {"cls": 0, "pad": 1, "sep": 2, "mask": 32, "low": 4, "high": 24}
+"""ESM-2's token ids (its 33-token vocabulary: <cls>, <pad>, <eos>, <unk>, the 20 common amino
+acids from 4, ..., <mask> 32; its configurations' ``pad_token_id`` and ``mask_token_id``)."""
+
+
+def encoder_processors(written: dict) -> list[str]:
+    """The data processors a configuration (either layout) names for its loaders."""
+    if "trainer" in written:
+        t = written["trainer"]
+        loaders = [t["fit"]["train_dataloader"], t["validate"]["val_dataloader"]]
+    else:
+        loaders = [written["train_input"], written["eval_input"]]
+    return sorted({loader["data_processor"] for loader in loaders})
+
+
+FINE_TUNING_DROPOUTS = ("dropout_rate", "attention_dropout_rate", "embedding_dropout_rate")
+"""Dropout rates of the BERT fine-tuning heads' configuration classes that default to 0.1 when
+the shipped configuration leaves them out (the pretraining models take the embeddings' rate
+from ``dropout_rate``)."""
+
+
+def encoder_files(program: str, model: dict, loaders: list, data: Path) -> None:
+    """Point an encoder family's model and loaders at the files :func:`write_bert_data`
+    writes: the data folder, ``vocab.txt`` and ``label2id.json`` wherever the configuration
+    names a vocabulary or label file, the sequence length ENCODER_MSL (the HDF5 processors
+    take theirs from the files), MAX_CLS_TOKENS sentences; a fine-tuning head's
+    FINE_TUNING_DROPOUTS set to 0, as :func:`tiny_decoder` sets the rates a configuration
+    names."""
+    if program.startswith("bert_"):
+        model.update(dict.fromkeys(FINE_TUNING_DROPOUTS, 0.0))
+    for section in (model, *loaders):
+        if "vocab_file" in section:
+            section["vocab_file"] = str(data / "vocab.txt")
+        if "label_vocab_file" in section:
+            section["label_vocab_file"] = str(data / "label2id.json")
+    for loader in loaders:
+        if "HDF5" in loader["data_processor"]:
+            loader.pop("max_sequence_length", None)
+        elif "max_sequence_length" in loader:
+            loader["max_sequence_length"] = ENCODER_MSL
+        if "max_cls_tokens" in loader:
+            loader["max_cls_tokens"] = MAX_CLS_TOKENS
+        if "max_predictions_per_seq" in loader:
+            loader["max_predictions_per_seq"] = MAX_PREDICTIONS
+
+def write_dpr_hdf5(folder: Path, files: int = 2, per_file: int = 64, msl: int = ENCODER_MSL,
+                   vocab: int = 512, contexts: int = 2) -> None:
+    """Question/context files as DPRHDF5DataProcessor reads them, in the layout the Model
+    Zoo's DPR conversion writes: ``data_0`` [n, 3, msl] (the question's input ids, attention
+    mask, token types) and ``data_1`` [n, 3, ``contexts``, msl] (its positive and hard negative
+    contexts'), the ``n_examples`` attribute, and the ``data_params.json`` that names the
+    features of each group. Each sequence is ``[CLS] ... [SEP]`` over :func:`bert_vocab`'s
+    ids."""
+    import h5py
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    first = len(BERT_SPECIAL)
+
+    def sequences(shape):
+        ids = np.zeros((*shape, msl), np.int32)
+        mask = np.zeros((*shape, msl), np.int32)
+        for index in np.ndindex(*shape):
+            n = int(rng.integers(8, msl - 1))
+            ids[index][:n] = [2, *rng.integers(first, vocab, size=n - 2), 3]
+            mask[index][:n] = 1
+        return np.stack([ids, mask, np.zeros_like(ids)], axis=1)
+
+    for i in range(files):
+        with h5py.File(folder / f"data-{i}.h5", "w") as f:
+            f.attrs["n_examples"] = per_file
+            f.create_dataset("data_0", data=sequences((per_file,)))
+            f.create_dataset("data_1", data=sequences((per_file, contexts)))
+    (folder / "data_params.json").write_text(json.dumps({
+        "data_0_features": [f"questions_{k}" for k in ("input_ids", "attention_mask",
+                                                       "token_type_ids")],
+        "data_1_features": [f"ctx_{k}" for k in ("input_ids", "attention_mask",
+                                                 "token_type_ids")]}))
+
+
+SEQ2SEQ_SPECIAL = ["<pad>", "</s>", "<unk>", "<s>"]
+"""The tokens T5DynamicDataProcessor (and TransformerDynamicDataProcessor, built on it) look
+up, at the ids of T5's SentencePiece vocabulary (padding 0, end 1, unknown 2), then <s>."""
+
+TINY_SEQ2SEQ = {"d_model": 64, "d_kv": 16, "num_heads": 4, "d_ff": 256,
+                "encoder_num_hidden_layers": 2, "decoder_num_hidden_layers": 2}
+"""An encoder-decoder as small as TINY_DECODER: 2 layers each side, 64 wide, 4 heads of 16."""
+
+SEQ2SEQ_MSL = {"t5": (64, 32), "transformer": (64, 64)}
+"""(source, target) sequence lengths: T5's span corruption of a 64-token input leaves targets
+of at most 17 tokens, its configurations' 114 of 512 a similar share."""
+
+
+def write_seq2seq_data(folder: Path, program: str, files: int = 2, per_file: int = 64,
+                       vocab: int = 512, extra_ids: int = 0) -> None:
+    """Text files as T5DynamicDataProcessor and TransformerDynamicDataProcessor read them: one
+    document (T5) or sentence (Transformer: a source file and its target file side by side)
+    a line, its tokens separated by spaces; ``meta.dat`` naming each file (the Transformer's:
+    ``source target count``, absolute paths) and its lines; ``vocab.txt`` of ``vocab`` tokens
+    less the ``extra_ids`` the processor adds after them (T5's sentinels), SEQ2SEQ_SPECIAL
+    first, then the words ``w4``, ``w5``, ..."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    vocab -= extra_ids
+    words = SEQ2SEQ_SPECIAL + [f"w{i}" for i in range(len(SEQ2SEQ_SPECIAL), vocab)]
+    (folder / "vocab.txt").write_text("\n".join(words) + "\n")
+    src, tgt = SEQ2SEQ_MSL[program]
+
+    def line(n):
+        return " ".join(words[i] for i in rng.integers(len(SEQ2SEQ_SPECIAL), vocab, size=n))
+
+    meta = []
+    for i in range(files):
+        if program == "t5":
+            lines = [line(int(rng.integers(src, 2 * src))) for _ in range(per_file)]
+            (folder / f"data-{i}.txt").write_text("\n".join(lines) + "\n")
+            meta.append(f"data-{i}.txt {per_file}")
+        else:
+            pairs = [(line(int(rng.integers(4, src - 2))), line(int(rng.integers(4, tgt - 2))))
+                     for _ in range(per_file)]
+            for side, k in (("src", 0), ("tgt", 1)):
+                (folder / f"data-{i}.{side}").write_text("\n".join(p[k] for p in pairs) + "\n")
+            meta.append(f"{folder / f'data-{i}.src'} {folder / f'data-{i}.tgt'} {per_file}")
+    (folder / "meta.dat").write_text("\n".join(meta) + "\n")
+
+
+def tiny_seq2seq(program: str, model: dict, loaders: list, data: Path,
+                 vocab: int = 512) -> None:
+    """Shrink an encoder-decoder configuration in place (TINY_SEQ2SEQ, no dropout, the
+    vocabulary ``vocab`` with T5's sentinel ``extra_ids`` in it) and point its loaders at
+    :func:`write_seq2seq_data`'s files, at SEQ2SEQ_MSL's lengths."""
+    model.update(TINY_SEQ2SEQ)
+    extra = int(model.get("extra_ids") or 0)
+    for key in ("src_vocab_size", "tgt_vocab_size"):
+        if key in model:
+            model[key] = vocab - extra
+    for key, value in list(model.items()):
+        if "dropout" in key and isinstance(value, (int, float)) and not isinstance(value, bool):
+            model[key] = 0.0
+    src, tgt = SEQ2SEQ_MSL[program]
+    for key, length in (("src_max_position_embeddings", src),
+                        ("tgt_max_position_embeddings", tgt)):
+        if key in model:
+            model[key] = length
+    for loader in loaders:
+        loader.pop("data_dir", None)
+        for key in ("src_data_dir", "tgt_data_dir"):
+            if key in loader:
+                loader[key] = str(data)
+        for key in ("src_vocab_file", "tgt_vocab_file"):
+            if key in loader:
+                loader[key] = str(data / "vocab.txt")
+        loader.update(src_max_sequence_length=src, tgt_max_sequence_length=tgt)
+        loader.pop("shuffle_buffer", None)
+
+
 def checkpoint_every(steps: int) -> int:
     """Steps between checkpoints: a third of the run (the resumed run starts at the first)."""
     return max(1, steps // 3)
@@ -200,14 +535,24 @@ def params_for(program: str, shipped: Path, data: Path, steps: int, precision: s
         if program in VISION_FAMILIES_2_2:
             tiny_vision(program, params["model"], [params["train_input"], params["eval_input"]],
                         steps)
-        else:
+        elif program == "dpr":
+            for encoder in ("q_encoder", "ctx_encoder"):
+                tiny_decoder(params["model"][encoder])
+        elif program not in SEQ2SEQ_FAMILIES_2_2:
             tiny_decoder(params["model"])
         params["optimizer"] = trial_optimizer(params["optimizer"], steps)
         for key in ("train_input", "eval_input"):
             params[key].update(batch_size=8, shuffle=False,
                                num_workers=0 if release_2_2 else 1)
-            params[key].pop("max_sequence_length", None)  # "sample" files fix the length
+            if program not in ENCODER_FAMILIES_2_2:
+                params[key].pop("max_sequence_length", None)  # "sample" files fix the length
             params[key].pop("micro_batch_size", None)  # the whole batch at once
+        if program in ENCODER_FAMILIES_2_2:
+            encoder_files(program, params["model"],
+                          [params["train_input"], params["eval_input"]], data)
+        if program in SEQ2SEQ_FAMILIES_2_2:
+            tiny_seq2seq(program, params["model"],
+                         [params["train_input"], params["eval_input"]], data)
         run["eval_steps"] = 4
     return params
 
@@ -219,11 +564,15 @@ sequence length (64)."""
 
 
 def tiny_decoder(model: dict) -> None:
-    """Shrink a shipped decoder configuration in place, keeping its structure (position
-    embedding, attention module, norms, nonlinearity, scaling): sizes from TINY_DECODER, the
+    """Shrink a shipped decoder (or encoder) configuration in place, keeping its structure
+    (position embedding, attention module, norms, nonlinearity, scaling): sizes from
+    TINY_DECODER (a vocabulary smaller than its 512 kept), the
     rotary dimension the head size, a sliding window half the sequence, at most 2 key-value
     groups, and no dropout, so CPU and CSX draw nothing random."""
+    vocab = model.get("vocab_size")
     model.update(TINY_DECODER)
+    if isinstance(vocab, int) and vocab < TINY_DECODER["vocab_size"]:
+        model["vocab_size"] = vocab  # ESM-2's 33 tokens
     head = TINY_DECODER["hidden_size"] // TINY_DECODER["num_heads"]
     if "rotary_dim" in model:
         model["rotary_dim"] = head
@@ -349,7 +698,10 @@ def trainer_params_for(program: str, shipped: Path, data: Path, steps: int,
                trainer.get("validate", {}).get("val_dataloader")]
     if loaders[1] is None:  # DINOv2's: evaluate on the training data, as its img518 config does
         loaders[1] = copy.deepcopy(loaders[0])
-    if program not in ("fc_mnist", *VISION_CONFIGS):
+    if program == "dpr":
+        for encoder in ("q_encoder", "ctx_encoder"):
+            tiny_decoder(model[encoder])
+    elif program not in ("fc_mnist", *VISION_CONFIGS, *SEQ2SEQ_FAMILIES_2_2):
         tiny_decoder(model.get("policy_model", model))  # DPO trains a decoder inside
     if program != "fc_mnist":
         init["schedulers"] = trial_schedulers(init.get("schedulers") or [], steps)
@@ -361,11 +713,16 @@ def trainer_params_for(program: str, shipped: Path, data: Path, steps: int,
             loader.update(to_float16=True, shuffle=False)
         else:
             loader.update(batch_size=8, shuffle=False, num_workers=0)
-            for key in ("prefetch_factor", "persistent_workers", "max_sequence_length",
-                        "micro_batch_size"):
+            for key in ("prefetch_factor", "persistent_workers", "micro_batch_size"):
                 loader.pop(key, None)
+            if program not in ENCODER_FAMILIES_2_2:
+                loader.pop("max_sequence_length", None)  # "sample" files fix the length
     if program in VISION_CONFIGS:
         tiny_vision(program, model, loaders, steps)
+    if program in ENCODER_FAMILIES_2_2:
+        encoder_files(program, model, loaders, data)
+    if program in SEQ2SEQ_FAMILIES_2_2:
+        tiny_seq2seq(program, model, loaders, data)
     val = loaders[1]
     trainer["fit"] = {"train_dataloader": loaders[0]}
     trainer["validate"] = {"val_dataloader": val}
@@ -646,7 +1003,8 @@ def runnable(release: Path) -> list[str]:
     if is_trainer_release(release):
         return list(TRAINER_CONFIGS)
     if code_root(release)[0].name == "src":
-        return [f for f in FAMILIES_2_2 if f == "fc_mnist" or f in DECODER_FAMILIES_2_2]
+        return [f for f in FAMILIES_2_2 if f == "fc_mnist" or f in DECODER_FAMILIES_2_2
+                or f in ENCODER_FAMILIES_2_2 or f in SEQ2SEQ_FAMILIES_2_2 or f == "dpr"]
     return ["fc_mnist", "gpt2"]
 
 
@@ -656,18 +1014,28 @@ def trial(args, program: str) -> dict:
     if not args.reuse:
         shutil.rmtree(work, ignore_errors=True)
     data = work / "data"
-    if program == "fc_mnist":
-        write_mnist(data)
-    elif program in VISION_CONFIGS:
-        write_vision_data(program, data)
-    else:
-        write_gpt_hdf5(data, pairs=program == "dpo")
     params = work / "params.yaml"
     release_2_2 = root.name == "src"
     if is_trainer_release(args.release):
         written = trainer_params_for(program, shipped, data, args.steps, args.precision)
     else:
         written = params_for(program, shipped, data, args.steps, args.precision, release_2_2)
+    if program == "fc_mnist":
+        write_mnist(data)
+    elif program in VISION_CONFIGS:
+        write_vision_data(program, data)
+    elif program in ENCODER_FAMILIES_2_2:
+        model = written["trainer"]["init"]["model"] if "trainer" in written else written["model"]
+        for processor in encoder_processors(written):
+            write_bert_data(data, processor, vocab=model["vocab_size"],
+                            special=ESM2_SPECIAL if program == "esm2" else None)
+    elif program == "dpr":
+        write_dpr_hdf5(data)
+    elif program in SEQ2SEQ_FAMILIES_2_2:
+        model = written["trainer"]["init"]["model"] if "trainer" in written else written["model"]
+        write_seq2seq_data(data, program, extra_ids=int(model.get("extra_ids") or 0))
+    else:
+        write_gpt_hdf5(data, pairs=program == "dpo")
     params.write_text(yaml.safe_dump(written))
     env = _cstream_env(root, args)
     first = checkpoint_every(args.steps)
@@ -832,18 +1200,6 @@ def table(paths: list[Path]) -> str:
 
 
 NOT_RUN_2_2 = {
-    "bert": "not run for time: no writer yet for BertCSVDynamicMaskDataProcessor's CSV files",
-    "bert_classifier": "not run for time: no writer yet for the SST-2 TSV files",
-    "bert_token_classifier": "not run for time: no writer yet for "
-                             "BertTokenClassifierDataProcessor's CSV files and label2id.json",
-    "bert_extractive_summarization": "not run for time: no writer yet for "
-                                     "BertSumCSVDataProcessor's CSV files",
-    "t5": "not run for time: no writer yet for T5DynamicDataProcessor's text files and "
-          "vocabulary",
-    "transformer": "not run for time: no writer yet for TransformerDynamicDataProcessor's "
-                   "text files and vocabulary",
-    "esm2": "not run for time: no writer yet for BertCSVDataProcessor's CSV files",
-    "dpr": "not run for time: no writer yet for DPRHDF5DataProcessor's question/context files",
     "dit": "not run: Release 2.2.1's config validator reads `typing.List.__args__` of "
            "DiTConfig's bare `latent_size: List` field, which Python 3.9 and later do not have "
            "(`AttributeError: __args__`, with the shipped configuration too; the Model Zoo "
@@ -857,16 +1213,8 @@ NOT_RUN_2_2 = {
 """Why a Release 2.2 family has no trial results (its row in the table says so)."""
 
 NOT_RUN_TRAINER = {  # family: the data processor of its shipped configurations
-    "bert": "BertCSVDynamicMaskDataProcessor's CSV files",
-    "bert_classifier": "the SST-2/MNLI TSV files its classifier configurations read",
-    "bert_extractive_summarization": "BertSumCSVDataProcessor's CSV files",
-    "bert_token_classifier": "BertTokenClassifierDataProcessor's CSV files and label2id.json",
-    "dpr": "DPRHDF5DataProcessor's question/context files",
-    "esm2": "BertHDF5DataProcessor's protein token files",
     "llava": "LlavaHDF5MapDataProcessor's token files and image folder",
     "multimodal_simple": "MultimodalSimpleHDF5MapDataProcessor's token files and image folder",
-    "t5": "T5DynamicDataProcessor's text files and vocabulary",
-    "transformer": "TransformerDynamicDataProcessor's text files and vocabulary",
 }
 """Release 2.3+ families this tool writes no data for yet: each row names the data it needs."""
 
