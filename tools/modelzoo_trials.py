@@ -1324,11 +1324,16 @@ def real_package_cell(r: dict) -> str:
     crossed = _same_eval(ev["real eval of cstream's checkpoint"], ev["CPU eval"]) and \
         _same_eval(ev["cstream eval of the real checkpoint"], ev["real eval"])
     train = real["CPU train vs real"]
-    of_cstreams = ev["real eval of cstream's checkpoint"]
+    of_cstreams, of_reals = ev["real eval of cstream's checkpoint"], \
+        ev["cstream eval of the real checkpoint"]
+
+    def vs(a, b) -> str:
+        return "=" if _same_eval(a, b) else "against"
+
     return (f"checkpoints cross over: {'equal' if crossed else 'differ'} (real evaluates "
-            f"cstream's {of_cstreams:.6g} = cstream's "
+            f"cstream's {of_cstreams:.6g} {vs(of_cstreams, ev['CPU eval'])} cstream's "
             f"{ev['CPU eval']:.6g}; cstream evaluates the real one's "
-            f"{ev['cstream eval of the real checkpoint']:.6g} = real's {ev['real eval']:.6g}); "
+            f"{of_reals:.6g} {vs(of_reals, ev['real eval'])} real's {ev['real eval']:.6g}); "
             f"training from the same initial weights: losses "
             f"{'within one bf16 unit' if train['within_one_bf16_unit'] else 'differ'}, largest "
             f"gap {train['max_abs_loss_gap']:.3g} ({train['steps_compared']} steps)")
