@@ -10,32 +10,14 @@ workers and of the node's own processes, as a machine that dies.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).with_name("multinode_cluster.py")
+from helpers.cli import multinode_runs
 
 
 @pytest.fixture(scope="module")
 def cluster_runs(tmp_path_factory):
-    out_dir = tmp_path_factory.mktemp("multinode")
-    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
-               PYTHONPATH=os.pathsep.join([str(SCRIPT.parents[1]),
-                                           os.environ.get("PYTHONPATH", "")]))
-    try:
-        done = subprocess.run([sys.executable, str(SCRIPT), str(out_dir / "runs.json")],
-                              cwd=out_dir, env=env, capture_output=True, text=True, timeout=900)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"the 3-node runs did not end within 900 s; their output ended with:\n"
-                    f"{(e.stderr or b'')[-4000:]!r}")
-    if done.returncode != 0:
-        pytest.fail(f"the 3-node runs failed (exit {done.returncode}):\n{done.stderr[-6000:]}")
-    return json.loads((out_dir / "runs.json").read_text())
+    return multinode_runs(tmp_path_factory.mktemp("multinode"))
 
 
 def _per_node(places: dict) -> dict:

@@ -4,34 +4,14 @@ and a node lost mid-run is survived as in a fixed-count run, nothing lost or rep
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).with_name("multinode_cluster.py")
+from helpers.cli import multinode_runs
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    out_dir = tmp_path_factory.mktemp("multinode_autoscale")
-    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
-               PYTHONPATH=os.pathsep.join([str(SCRIPT.parents[1]),
-                                           os.environ.get("PYTHONPATH", "")]))
-    try:
-        done = subprocess.run([sys.executable, str(SCRIPT), str(out_dir / "runs.json"),
-                               "--runs", "autoscaled"], cwd=out_dir, env=env,
-                              capture_output=True, text=True, timeout=900)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"the autoscaled 3-node run did not end within 900 s; its output ended "
-                    f"with:\n{(e.stderr or b'')[-4000:]!r}")
-    if done.returncode != 0:
-        pytest.fail(f"the autoscaled 3-node run failed (exit {done.returncode}):\n"
-                    f"{done.stderr[-6000:]}")
-    return json.loads((out_dir / "runs.json").read_text())["autoscaled"]
+    return multinode_runs(tmp_path_factory.mktemp("multinode_autoscale"), "autoscaled")["autoscaled"]
 
 
 def test_the_workers_an_autoscaled_run_adds_are_spread_over_the_nodes(run):

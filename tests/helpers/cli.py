@@ -31,3 +31,26 @@ def table_rows(text):
         if len(parts) == 2:
             rows[parts[0]] = parts[1]
     return rows
+
+
+def multinode_runs(out_dir, runs: str | None = None, timeout: int = 900) -> dict:
+    """Run ``tests/multinode_cluster.py`` (its ``--runs``, default its own) in a process of its
+    own, in ``out_dir``; the results it wrote, or the test fails with the child's output."""
+    import json
+
+    import pytest
+
+    script = REPO / "tests" / "multinode_cluster.py"
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    out = out_dir / "runs.json"
+    cmd = [sys.executable, str(script), str(out), *(["--runs", runs] if runs else [])]
+    try:
+        done = subprocess.run(cmd, cwd=out_dir, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the 3-node runs did not end within {timeout} s; their output ended "
+                    f"with:\n{(e.stderr or b'')[-4000:]!r}")
+    if done.returncode != 0:
+        pytest.fail(f"the 3-node runs failed (exit {done.returncode}):\n{done.stderr[-6000:]}")
+    return json.loads(out.read_text())
