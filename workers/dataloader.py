@@ -78,6 +78,7 @@ class DataLoader:
         self._len = None
         self._resume = None
         self._resume_states = None
+        self._resume_aggregate = None
         self._state_provider = None
         self.worker_env: dict[str, str] = {}  # set when sent to a worker: workers.environ
         self.client_rng_state: torch.Tensor | None = None
@@ -149,9 +150,10 @@ class DataLoader:
         uninterrupted run would have streamed next.
 
         Where ``input_fn``'s loader is a Cerebras ``RestartableDataLoader`` (it has
-        ``aggregate_state_dict``), the state also holds, at its top level, what that loader
-        aggregates from every worker's ``state_dict()`` (the Cerebras stack's ``state_dict()``
-        is that aggregate: the Model Zoo reads ``state_dict()["samples_streamed"]``).
+        ``aggregate_state_dict`` and ``deaggregate_state_dict``), the state is what that loader
+        aggregates from every worker's ``state_dict()``, and nothing else, as on the Cerebras
+        stack: a checkpoint of either reads in the other, and each worker of the resumed run
+        loads its own ``deaggregate_state_dict()`` of it.
         """
         if self._state_provider is None:
             raise RuntimeError(
@@ -166,14 +168,15 @@ class DataLoader:
         # first step, an initial checkpoint, where only the loader itself can say)
         client = self.client_loader()
         aggregate = getattr(client, "aggregate_state_dict", None)
-        if not callable(aggregate):
+        if not (callable(aggregate) and callable(getattr(client, "deaggregate_state_dict", None))):
             return state
         if positions:
             loader_states = [copy.deepcopy(p["loader_state"]) for p in positions]
+        elif self._resume_aggregate is not None:  # before the first step of a resumed run
+            return copy.deepcopy(self._resume_aggregate)
         else:  # before the first step: the loader as it starts
             loader_states = [client.state_dict()]
-        aggregated = aggregate(loader_states)
-        return {**aggregated, **state} if isinstance(aggregated, Mapping) else state
+        return aggregate(loader_states)
 
     def bind_state_provider(self, provider: Callable[[], dict] | None) -> None:
         """Set by the executor running this DataLoader (None when the run ends): the callable
@@ -196,14 +199,23 @@ class DataLoader:
             raise TypeError(f"DataLoader.load_state_dict(strict={strict!r}): expected True or "
                             "False.")
         self.load_strict = strict
-        if not isinstance(state_dict, Mapping) or state_dict.get("format") != STATE_FORMAT:
+        self._resume = self._resume_states = self._resume_aggregate = None
+        if not (isinstance(state_dict, Mapping) and state_dict.get("format") == STATE_FORMAT):
+            if callable(getattr(self.client_loader(), "deaggregate_state_dict", None)):
+                # a RestartableDataLoader's aggregate (this stack's or the Cerebras stack's):
+                # every worker of the next run starts by loading its deaggregation of it
+                self._resume_aggregate = copy.deepcopy(state_dict)
+                return
             raise ValueError(
                 "DataLoader.load_state_dict expects what DataLoader.state_dict() returned inside "
-                f"a checkpoint closure (a dict with format 'cstream.dataloader/1'), got "
-                f"{type(state_dict).__name__}."
+                f"a checkpoint closure (a dict with format 'cstream.dataloader/1', or the "
+                "aggregate of a loader with aggregate_state_dict and deaggregate_state_dict), got "
+                f"{type(state_dict).__name__}"
+                + (f" with keys {sorted(map(str, state_dict))[:8]}"
+                   if isinstance(state_dict, Mapping) else "")
+                + f", and input_fn {self.input_fn_name}'s loader has no deaggregate_state_dict."
             )
         if not state_dict["workers"]:  # saved before the run started: start from the beginning
-            self._resume = self._resume_states = None
             return
         self._resume = dict(state_dict)
         self._resume_states = [DataLoaderCheckpoint(**w) for w in state_dict["workers"]]
@@ -213,6 +225,12 @@ class DataLoader:
         """The state given to :meth:`load_state_dict` that the next run resumes from; None:
         the next run starts from the beginning."""
         return self._resume
+
+    @property
+    def resume_aggregate(self) -> Any:
+        """The RestartableDataLoader aggregate given to :meth:`load_state_dict` that every worker
+        of the next run starts from (by its ``deaggregate_state_dict``); None: none."""
+        return self._resume_aggregate
 
     @property
     def resume_states(self) -> list[DataLoaderCheckpoint] | None:

@@ -362,6 +362,10 @@ class Source:
         self.generators = find_generators(loader)
         self.batches_in_first_epoch: int | None = None
         self._loader_state = pos.get("loader_state")
+        # a worker at the run's start loads the RestartableDataLoader aggregate the run resumes
+        # from (DataLoader.load_state_dict of one); a worker further on has its own position
+        self._aggregate = getattr(dataloader, "resume_aggregate", None) \
+            if pos == start_position() else None
         self._resume_rng = pos.get("rng")
         self._rng: dict = {}
         self._it: Iterator | None = None
@@ -447,7 +451,9 @@ class Source:
         self._record_rng()
         skip = 0
         try:
-            if resumed and self.batch_in_epoch:
+            if resumed and self._aggregate is not None:
+                self._load_aggregate()
+            elif resumed and self.batch_in_epoch:
                 if self.restartable is not None and self._loader_state is not None:
                     self.restartable[1].load_state_dict(self._state_to_load(),
                                                         **self._strict_kwargs())
@@ -536,6 +542,21 @@ class Source:
                 "workers from its own state, so this loader resumes only with one input worker "
                 "in all: set num_csx=1 and num_workers_per_csx=1 for the resumed run.")
         return deaggregate(aggregate([state]), **self._strict_kwargs())
+
+    def _load_aggregate(self) -> None:
+        """Load this worker's ``deaggregate_state_dict()`` of the aggregate the run resumes from
+        into its loader, as each input worker does on the Cerebras stack."""
+        aggregate, self._aggregate = copy.deepcopy(self._aggregate), None
+        part = self.restartable[1] if self.restartable is not None else None
+        if part is None or not callable(getattr(part, "deaggregate_state_dict", None)):
+            raise ResumeError(
+                f"input_fn {self.dataloader.input_fn_name}: the run resumes from a "
+                "RestartableDataLoader aggregate (DataLoader.load_state_dict), but the loader "
+                f"this worker built ({type(self.loader).__name__}) has no state_dict, "
+                "load_state_dict and deaggregate_state_dict to load it with. Return the same "
+                "kind of loader from input_fn on every worker.")
+        kwargs = self._strict_kwargs()
+        part.load_state_dict(part.deaggregate_state_dict(aggregate, **kwargs), **kwargs)
 
     def _strict_kwargs(self) -> dict:
         """``{"strict": ...}`` for a restartable part whose ``load_state_dict`` and
