@@ -10,7 +10,15 @@ reader that maps the file or defers its reads pays for reading it too. Peak
 memory is the process's high-water mark of resident memory during the save or load (reset just
 before), above what it held before, as a multiple of the state's size.
 
-    python -m benchmarks.checkpoints [--sizes 256 2048] [--rounds 3] [--dir DIR]
+Where the file is when a load starts decides much of its time (this machine reads its disk at
+~100 MB/s, and its kernel reclaims pages it finds idle, so a file written a minute earlier may be
+on disk only), so each load starts with its file in one state, for every reader alike:
+``--cache warm`` (the default) reads the file through just before the load, so it is in the page
+cache, as a checkpoint just written or read is; ``--cache cold`` writes it to disk and drops it
+from this machine's page cache (``posix_fadvise(DONTNEED)``), as a checkpoint from an earlier day
+is (a virtual machine's host may still hold it in its own cache).
+
+    python -m benchmarks.checkpoints [--sizes 256 2048] [--rounds 3] [--cache warm|cold] [--dir DIR]
         [--real-python /work/venvs/cs210/bin/python]
     python -m benchmarks.checkpoints --table [RESULTS.json]   # the results as a markdown table
 """
@@ -193,6 +201,20 @@ def child(action: str, tool: str, mib: int, path: str) -> None:
 
 
 # -- the driver --------------------------------------------------------------------------------
+def _place(path: Path, cache: str) -> None:
+    """Put the file ``path`` in the page cache (``warm``) or on disk only (``cold``)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if cache == "warm":
+            while os.read(fd, 64 << 20):
+                pass
+        else:
+            os.fsync(fd)  # pages still to be written cannot be dropped
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def _run(python: str, action: str, tool: str, mib: int, path: Path, env: dict) -> dict:
     done = subprocess.run([python, str(Path(__file__).resolve()), "--child", action, tool, str(mib),
                            str(path)], capture_output=True, text=True, env=env, cwd="/",
@@ -210,6 +232,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[256, 2048], help="states, in MiB")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--cache", choices=["warm", "cold"], default="warm",
+                        help="where each file is as its load starts: the page cache, or disk only")
     parser.add_argument("--dir", default=None, help="where the files go (default: a temporary folder)")
     parser.add_argument("--real-python", default="/work/venvs/cs210/bin/python",
                         help="a python with cerebras-pytorch 2.10 installed (skipped if missing)")
@@ -228,7 +252,7 @@ def main() -> None:
     readers = [r for r, (tool, file) in READERS.items() if file in writers
                and (have_real or tool != "real")]
     results = {"machine": describe(), "load_average_at_start": os.getloadavg(),
-               "rounds": args.rounds, "states": {}}
+               "rounds": args.rounds, "cache": args.cache, "states": {}}
     with tempfile.TemporaryDirectory(dir=args.dir) as folder:
         for mib in args.sizes:
             runs = {("save", w): [] for w in writers} | {("load", r): [] for r in readers}
@@ -242,6 +266,7 @@ def main() -> None:
                 for r in readers[turn:] + readers[:turn]:
                     tool, file = READERS[r]
                     python = args.real_python if tool == "real" else sys.executable
+                    _place(Path(folder) / WRITERS[file], args.cache)
                     runs["load", r].append(_run(python, "load", tool, mib,
                                                 Path(folder) / WRITERS[file],
                                                 theirs if tool == "real" else ours))
@@ -257,7 +282,7 @@ def main() -> None:
                     "peak_over_state": statistics.median(r["peak_kib"] * 1024 / state_bytes
                                                          for r in rs),
                     "file_bytes": rs[-1]["bytes"]}
-            results["states"][f"{mib} MiB"] = table
+            results["states"][f"{mib} MiB, {args.cache} cache"] = table
             results["load_average_at_end"] = os.getloadavg()
             _print(mib, table)
             _write(Path(args.out), results)
@@ -267,7 +292,8 @@ def _write(out: Path, results: dict) -> None:
     """Writes ``results`` to ``out``, keeping the states of an earlier run that this one did not
     measure (each with the machine, rounds and load average it was measured with)."""
     kept = json.loads(out.read_text()).get("states", {}) if out.exists() else {}
-    runs = {name: {**table, "_run": {k: results[k] for k in ("machine", "rounds",
+    kept = {name: table for name, table in kept.items() if name.endswith(" cache")}
+    runs = {name: {**table, "_run": {k: results[k] for k in ("machine", "rounds", "cache",
                                                                "load_average_at_start",
                                                                "load_average_at_end")}}
             for name, table in results["states"].items()}

@@ -296,3 +296,86 @@ def test_a_foreign_state_for_a_loader_without_the_protocol_is_refused():
                                          r"input_fn .*plain's loader has no "
                                          r"deaggregate_state_dict"):
         dataloader.load_state_dict({"samples_streamed": 4})
+
+
+class GlobalCountLoader(torch.utils.data.DataLoader):
+    """The Model Zoo's map-style RestartableDataLoader (Release 2.10
+    ``data/common/restartable_dataloader.py``): its batch_sampler is the Release 2.x
+    ``DistributedSampler`` of global batches; a worker's state is the samples it streamed in
+    this run; the aggregate is their sum with the resumed run's, and every worker loads the same
+    aggregate: ``set_state(samples_streamed)`` puts the sampler at that global batch."""
+
+    def __init__(self, n=48, batch_size=4):
+        data = torch.arange(float(n)).reshape(n, 1)
+        super().__init__(torch.utils.data.TensorDataset(data),
+                         batch_sampler=cstorch.utils.data.DistributedSampler(
+                             range(n), shuffle=True, seed=3, batch_size=batch_size))
+        self.previous = 0
+
+    def state_dict(self):
+        return {"samples_streamed": cstorch.distributed.get_worker_state().samples_streamed,
+                "previous_samples_streamed": self.previous}
+
+    def aggregate_state_dict(self, worker_states):
+        return {"samples_streamed": worker_states[0]["previous_samples_streamed"]
+                + sum(s["samples_streamed"] for s in worker_states)}
+
+    def deaggregate_state_dict(self, aggregated, strict=True):
+        return aggregated
+
+    def load_state_dict(self, state, strict=True):
+        self.previous = state["samples_streamed"]
+        self.batch_sampler.set_state(state["samples_streamed"])
+
+
+def global_count_run(steps, workers, assignment, state=None):
+    dataloader = cstorch.utils.data.DataLoader(GlobalCountLoader)
+    if state is not None:
+        dataloader.load_state_dict(state)
+    compiled = cstorch.compile(torch.nn.Linear(1, 1), cstorch.current_backend())
+    rows, saved = [], {}
+
+    @cstorch.trace
+    def step(batch):
+        (x,) = batch
+        return compiled(x).sum(), x[:, 0]
+
+    @cstorch.step_closure
+    def keep(_, x):
+        rows.append([int(v) for v in x.tolist()])
+
+    @cstorch.checkpoint_closure
+    def save(i):
+        saved[i] = dataloader.state_dict()
+
+    executor = cstorch.utils.data.DataExecutor(
+        dataloader, num_steps=steps, checkpoint_steps=3,
+        cs_config=cstorch.utils.CSConfig(num_workers_per_csx=workers,
+                                         input_assignment=assignment))
+    for i, batch in enumerate(executor, 1):
+        keep(*step(batch))
+        save(i)
+    return rows, saved
+
+
+@pytest.mark.parametrize("assignment", ["dynamic", "static"])
+def test_workers_of_a_global_batch_sampler_resume_at_the_aggregates_global_batch(
+        ray_session, assignment):
+    """Saved at step 3 by 2 workers and resumed by 2: every worker's sampler resumes at global
+    batch 3, and step 4 comes from the worker the uninterrupted run took it from. The loader
+    keeps the round-robin where dynamic assignment is asked for: each worker's state counts the
+    batches it took, which the aggregate sums."""
+    with cstorch.backend("CSX", num_threads=1):
+        rows, saved = global_count_run(8, 2, assignment)
+        assert saved[3] == {"samples_streamed": 12} and saved[6] == {"samples_streamed": 24}
+        assert sorted(v for r in rows[:6] for v in r) != list(range(24))  # shuffled
+        again, saved_again = global_count_run(5, 2, assignment, saved[3])
+        assert again == rows[3:]
+        assert saved_again[3] == saved[6]
+        assert global_count_run(2, 2, assignment, saved_again[3])[0] == rows[6:]
+
+
+def test_a_global_batch_sampler_resumes_from_the_aggregate_on_cpu():
+    with cstorch.backend("CPU"):
+        rows, saved = global_count_run(8, 1, "static")
+        assert global_count_run(5, 1, "static", saved[3])[0] == rows[3:]

@@ -37,7 +37,13 @@ def dynamic_assignment_support(loader) -> tuple[bool, str]:
     Iterable datasets and other samplers decide in the worker which batches it yields, and a
     torch ``DataLoader(in_order=False)`` yields batches in the order its processes finish them,
     so they keep the round-robin (static) assignment. Loaders that draw index batches ahead of
-    use take part: see :func:`draws_ahead`."""
+    use take part: see :func:`draws_ahead`. A RestartableDataLoader (``aggregate_state_dict``)
+    keeps the round-robin too: its state is the aggregate of each worker's own state, which means
+    the batches that worker took, in the order the round-robin gave them."""
+    if callable(getattr(loader, "aggregate_state_dict", None)):
+        return False, (f"the loader input_fn returned ({type(loader).__name__}) aggregates its "
+                       "input workers' own states (aggregate_state_dict), each of which counts "
+                       "the batches that worker took in round-robin order")
     parquet = loader if isinstance(loader, ParquetDataset) else getattr(loader, "dataset", None)
     if isinstance(parquet, ParquetDataset):
         processes = getattr(loader, "num_workers", 0) or 0

@@ -8,7 +8,9 @@ dataloader through :class:`Source` and describe where they are with one *positio
      "batch_in_epoch": k,        # batches of epoch e already streamed
      "loader_state": s,          # the restartable part's state_dict() after them (if any)
      "loader_state_of": name,    # which part that is: "batch_sampler", "sampler", "dataset"...
-     "rng": {"generators": {path: str}, "global": str}}  # random state at epoch e's start
+     "rng": {"generators": {path: str}, "global": str},  # random state at epoch e's start
+     "loader_aggregate": a}      # a RestartableDataLoader aggregate to load first (resumed
+                                 # runs only: workers.aggregates)
 
 Resuming at a position restores the random state the epoch started with (every
 ``torch.Generator`` reachable from the loader -- ``RandomSampler(generator=...)``,
@@ -33,7 +35,8 @@ from workers.dataloader import DataLoader, EmptyDataLoaderError
 from workers.positions import RoundRobinOrder, StreamPosition, WorkerPosition, start_position
 from workers.wire import leading_dim
 
-POSITION_KEYS = ("epoch", "batch_in_epoch", "loader_state", "loader_state_of", "rng")
+POSITION_KEYS = ("epoch", "batch_in_epoch", "loader_state", "loader_state_of", "rng",
+                 "loader_aggregate")
 
 
 class ExhaustedIteratorError(EmptyDataLoaderError):
@@ -362,10 +365,8 @@ class Source:
         self.generators = find_generators(loader)
         self.batches_in_first_epoch: int | None = None
         self._loader_state = pos.get("loader_state")
-        # a worker at the run's start loads the RestartableDataLoader aggregate the run resumes
-        # from (DataLoader.load_state_dict of one); a worker further on has its own position
-        self._aggregate = getattr(dataloader, "resume_aggregate", None) \
-            if pos == start_position() else None
+        # a RestartableDataLoader aggregate the run resumes from (workers.aggregates)
+        self._aggregate = pos.get("loader_aggregate")
         self._resume_rng = pos.get("rng")
         self._rng: dict = {}
         self._it: Iterator | None = None
@@ -546,7 +547,7 @@ class Source:
     def _load_aggregate(self) -> None:
         """Load this worker's ``deaggregate_state_dict()`` of the aggregate the run resumes from
         into its loader, as each input worker does on the Cerebras stack."""
-        aggregate, self._aggregate = copy.deepcopy(self._aggregate), None
+        aggregate, self._aggregate = self._aggregate, None
         part = self.restartable[1] if self.restartable is not None else None
         if part is None or not callable(getattr(part, "deaggregate_state_dict", None)):
             raise ResumeError(
@@ -555,24 +556,10 @@ class Source:
                 f"this worker built ({type(self.loader).__name__}) has no state_dict, "
                 "load_state_dict and deaggregate_state_dict to load it with. Return the same "
                 "kind of loader from input_fn on every worker.")
-        kwargs = self._strict_kwargs()
-        part.load_state_dict(part.deaggregate_state_dict(aggregate, **kwargs), **kwargs)
+        load_aggregate(part, aggregate, self.dataloader)
 
     def _strict_kwargs(self) -> dict:
-        """``{"strict": ...}`` for a restartable part whose ``load_state_dict`` and
-        ``deaggregate_state_dict`` take ``strict`` (Release 2.5's protocol), else nothing."""
-        part = self.restartable[1]
-        methods = [m for m in (getattr(part, "load_state_dict", None),
-                               getattr(part, "deaggregate_state_dict", None)) if callable(m)]
-        takes = [_takes_strict(m) for m in methods]
-        if not any(takes):
-            return {}
-        if not all(takes):
-            raise TypeError(
-                f"input_fn {self.dataloader.input_fn_name}: its {type(part).__name__} takes "
-                "`strict` in one of load_state_dict and deaggregate_state_dict but not the "
-                "other; give both methods the argument, or neither.")
-        return {"strict": getattr(self.dataloader, "load_strict", True)}
+        return strict_kwargs(self.restartable[1], self.dataloader)
 
     def last_sample_ids(self) -> list[int] | None:
         """The sample ids of the batch just returned, where the loader's sampler gave ints."""
@@ -645,6 +632,31 @@ def copy_state(x: Any) -> Any:
     if type(x) is tuple:
         return tuple(copy_state(v) for v in x)
     return copy.deepcopy(x)
+
+
+def load_aggregate(part, aggregate: Any, dataloader: DataLoader) -> None:
+    """``part.load_state_dict(part.deaggregate_state_dict(aggregate))``: a RestartableDataLoader
+    (``part``) loads its own share of an aggregate of every worker's state."""
+    kwargs = strict_kwargs(part, dataloader)
+    part.load_state_dict(part.deaggregate_state_dict(copy.deepcopy(aggregate), **kwargs),
+                         **kwargs)
+
+
+def strict_kwargs(part, dataloader: DataLoader) -> dict:
+    """``{"strict": ...}`` (the ``strict`` of ``dataloader.load_state_dict``) for a restartable
+    part whose ``load_state_dict`` and ``deaggregate_state_dict`` take ``strict`` (Release 2.5's
+    protocol), else nothing."""
+    methods = [m for m in (getattr(part, "load_state_dict", None),
+                           getattr(part, "deaggregate_state_dict", None)) if callable(m)]
+    takes = [_takes_strict(m) for m in methods]
+    if not any(takes):
+        return {}
+    if not all(takes):
+        raise TypeError(
+            f"input_fn {dataloader.input_fn_name}: its {type(part).__name__} takes "
+            "`strict` in one of load_state_dict and deaggregate_state_dict but not the "
+            "other; give both methods the argument, or neither.")
+    return {"strict": getattr(dataloader, "load_strict", True)}
 
 
 def _takes_strict(method) -> bool:

@@ -16,6 +16,7 @@ from executor.backends.base import Backend, RunContext
 from executor.backends.options import CPUOptions, GPUOptions
 from executor.data_executor import batch_size_of
 from executor.wafer.heap import keep_freed_memory_here
+from workers.aggregates import run_resume_states
 from workers.context import DataLoaderCheckpoint, WorkerInfo
 from workers.resume import Source, check_position, start_position
 
@@ -53,9 +54,9 @@ class EagerRun:
         dataloader = context.dataloader
         self._states: dict[int, list] = {}
         position, self._consumed = start_position(), 0
-        resume_states = dataloader.resume_states
+        resume_states = run_resume_states(dataloader, 1, 1)
         if resume_states:
-            topology = dataloader.resume_topology()
+            topology = dataloader.resume_topology() or (1, 1)
             if topology != (1, 1):
                 raise ValueError(
                     f"the dataloader state was saved with num_csx={topology[0]}, "

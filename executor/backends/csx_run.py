@@ -36,6 +36,7 @@ from executor.engine.errors import CompileError
 from executor.engine.handles import SlotKind, StateHandle, StepOutput
 from executor.tensor_hooks import after_tensor_to_cpu
 from executor.wafer import cuda_graph as cuda_graphs
+from workers.aggregates import run_resume_states
 from workers.errors import UnshardedInputWarning
 from workers.flow import FlowPolicy
 from workers.torch_compat import tree_flatten, tree_unflatten
@@ -70,8 +71,10 @@ class CSXRun:
         self.policy = FlowPolicy.from_config(cs, lookahead_steps=backend.options.lookahead)
         n = cs.num_csx * cs.num_workers_per_csx
         with phases.phase(f"starting {n} input worker{'s' if n > 1 else ''}"):
-            spec = self.driver.open_input(context.dataloader, cs, context.dataloader.resume_states,
-                                          self.policy)
+            spec = self.driver.open_input(
+                context.dataloader, cs,
+                run_resume_states(context.dataloader, cs.num_csx, cs.num_workers_per_csx),
+                self.policy)
         self.input_checks = self.driver.input_checks()
         duplicates = self.input_checks.get("duplicates")
         if duplicates is not None:
