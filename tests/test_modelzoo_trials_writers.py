@@ -265,3 +265,35 @@ def test_tiny_multimodal(tmp_path):
     assert encoder["image_size"] == [32, 32] and encoder["patch_size"] == [8, 8]
     assert simple["image_model_list"]["global_image_projection"]["input_unit"] == 64
     assert trials.image_patches("multimodal_simple", simple) == PATCHES
+
+
+def test_trainer_params_for_llava(tmp_path):
+    """A Trainer configuration of LLaVA's shape: the model shrunk by tiny_multimodal only (not
+    as a decoder), every checkpoint the trial reads kept, the loaders at the trial's images."""
+    import yaml
+
+    ffn = {"name": "FeedForwardNetwork", "input_unit": 1024, "layers_units": [4096, 4096],
+           "layers_activation": ["gelu", None]}
+    loader = _loader("LlavaHDF5MapDataProcessor")
+    shipped = {"trainer": {
+        "init": {"model": {"name": "llava", "image_model": _vit(), "text_model": _text(),
+                           "projector": {"image_model": ffn}, "freeze": ["^image_model"]},
+                 "callbacks": [{"KeepNCheckpoints": {"n": 3}}, {"ComputeNorm": {}}],
+                 "schedulers": [{"LinearLR": {"initial_learning_rate": 0.0,
+                                              "end_learning_rate": 0.001, "total_iters": 66}}]},
+        "fit": {"train_dataloader": dict(loader, batch_size=220, num_workers=8),
+                "val_dataloader": dict(loader, batch_size=220)}}}
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(shipped))
+    params = trials.trainer_params_for("llava", path, tmp_path / "data", 6, "mixed-bf16")
+    init = params["trainer"]["init"]
+    assert init["callbacks"] == [{"ComputeNorm": {}}]
+    assert init["checkpoint"] == {"steps": 2, "save_initial_checkpoint": True}
+    model = init["model"]
+    assert "vocab_size" not in model and model["freeze"] == ["^image_model"]
+    assert model["text_model"]["hidden_size"] == 64 and model["image_model"]["hidden_size"] == 64
+    for loader in (params["trainer"]["fit"]["train_dataloader"],
+                   params["trainer"]["validate"]["val_dataloader"]):
+        assert loader["data_dir"] == str(tmp_path / "data")
+        assert loader["img_data_dir"] == str(tmp_path / "data" / "images")
+        assert (loader["batch_size"], loader["num_workers"], loader["shuffle"]) == (8, 0, False)

@@ -437,6 +437,10 @@ def trainer_params_for(program: str, shipped: Path, data: Path, steps: int,
             # a fine-tuning config loads only the weights of the checkpoint it starts from
             # (gemma2's `load_checkpoint_states: model`); the trial's resume loads all of it
             continue
+        if name == "KeepNCheckpoints":
+            # the multimodal configs keep the last 1 or 3: the trial reads the initial (the
+            # real package's start), the first (the resume's) and the last (the evaluations')
+            continue
         if name in ("ScopedTrainFlags", "ScopedValidateFlags"):
             args = {k: v for k, v in (args or {}).items() if k not in CSX_PERFORMANCE_FLAGS}
         callbacks.append({name: args})
