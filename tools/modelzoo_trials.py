@@ -1,12 +1,13 @@
 """Run a Cerebras Model Zoo program unmodified on cstream: train, resume and evaluate, on CPU and CSX.
 
 Given an extracted Model Zoo release (its code is only read and run, never copied), this writes
-the program's data offline (MNIST in the idx-ubyte format from ``examples/digits.npz``; GPT-2
-token files in the Model Zoo's HDF5 format; the CSV, TSV and HDF5 files of the BERT families'
-and ESM-2's data processors with their vocabulary and label files; T5's and the Transformer's
-token text files), a copy of the program's shipped configuration with the steps, data folder
-and precision set, and then runs the program's own ``run.py`` with its usual command line, each
-backend in its own process:
+the program's data offline (tools/modelzoo_writers.py: MNIST in the idx-ubyte format from
+``examples/digits.npz``; GPT-2 token files in the Model Zoo's HDF5 format; the CSV, TSV and HDF5
+files of the BERT families' and ESM-2's data processors with their vocabulary and label files;
+T5's and the Transformer's token text files; image folders and DiT's latents; LLaVA's and
+multimodal_simple's token files and the images they name), a copy of the program's shipped
+configuration with the steps, data folder and precision set, and then runs the program's own
+``run.py`` with its usual command line, each backend in its own process:
 
 1. ``--mode train`` for ``--steps`` steps, a checkpoint every ``--steps // 3`` steps;
 2. the same training resumed from the first checkpoint in a fresh model folder (the Model Zoo
@@ -32,7 +33,6 @@ import json
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
 import time
@@ -40,6 +40,12 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+
+from tools.modelzoo_writers import (
+    ENCODER_MSL, ESM2_SPECIAL, LATENT, LATENT_FOLDERS, MAX_CLS_TOKENS, MAX_PREDICTIONS,
+    SEQ2SEQ_MSL, VISION_CLASSES, write_bert_data, write_dpr_hdf5,
+    write_gpt_hdf5, write_llava_hdf5, write_mnist, write_multimodal_simple_hdf5,
+    write_seq2seq_data, write_vision_data)
 
 REPO = Path(__file__).resolve().parents[1]
 LOSS = re.compile(r"Step=(\d+), Loss=([-\d.einfa]+)")
@@ -149,6 +155,9 @@ def program_paths(release: Path, program: str) -> tuple[Path, Path, Path]:
         folder, shipped = code / "transformers" / "pytorch" / "gpt2", "params_gpt2_small.yaml"
     elif program in VISION_FAMILIES_2_2:
         folder, shipped = code / "models" / "vision" / program, VISION_FAMILIES_2_2[program]
+    elif program in MULTIMODAL_FAMILIES_2_2:
+        folder, shipped = code / "models" / "multimodal" / program, \
+            MULTIMODAL_FAMILIES_2_2[program]
     elif program in ENCODER_FAMILIES_2_2 or program in SEQ2SEQ_FAMILIES_2_2 or program == "dpr":
         folder, shipped = {**ENCODER_FAMILIES_2_2, **SEQ2SEQ_FAMILIES_2_2, "dpr": DPR_2_2}[program]
         folder = code / "models" / "nlp" / folder
@@ -157,198 +166,6 @@ def program_paths(release: Path, program: str) -> tuple[Path, Path, Path]:
     return folder / "run.py", folder / "configs" / shipped, root
 
 
-def write_mnist(folder: Path, n_train: int = 1500) -> None:
-    """MNIST idx-ubyte files from the 8x8 digits, upscaled x3 to 24x24 and padded to 28x28."""
-    raw = folder / "MNIST" / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    digits = np.load(REPO / "examples" / "digits.npz")
-    images = digits["images"].astype(np.float32) * (255.0 / max(1, digits["images"].max()))
-    images = np.pad(np.kron(images, np.ones((3, 3), np.float32)), ((0, 0), (2, 2), (2, 2)))
-    images, labels = images.astype(np.uint8), digits["labels"].astype(np.uint8)
-
-    def write(name, array, magic):
-        with open(raw / name, "wb") as f:
-            f.write(struct.pack(">I", magic) + struct.pack(f">{array.ndim}I", *array.shape))
-            f.write(array.tobytes())
-
-    write("train-images-idx3-ubyte", images[:n_train], 0x803)
-    write("train-labels-idx1-ubyte", labels[:n_train], 0x801)
-    write("t10k-images-idx3-ubyte", images[n_train:], 0x803)
-    write("t10k-labels-idx1-ubyte", labels[n_train:], 0x801)
-
-
-def write_gpt_hdf5(folder: Path, files: int = 2, per_file: int = 64, msl: int = 64,
-                   vocab: int = 512, pairs: bool = False) -> None:
-    """Token files as the Model Zoo's GPT HDF5 processors read them: ``data`` [n, 3, msl]
-    (input ids, attention mask, labels: the ids shifted by one) and the ``n_examples``
-    attribute. ``pairs``: DPO's [n, 6, msl], a chosen and a rejected sequence, named in
-    ``data_params.json`` as its HDF5 conversion writes them."""
-    import h5py
-
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    for i in range(files):
-        rows = []
-        for _ in range(2 if pairs else 1):
-            tokens = rng.integers(0, vocab, size=(per_file, msl + 1), dtype=np.int32)
-            rows += [tokens[:, :-1], np.ones((per_file, msl), np.int32), tokens[:, 1:]]
-        with h5py.File(folder / f"data-{i}.h5", "w") as f:
-            f.attrs["n_examples"] = per_file
-            f.create_dataset("data", data=np.stack(rows, 1))
-    if pairs:
-        features = [f"{side}_{name}" for side in ("chosen", "rejected")
-                    for name in ("input_ids", "attention_mask", "labels")]
-        (folder / "data_params.json").write_text(json.dumps({"features": features}))
-
-
-ENCODER_MSL = 64
-"""The sequence length of the encoder families' files (their models' position embeddings are
-shrunk to it)."""
-
-MAX_PREDICTIONS = 10
-"""Masked tokens per sequence in the pre-masked files (15% of 64, rounded up)."""
-
-MAX_CLS_TOKENS = 8
-"""Sentences per document in BertSumCSVDataProcessor's files."""
-
-BERT_SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-"""The first entries of the vocabulary written for the BERT families: the tokens their data
-processors look up (padding id 0, as their ``*_pad_id`` defaults)."""
-
-NER_LABELS = ["[PAD]", "O", "B-Chemical", "I-Chemical", "X", "[CLS]", "[SEP]"]
-"""BertTokenClassifierDataProcessor's label2id.json: as many labels as bc5cdr-chem's
-``num_classes`` (7), the padding label first (its ``labels_pad_id`` is the id of [PAD])."""
-
-
-def bert_vocab(vocab: int = 512) -> list[str]:
-    """A WordPiece vocabulary of ``vocab`` entries: BERT_SPECIAL, then the words ``w5``,
-    ``w6``, ... (lower case, so ``do_lower`` leaves them as they are, and whole words to
-    the FullTokenizer)."""
-    return BERT_SPECIAL + [f"w{i}" for i in range(len(BERT_SPECIAL), vocab)]
-
-
-def _write_csv(folder: Path, name: str, header: list[str], rows: list[list]) -> None:
-    import csv
-
-    with open(folder / name, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows(rows)
-
-
-def _write_meta(folder: Path, counts: dict) -> None:
-    """The ``meta.dat`` the CSV processors of the BERT families read: one ``file count`` line
-    per file."""
-    (folder / "meta.dat").write_text("".join(f"{n} {c}\n" for n, c in counts.items()))
-
-
-def write_bert_data(folder: Path, processor: str, files: int = 2, per_file: int = 64,
-                    vocab: int = 512, msl: int = ENCODER_MSL, special: dict | None = None) -> None:
-    """The files ``processor`` (a data processor of the BERT families) reads, of random
-    sentences over :func:`bert_vocab`'s words, written in the layout its Model Zoo
-    preprocessing writes them, ``files`` files of ``per_file`` samples where it reads a list
-    of files (each listed in ``meta.dat``), and ``vocab.txt``, ``label2id.json`` beside them:
-
-    - BertCSVDynamicMaskDataProcessor: ``tokens`` (a Python list of ``[CLS] A [SEP] B [SEP]``),
-      ``segment_ids``, ``is_random_next``; it masks them as it reads them;
-    - BertCSVDataProcessor: pre-masked ``input_ids``, ``masked_lm_weights``,
-      ``masked_lm_positions``, ``attention_mask``, ``labels`` (MAX_PREDICTIONS gathered);
-      ``special`` gives its ids (``cls``, ``sep``, ``pad``, ``mask``, and the tokens drawn from
-      ``low`` to ``high``; ESM-2's amino acids);
-    - BertHDF5DataProcessor: the same samples in "sample" HDF5 files, ``data`` [n, 2, msl]
-      (input ids, attention mask) and ``labels`` [n, 3, MAX_PREDICTIONS] (labels, positions,
-      mask), with the ``data_params.json`` that says they are gathered MLM samples;
-    - SST2DataProcessor: ``train.tsv`` and ``dev.tsv`` (``sentence``, ``label``);
-    - BertTokenClassifierDataProcessor: ``tokens`` and ``labels``, space separated, with
-      NER_LABELS in ``label2id.json``;
-    - BertSumCSVDataProcessor: ``input_token_ids``, ``labels``, ``segment_ids``,
-      ``cls_indices`` (lists, a document of up to MAX_CLS_TOKENS ``[CLS] ... [SEP]``
-      sentences)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    words = bert_vocab(vocab)
-    (folder / "vocab.txt").write_text("\n".join(words) + "\n")
-    (folder / "label2id.json").write_text(json.dumps({k: i for i, k in enumerate(NER_LABELS)}))
-    first = len(BERT_SPECIAL)
-
-    def sentence(n):
-        return [words[i] for i in rng.integers(first, vocab, size=n)]
-
-    if processor == "SST2DataProcessor":
-        for name, n in (("train", files * per_file), ("dev", per_file)):
-            lines = ["sentence\tlabel"] + [f"{' '.join(sentence(int(rng.integers(4, msl - 2))))}"
-                                           f"\t{int(rng.integers(0, 2))}" for _ in range(n)]
-            (folder / f"{name}.tsv").write_text("\n".join(lines) + "\n")
-        return
-    counts, h5_rows = {}, []
-    for i in range(files):
-        rows = []
-        for _ in range(per_file):
-            if processor == "BertCSVDynamicMaskDataProcessor":
-                a, b = int(rng.integers(4, msl // 2 - 2)), int(rng.integers(4, msl // 2 - 1))
-                tokens = ["[CLS]", *sentence(a), "[SEP]", *sentence(b), "[SEP]"]
-                rows.append([str(tokens), str([0] * (a + 2) + [1] * (b + 1)),
-                             int(rng.integers(0, 2))])
-            elif processor == "BertTokenClassifierDataProcessor":
-                n = int(rng.integers(4, msl - 2))
-                labels = [NER_LABELS[j] for j in rng.integers(1, 5, size=n)]
-                rows.append([" ".join(["[CLS]", *sentence(n), "[SEP]"]),
-                             " ".join(["[CLS]", *labels, "[SEP]"])])
-            elif processor == "BertSumCSVDataProcessor":
-                ids, segments, cls, labels = [], [], [], []
-                for k in range(int(rng.integers(2, MAX_CLS_TOKENS + 1))):
-                    n = int(rng.integers(2, msl // MAX_CLS_TOKENS - 1))
-                    cls.append(len(ids))
-                    ids += [2, *rng.integers(first, vocab, size=n).tolist(), 3]
-                    segments += [k % 2] * (n + 2)
-                    labels.append(int(rng.integers(0, 2)))
-                rows.append([str(ids), str(labels), str(segments), str(cls)])
-            else:  # pre-masked: BertCSVDataProcessor, BertHDF5DataProcessor
-                sp = {"cls": 2, "sep": 3, "pad": 0, "mask": 4, "low": first, "high": vocab,
-                      **(special or {})}
-                n = int(rng.integers(msl // 2, msl - 1))
-                tokens = [sp["cls"], *rng.integers(sp["low"], sp["high"], size=n).tolist(),
-                          sp["sep"]]
-                ids = np.full(msl, sp["pad"], np.int32)
-                ids[:len(tokens)] = tokens
-                mask = np.zeros(msl, np.int32)
-                mask[:len(tokens)] = 1
-                positions = np.zeros(MAX_PREDICTIONS, np.int32)
-                chosen = np.sort(rng.choice(np.arange(1, len(tokens) - 1),
-                                            size=MAX_PREDICTIONS, replace=False))
-                positions[:] = chosen
-                labels = ids[positions].copy()
-                weights = np.ones(MAX_PREDICTIONS, np.int32)
-                ids[positions] = sp["mask"]
-                rows.append([str(ids.tolist()), str(weights.tolist()), str(positions.tolist()),
-                             str(mask.tolist()), str(labels.tolist())])
-                h5_rows.append((ids, mask, labels, positions, weights))
-        name = f"data-{i}.csv"
-        header = {"BertCSVDynamicMaskDataProcessor": ["tokens", "segment_ids", "is_random_next"],
-                  "BertTokenClassifierDataProcessor": ["tokens", "labels"],
-                  "BertSumCSVDataProcessor": ["input_token_ids", "labels", "segment_ids",
-                                              "cls_indices"]}.get(
-            processor, ["input_ids", "masked_lm_weights", "masked_lm_positions",
-                        "attention_mask", "labels"])
-        _write_csv(folder, name, header, rows)
-        counts[name] = per_file
-    _write_meta(folder, counts)
-    if h5_rows:
-        import h5py
-
-        for i in range(files):
-            part = h5_rows[i * per_file:(i + 1) * per_file]
-            with h5py.File(folder / f"data-{i}.h5", "w") as f:
-                f.attrs["n_examples"] = per_file
-                f.create_dataset("data", data=np.stack([np.stack(r[:2]) for r in part]))
-                f.create_dataset("labels", data=np.stack([np.stack(r[2:]) for r in part]))
-        (folder / "data_params.json").write_text(json.dumps(
-            {"dataset": {"training_objective": "mlm", "mlm_with_gather": True}}))
-
-
-ESM2_SPECIAL = {"cls": 0, "pad": 1, "sep": 2, "mask": 32, "low": 4, "high": 24}
-"""ESM-2's token ids (its 33-token vocabulary: <cls>, <pad>, <eos>, <unk>, the 20 common amino
-acids from 4, ..., <mask> 32; its configurations' ``pad_token_id`` and ``mask_token_id``)."""
 
 
 def encoder_processors(written: dict) -> list[str]:
@@ -391,85 +208,15 @@ def encoder_files(program: str, model: dict, loaders: list, data: Path) -> None:
         if "max_predictions_per_seq" in loader:
             loader["max_predictions_per_seq"] = MAX_PREDICTIONS
 
-def write_dpr_hdf5(folder: Path, files: int = 2, per_file: int = 64, msl: int = ENCODER_MSL,
-                   vocab: int = 512, contexts: int = 2) -> None:
-    """Question/context files as DPRHDF5DataProcessor reads them, in the layout the Model
-    Zoo's DPR conversion writes: ``data_0`` [n, 3, msl] (the question's input ids, attention
-    mask, token types) and ``data_1`` [n, 3, ``contexts``, msl] (its positive and hard negative
-    contexts'), the ``n_examples`` attribute, and the ``data_params.json`` that names the
-    features of each group. Each sequence is ``[CLS] ... [SEP]`` over :func:`bert_vocab`'s
-    ids."""
-    import h5py
-
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    first = len(BERT_SPECIAL)
-
-    def sequences(shape):
-        ids = np.zeros((*shape, msl), np.int32)
-        mask = np.zeros((*shape, msl), np.int32)
-        for index in np.ndindex(*shape):
-            n = int(rng.integers(8, msl - 1))
-            ids[index][:n] = [2, *rng.integers(first, vocab, size=n - 2), 3]
-            mask[index][:n] = 1
-        return np.stack([ids, mask, np.zeros_like(ids)], axis=1)
-
-    for i in range(files):
-        with h5py.File(folder / f"data-{i}.h5", "w") as f:
-            f.attrs["n_examples"] = per_file
-            f.create_dataset("data_0", data=sequences((per_file,)))
-            f.create_dataset("data_1", data=sequences((per_file, contexts)))
-    (folder / "data_params.json").write_text(json.dumps({
-        "data_0_features": [f"questions_{k}" for k in ("input_ids", "attention_mask",
-                                                       "token_type_ids")],
-        "data_1_features": [f"ctx_{k}" for k in ("input_ids", "attention_mask",
-                                                 "token_type_ids")]}))
 
 
-SEQ2SEQ_SPECIAL = ["<pad>", "</s>", "<unk>", "<s>"]
-"""The tokens T5DynamicDataProcessor (and TransformerDynamicDataProcessor, built on it) look
-up, at the ids of T5's SentencePiece vocabulary (padding 0, end 1, unknown 2), then <s>."""
 
 TINY_SEQ2SEQ = {"d_model": 64, "d_kv": 16, "num_heads": 4, "d_ff": 256,
                 "encoder_num_hidden_layers": 2, "decoder_num_hidden_layers": 2}
 """An encoder-decoder as small as TINY_DECODER: 2 layers each side, 64 wide, 4 heads of 16."""
 
-SEQ2SEQ_MSL = {"t5": (64, 32), "transformer": (64, 64)}
-"""(source, target) sequence lengths: T5's span corruption of a 64-token input leaves targets
-of at most 17 tokens, its configurations' 114 of 512 a similar share."""
 
 
-def write_seq2seq_data(folder: Path, program: str, files: int = 2, per_file: int = 64,
-                       vocab: int = 512, extra_ids: int = 0) -> None:
-    """Text files as T5DynamicDataProcessor and TransformerDynamicDataProcessor read them: one
-    document (T5) or sentence (Transformer: a source file and its target file side by side)
-    a line, its tokens separated by spaces; ``meta.dat`` naming each file (the Transformer's:
-    ``source target count``, absolute paths) and its lines; ``vocab.txt`` of ``vocab`` tokens
-    less the ``extra_ids`` the processor adds after them (T5's sentinels), SEQ2SEQ_SPECIAL
-    first, then the words ``w4``, ``w5``, ..."""
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    vocab -= extra_ids
-    words = SEQ2SEQ_SPECIAL + [f"w{i}" for i in range(len(SEQ2SEQ_SPECIAL), vocab)]
-    (folder / "vocab.txt").write_text("\n".join(words) + "\n")
-    src, tgt = SEQ2SEQ_MSL[program]
-
-    def line(n):
-        return " ".join(words[i] for i in rng.integers(len(SEQ2SEQ_SPECIAL), vocab, size=n))
-
-    meta = []
-    for i in range(files):
-        if program == "t5":
-            lines = [line(int(rng.integers(src, 2 * src))) for _ in range(per_file)]
-            (folder / f"data-{i}.txt").write_text("\n".join(lines) + "\n")
-            meta.append(f"data-{i}.txt {per_file}")
-        else:
-            pairs = [(line(int(rng.integers(4, src - 2))), line(int(rng.integers(4, tgt - 2))))
-                     for _ in range(per_file)]
-            for side, k in (("src", 0), ("tgt", 1)):
-                (folder / f"data-{i}.{side}").write_text("\n".join(p[k] for p in pairs) + "\n")
-            meta.append(f"{folder / f'data-{i}.src'} {folder / f'data-{i}.tgt'} {per_file}")
-    (folder / "meta.dat").write_text("\n".join(meta) + "\n")
 
 
 def tiny_seq2seq(program: str, model: dict, loaders: list, data: Path,
@@ -535,6 +282,9 @@ def params_for(program: str, shipped: Path, data: Path, steps: int, precision: s
         if program in VISION_FAMILIES_2_2:
             tiny_vision(program, params["model"], [params["train_input"], params["eval_input"]],
                         steps)
+        elif program in MULTIMODAL_FAMILIES_2_2:
+            tiny_multimodal(program, params["model"],
+                            [params["train_input"], params["eval_input"]], data)
         elif program == "dpr":
             for encoder in ("q_encoder", "ctx_encoder"):
                 tiny_decoder(params["model"][encoder])
@@ -687,6 +437,10 @@ def trainer_params_for(program: str, shipped: Path, data: Path, steps: int,
             # a fine-tuning config loads only the weights of the checkpoint it starts from
             # (gemma2's `load_checkpoint_states: model`); the trial's resume loads all of it
             continue
+        if name == "KeepNCheckpoints":
+            # the multimodal configs keep the last 1 or 3: the trial reads the initial (the
+            # real package's start), the first (the resume's) and the last (the evaluations')
+            continue
         if name in ("ScopedTrainFlags", "ScopedValidateFlags"):
             args = {k: v for k, v in (args or {}).items() if k not in CSX_PERFORMANCE_FLAGS}
         callbacks.append({name: args})
@@ -701,7 +455,8 @@ def trainer_params_for(program: str, shipped: Path, data: Path, steps: int,
     if program == "dpr":
         for encoder in ("q_encoder", "ctx_encoder"):
             tiny_decoder(model[encoder])
-    elif program not in ("fc_mnist", *VISION_CONFIGS, *SEQ2SEQ_FAMILIES_2_2):
+    elif program not in ("fc_mnist", *VISION_CONFIGS, *SEQ2SEQ_FAMILIES_2_2,
+                         *MULTIMODAL_CONFIGS):
         tiny_decoder(model.get("policy_model", model))  # DPO trains a decoder inside
     if program != "fc_mnist":
         init["schedulers"] = trial_schedulers(init.get("schedulers") or [], steps)
@@ -719,6 +474,8 @@ def trainer_params_for(program: str, shipped: Path, data: Path, steps: int,
                 loader.pop("max_sequence_length", None)  # "sample" files fix the length
     if program in VISION_CONFIGS:
         tiny_vision(program, model, loaders, steps)
+    if program in MULTIMODAL_CONFIGS:
+        tiny_multimodal(program, model, loaders, data)
     if program in ENCODER_FAMILIES_2_2:
         encoder_files(program, model, loaders, data)
     if program in SEQ2SEQ_FAMILIES_2_2:
@@ -754,83 +511,16 @@ VISION_FAMILIES_2_2 = {"dit": "params_dit_small_patchsize_2x2.yaml"}
 """Release 2.2's vision families this tool writes data for: family, its smallest shipped
 configuration (the 2.10 latent files are the same). Not in ``--program all``: see NOT_RUN_2_2."""
 
-VISION_CLASSES = 4
-"""Classes of the trials' image folders (and of the shrunk classifiers)."""
 
 TINY_VISION = {"hidden_size": 64, "num_heads": 4, "num_hidden_layers": 2, "filter_size": 128,
                "image_size": [32, 32], "patch_size": [8, 8]}
 """A vision transformer small enough for two cores: 32x32 images in 16 patches of 8x8."""
 
 
-def write_image_folders(folder: Path, splits: dict | None = None, size: int = 40,
-                        classes: int = VISION_CLASSES) -> None:
-    """ImageNet-style image folders as torchvision's ``ImageNet`` (ImageNet1KProcessor) reads
-    them: ``SPLIT/WNID/*.png`` for each split and the ``meta.bin`` that maps each WNID to its
-    class names. ``splits``: images per class of each split (train 16, val 8: 8 training
-    batches of 8, more than a trial's 6 steps, and the 4 batches of its evaluation). Each
-    class's images are noise about a colour of its own, so a classifier has something to
-    learn; unshuffled, the folders give batches of one class at a time."""
-    import torch
-    from PIL import Image
-
-    splits = splits or {"train": 16, "val": 8}
-    rng = np.random.default_rng(0)
-    wnids = [f"n{i:08d}" for i in range(classes)]
-    colours = rng.integers(32, 224, size=(classes, 3))
-    val_wnids = []
-    for split, per_class in splits.items():
-        for label, wnid in enumerate(wnids):
-            (folder / split / wnid).mkdir(parents=True, exist_ok=True)
-            for i in range(per_class):
-                noise = rng.normal(0, 40, size=(size, size, 3))
-                pixels = np.clip(colours[label] + noise, 0, 255).astype(np.uint8)
-                Image.fromarray(pixels).save(folder / split / wnid / f"{wnid}_{i:04d}.png")
-                val_wnids += [wnid] * (split == "val")
-    torch.save(({w: (f"class {i}",) for i, w in enumerate(wnids)}, val_wnids),
-               folder / "meta.bin")
 
 
-LATENT = {"latent_size": [8, 8], "latent_channels": 4}
-"""The VAE latents of the DiT trials: 4 channels of 8x8 (a 64x64 image under the shipped VAE's
-downsampling by 8), 16 patches of 2x2."""
-
-LATENT_FOLDERS = ("latents", "latents_hflipped")
-"""The DiT trials' two latent folders, as the shipped configuration reads the latents of the
-images and of their mirror images."""
 
 
-def write_latent_folders(folder: Path, splits: dict | None = None,
-                         classes: int = VISION_CLASSES) -> None:
-    """VAE latent files as DiffusionLatentImageNet1KProcessor reads them and the Model Zoo's
-    ``create_imagenet_latents.py`` writes them: ``SPLIT/WNID/*.npz`` with ``vae_output``
-    [2 * channels, height, width] (the VAE's mean and log-variance, from which the processor
-    samples the latent), ``label``, ``src_path`` and ``dest_path``; the mirrored folder holds
-    the same latents flipped along the width. ``splits``: latents per class (train 16, val 8,
-    as :func:`write_image_folders`)."""
-    splits = splits or {"train": 16, "val": 8}
-    rng = np.random.default_rng(0)
-    channels, (height, width) = LATENT["latent_channels"], LATENT["latent_size"]
-    means = rng.normal(0, 4, size=(classes, channels, 1, 1))
-    for split, per_class in splits.items():
-        for label in range(classes):
-            wnid = f"n{label:08d}"
-            for i in range(per_class):
-                mean = means[label] + rng.normal(0, 2, size=(channels, height, width))
-                logvar = np.full((channels, height, width), -4.0)
-                output = np.concatenate([mean, logvar]).astype(np.float32)
-                for name, latent in zip(LATENT_FOLDERS, (output, output[..., ::-1])):
-                    path = folder / name / split / wnid / f"{wnid}_{i:04d}.npz"
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    np.savez(path, src_path=str(path.with_suffix(".JPEG")), dest_path=str(path),
-                             label=np.int64(label), vae_output=np.ascontiguousarray(latent))
-
-
-def write_vision_data(program: str, data: Path) -> None:
-    """The data ``program``'s shipped data processor reads."""
-    if program == "dit":
-        write_latent_folders(data)
-    else:
-        write_image_folders(data)
 
 
 def deterministic_transforms(transforms: list, size: list) -> list:
@@ -960,6 +650,82 @@ def _run_schedule(spec: dict, steps: int, warmup: str | None = None) -> None:
     spec["total_steps"] = steps
 
 
+# Multimodal families: an image encoder, a projector and a text decoder, each shrunk
+
+MULTIMODAL_CONFIGS = {  # family: (its folder under models/, the shipped configuration)
+    "llava": ("multimodal/llava", "params_llava_v1p5_pretrain_7b_phase1_MSL2K.yaml"),
+    "multimodal_simple": ("multimodal/multimodal_simple", "params_mm_llava_llama2_7b_phase1.yaml"),
+}
+"""Release 2.3+ multimodal families this tool writes data for (part of TRAINER_CONFIGS): the
+phase-1 configurations (the image encoder and the text decoder frozen, the projector trained
+on images and their captions)."""
+
+TRAINER_CONFIGS.update(MULTIMODAL_CONFIGS)
+
+MULTIMODAL_FAMILIES_2_2 = {"llava": "params_llava_v1p5_pretrain_7b_phase1_MSL2K.yaml"}
+"""Release 2.2's multimodal families: family, its smallest shipped phase-1 configuration."""
+
+
+def image_encoders(program: str, model: dict) -> tuple[list, list]:
+    """(the image encoders' sections, the projectors' sections) of a multimodal model
+    configuration: LLaVA's ``image_model`` and ``projector``; multimodal_simple's
+    ``image_model_list`` of encoders, each with an optional projection, and its global
+    projection."""
+    if program == "llava":
+        return [model["image_model"]], list((model.get("projector") or {}).values())
+    images = model["image_model_list"]
+    encoders = [m["image_encoder"] for m in images["image_models"]]
+    projectors = [m["projection_layer"] for m in images["image_models"]
+                  if m.get("projection_layer")]
+    if images.get("global_image_projection"):
+        projectors.append(images["global_image_projection"])
+    return encoders, projectors
+
+
+def image_patches(program: str, model: dict) -> int:
+    """The patch tokens a multimodal model puts in a sequence for one image (every encoder's
+    patches, without their class tokens)."""
+    encoders, _ = image_encoders(program, model)
+    return sum((e["image_size"][0] // e["patch_size"][0]) * (e["image_size"][1] //
+               e["patch_size"][1]) for e in encoders)
+
+
+def tiny_multimodal(program: str, model: dict, loaders: list, data: Path) -> None:
+    """Shrink a shipped multimodal configuration in place, keeping its structure (the
+    encoder's patch embedding, class token, feature layer and selection; the projector's
+    layers and activations; the decoder's rotary positions, norms and nonlinearity; what is
+    frozen): each image encoder as TINY_VISION without dropout, the text decoder by
+    :func:`tiny_decoder`, each projector layer TINY_VISION's width in and TINY_DECODER's out;
+    the loaders read the trial's token files and its ``images/`` folder at that image size,
+    without random augmentations and from the trial's folder, not a worker cache."""
+    encoders, projectors = image_encoders(program, model)
+    for vit in encoders:
+        vit.update(copy.deepcopy(TINY_VISION))
+        _no_dropout(vit)
+    tiny_decoder(model["text_model"])
+    for ffn in projectors:
+        ffn["input_unit"] = TINY_VISION["hidden_size"]
+        ffn["layers_units"] = [TINY_DECODER["hidden_size"]] * len(ffn["layers_units"])
+        _no_dropout(ffn)
+    size = TINY_VISION["image_size"]
+    for loader in loaders:
+        loader.update(img_data_dir=str(data / "images"), image_data_size=[3, *size],
+                      use_worker_cache=False)
+        loader["transforms"] = deterministic_transforms(loader["transforms"], size)
+
+
+def write_multimodal_data(program: str, model: dict, data: Path, release_2_2: bool) -> None:
+    """The token files and images ``program``'s shipped data processor reads, for the
+    (shrunk) ``model``: its sequence length and image patches."""
+    msl, patches = model["text_model"]["max_position_embeddings"], image_patches(program, model)
+    if program == "llava":
+        write_llava_hdf5(data, patches, vsl_features=release_2_2, msl=msl,
+                         vocab=model["text_model"]["vocab_size"])
+    else:
+        write_multimodal_simple_hdf5(data, patches, msl=msl,
+                                     vocab=model["text_model"]["vocab_size"])
+
+
 RAY_START_TIMEOUT = "The current node timed out during startup"
 """What Ray raises when its node does not register within its fixed 30 s (a loaded machine)."""
 
@@ -1004,7 +770,8 @@ def runnable(release: Path) -> list[str]:
         return list(TRAINER_CONFIGS)
     if code_root(release)[0].name == "src":
         return [f for f in FAMILIES_2_2 if f == "fc_mnist" or f in DECODER_FAMILIES_2_2
-                or f in ENCODER_FAMILIES_2_2 or f in SEQ2SEQ_FAMILIES_2_2 or f == "dpr"]
+                or f in ENCODER_FAMILIES_2_2 or f in SEQ2SEQ_FAMILIES_2_2 or f == "dpr"
+                or f in MULTIMODAL_FAMILIES_2_2]
     return ["fc_mnist", "gpt2"]
 
 
@@ -1024,6 +791,10 @@ def trial(args, program: str) -> dict:
         write_mnist(data)
     elif program in VISION_CONFIGS:
         write_vision_data(program, data)
+    elif program in MULTIMODAL_CONFIGS:
+        model = written["trainer"]["init"]["model"] if "trainer" in written else written["model"]
+        write_multimodal_data(program, model, data,
+                              release_2_2=not is_trainer_release(args.release))
     elif program in ENCODER_FAMILIES_2_2:
         model = written["trainer"]["init"]["model"] if "trainer" in written else written["model"]
         for processor in encoder_processors(written):
@@ -1205,18 +976,10 @@ NOT_RUN_2_2 = {
            "(`AttributeError: __args__`, with the shipped configuration too; the Model Zoo "
            "venv's Python is 3.11); `--program dit` writes 2.10's latent files and a "
            "configuration shrunk as 2.10's",
-    "llava": "not run for time: no writer yet for LlavaHDF5MapDataProcessor's token files "
-             "and image folder",
     "vision_transformer": "Release 2.2.1 ships no configuration for it (its folder has no "
                           "configs/), so there is no shipped config to derive a tiny one from",
 }
 """Why a Release 2.2 family has no trial results (its row in the table says so)."""
-
-NOT_RUN_TRAINER = {  # family: the data processor of its shipped configurations
-    "llava": "LlavaHDF5MapDataProcessor's token files and image folder",
-    "multimodal_simple": "MultimodalSimpleHDF5MapDataProcessor's token files and image folder",
-}
-"""Release 2.3+ families this tool writes no data for yet: each row names the data it needs."""
 
 NO_REAL_PACKAGE = {
     "Release_2.2.1": "no real package to compare: PyPI has cerebras-pytorch 2.6.0-2.10.0 only",
@@ -1390,12 +1153,9 @@ def families_table(release: str, paths: list[Path], release_dir: Path | None = N
             precision = results[family]["precision"]
             rows.append(f"| {family} ({precision}) | " + " | ".join(cells) + " |")
         else:
-            if family in NOT_RUN_TRAINER and not release.startswith("Release_2.2"):
-                reason = f"not run: no writer yet for {NOT_RUN_TRAINER[family]}"
-            else:
-                reasons = NOT_RUN_2_2 if release.startswith("Release_2.2") else {}
-                reason = reasons.get(family, "not run for time: the trials on the shared "
-                                     "machine were stopped before it finished")
+            reasons = NOT_RUN_2_2 if release.startswith("Release_2.2") else {}
+            reason = reasons.get(family, "not run for time: the trials on the shared "
+                                 "machine were stopped before it finished")
             rows.append(f"| {family} | {reason} | | | | | "
                         f"{NO_REAL_PACKAGE.get(release, 'not run: no cstream runs to compare')} |")
     rows.append("")
