@@ -14,6 +14,46 @@ import cstream as cstorch
 BACKENDS = (("CPU", {}), ("CSX", {"in_process": True}), ("CSX", {"num_threads": 1}))
 
 
+def checkpointed_run(input_fn, steps, state=None, *, features=1, unpack=lambda batch: batch,
+                     checkpoint_steps=3, cs_config=None, save_before=False):
+    """``steps`` steps of ``Linear(features, 1)`` over ``input_fn``'s batches (resumed from
+    ``state`` if given): the first column of each step's input, and the dataloader state saved
+    in a checkpoint closure every step (and before the run, with ``save_before``)."""
+    dataloader = cstorch.utils.data.DataLoader(input_fn)
+    assert dataloader.is_restartable
+    if state is not None:
+        dataloader.load_state_dict(state)
+    compiled = cstorch.compile(torch.nn.Linear(features, 1), cstorch.current_backend())
+    rows, saved = [], {}
+
+    @cstorch.trace
+    def step(batch):
+        x = unpack(batch)
+        return compiled(x).sum(), x[:, 0]
+
+    @cstorch.step_closure
+    def keep(_, column):
+        rows.append(column.tolist())
+
+    @cstorch.checkpoint_closure
+    def save(i):
+        saved[i] = dataloader.state_dict()
+
+    if save_before:
+        save(0)
+    executor = cstorch.utils.data.DataExecutor(dataloader, num_steps=steps,
+                                               checkpoint_steps=checkpoint_steps,
+                                               cs_config=cs_config)
+    for i, batch in enumerate(executor, 1):
+        keep(*step(batch))
+        save(i)
+    return rows, saved
+
+
+def first_of_each_step(rows):
+    return [row[0] for row in rows]
+
+
 class RestartableBatches:
     """The RestartableDataLoader protocol at its smallest: one worker's position, aggregated into
     a list of every worker's, the first of which is loaded on resume."""
@@ -47,33 +87,9 @@ def test_the_restartable_protocol_round_trips(ray_session):
     """A run saves the loader's state before it starts and at step 3; runs resumed from either
     stream from there, on every backend."""
     def run(steps, state=None):
-        dataloader = cstorch.utils.data.DataLoader(RestartableBatches)
-        assert dataloader.is_restartable
-        if state is not None:
-            dataloader.load_state_dict(state)
-        model = torch.nn.Linear(3, 1)
-        compiled = cstorch.compile(model, cstorch.current_backend())
-        firsts, saved = [], {}
-
-        @cstorch.trace
-        def step(x):
-            return compiled(x).sum(), x[0, 0]
-
-        @cstorch.step_closure
-        def keep(_, first):
-            firsts.append(first.item())
-
-        @cstorch.checkpoint_closure
-        def save(i):
-            saved[i] = dataloader.state_dict()
-
-        save(0)
-        executor = cstorch.utils.data.DataExecutor(dataloader, num_steps=steps,
-                                                   checkpoint_steps=3)
-        for i, batch in enumerate(executor, 1):
-            keep(*step(batch))
-            save(i)
-        return firsts, saved
+        rows, saved = checkpointed_run(RestartableBatches, steps, state, features=3,
+                                       save_before=True)
+        return first_of_each_step(rows), saved
 
     for kind, options in BACKENDS:
         with cstorch.backend(kind, **options):
@@ -139,31 +155,9 @@ def test_a_loader_that_aggregates_worker_states_resumes_twice_where_it_stopped(r
     """The worker's samples_streamed counts this run's samples; a resumed run loads the
     aggregate, and a run resumed from the resumed run does not count the first part twice."""
     def run(steps, state=None):
-        dataloader = cstorch.utils.data.DataLoader(SamplesStreamedLoader)
-        if state is not None:
-            dataloader.load_state_dict(state)
-        compiled = cstorch.compile(torch.nn.Linear(2, 1), cstorch.current_backend())
-        firsts, saved = [], {}
-
-        @cstorch.trace
-        def step(batch):
-            (x,) = batch
-            return compiled(x).sum(), x[0, 0]
-
-        @cstorch.step_closure
-        def keep(_, first):
-            firsts.append(int(first.item()))
-
-        @cstorch.checkpoint_closure
-        def save(i):
-            saved[i] = dataloader.state_dict()
-
-        executor = cstorch.utils.data.DataExecutor(dataloader, num_steps=steps,
-                                                   checkpoint_steps=2)
-        for i, batch in enumerate(executor, 1):
-            keep(*step(batch))
-            save(i)
-        return firsts, saved
+        rows, saved = checkpointed_run(SamplesStreamedLoader, steps, state, features=2,
+                                       unpack=lambda batch: batch[0], checkpoint_steps=2)
+        return first_of_each_step(rows), saved
 
     for kind, options in BACKENDS:
         with cstorch.backend(kind, **options):
@@ -218,33 +212,12 @@ class ShardedSamples:
         return states[(self.task_id + first) % self.num_tasks]
 
 
-def sharded_run(steps, workers, state=None, **options):
+def sharded_run(steps, workers, state=None):
     """The first sample of each step's batch, and the dataloader state saved every 3 steps."""
-    dataloader = cstorch.utils.data.DataLoader(ShardedSamples)
-    if state is not None:
-        dataloader.load_state_dict(state)
-    compiled = cstorch.compile(torch.nn.Linear(1, 1), cstorch.current_backend())
-    firsts, saved = [], {}
-
-    @cstorch.trace
-    def step(x):
-        return compiled(x).sum(), x[0, 0]
-
-    @cstorch.step_closure
-    def keep(_, first):
-        firsts.append(int(first.item()))
-
-    @cstorch.checkpoint_closure
-    def save(i):
-        saved[i] = dataloader.state_dict()
-
-    executor = cstorch.utils.data.DataExecutor(
-        dataloader, num_steps=steps, checkpoint_steps=3,
+    rows, saved = checkpointed_run(
+        ShardedSamples, steps, state,
         cs_config=cstorch.utils.CSConfig(num_workers_per_csx=workers))
-    for i, batch in enumerate(executor, 1):
-        keep(*step(batch))
-        save(i)
-    return firsts, saved
+    return first_of_each_step(rows), saved
 
 
 @pytest.mark.parametrize("workers", [2, 3])
@@ -329,33 +302,10 @@ class GlobalCountLoader(torch.utils.data.DataLoader):
 
 
 def global_count_run(steps, workers, assignment, state=None):
-    dataloader = cstorch.utils.data.DataLoader(GlobalCountLoader)
-    if state is not None:
-        dataloader.load_state_dict(state)
-    compiled = cstorch.compile(torch.nn.Linear(1, 1), cstorch.current_backend())
-    rows, saved = [], {}
-
-    @cstorch.trace
-    def step(batch):
-        (x,) = batch
-        return compiled(x).sum(), x[:, 0]
-
-    @cstorch.step_closure
-    def keep(_, x):
-        rows.append([int(v) for v in x.tolist()])
-
-    @cstorch.checkpoint_closure
-    def save(i):
-        saved[i] = dataloader.state_dict()
-
-    executor = cstorch.utils.data.DataExecutor(
-        dataloader, num_steps=steps, checkpoint_steps=3,
+    return checkpointed_run(
+        GlobalCountLoader, steps, state, unpack=lambda batch: batch[0],
         cs_config=cstorch.utils.CSConfig(num_workers_per_csx=workers,
                                          input_assignment=assignment))
-    for i, batch in enumerate(executor, 1):
-        keep(*step(batch))
-        save(i)
-    return rows, saved
 
 
 @pytest.mark.parametrize("assignment", ["dynamic", "static"])
