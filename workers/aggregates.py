@@ -49,9 +49,9 @@ def resumed_at(dataloader: DataLoader, aggregate: Any) -> tuple[int, int]:
     (0, 0) for loaders that keep their own places; for a loader that draws from a
     ShardedSampler, where the sampler of a loader built here (worker 0 of 1) stands after it
     loads the aggregate."""
-    loader = dataloader.build(WorkerInfo())
-    if sharded_sampler_of(loader) is None:
+    if sharded_sampler_of(dataloader.client_loader()) is None:
         return 0, 0
+    loader = dataloader.build(WorkerInfo())  # a loader of its own: the client's stays as it is
     part = restartable_part(loader)
     with worker_context(WorkerInfo()):
         load_aggregate(part[1] if part else loader, aggregate, dataloader)
