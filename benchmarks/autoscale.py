@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 import cstream as cstorch  # noqa: E402
 from benchmarks.bench_data import save_results  # noqa: E402
+from benchmarks.machine import describe  # noqa: E402
 
 BATCH_WAIT_S = 0.04
 SAMPLES = 4
@@ -146,6 +147,7 @@ def main(argv=None):
             "last_reason": a["reason"],
             "sweep": rows, "sweep_answer": best_counts(rows, TARGET)[1],
             "counts": auto["counts"],
+            "loadavg_after": list(os.getloadavg()),  # what else the machine ran meanwhile
         }
         cases.append(case)
         print(json.dumps({k: v for k, v in case.items() if k != "counts"}, default=float),
@@ -153,7 +155,7 @@ def main(argv=None):
         doc = {"benchmark": "autoscale", "batch_wait_s": BATCH_WAIT_S,
                "sweep_steps": args.sweep_steps, "target": TARGET,
                "cases": sorted(kept + cases, key=lambda c: c["need"]),
-               "machine_note": "2 vCPU, shared with other work at the time"}
+               "machine": describe()}
         save_results(doc, out, plot)  # after every case: an interrupted run keeps them
 
 
