@@ -134,12 +134,16 @@ def describe(e: BaseException) -> UserError:
 
     tracebacks = ["".join(traceback.format_exception(type(e), e, e.__traceback__))]
     local_frame = user_frame_of_traceback(e.__traceback__)
-    for link in _chain(e):
+    chain = list(_chain(e))
+    for link in chain:
         cause = getattr(link, "cause", None)
         remote_text = getattr(link, "traceback_str", None)
         if remote_text:
             tracebacks.append(strip_ansi(remote_text))
-        if isinstance(cause, BaseException) and type(link).__name__.startswith("RayTaskError"):
+        # a Ray error whose cause is already in the chain (the input side's error, raised in
+        # the client with the Ray error as its __cause__) has been unwrapped: go on with it
+        if isinstance(cause, BaseException) and type(link).__name__.startswith("RayTaskError") \
+                and not any(cause is c for c in chain):
             inner = describe(cause)
             inner.tracebacks = tracebacks + inner.tracebacks
             if inner.frame is None and remote_text:
