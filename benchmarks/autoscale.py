@@ -147,7 +147,7 @@ def main(argv=None):
             "last_reason": a["reason"],
             "sweep": rows, "sweep_answer": best_counts(rows, TARGET)[1],
             "counts": auto["counts"],
-            "loadavg_after": list(os.getloadavg()),  # what else the machine ran meanwhile
+            "load_average_at_end": list(os.getloadavg()),  # what else the machine ran meanwhile
         }
         cases.append(case)
         print(json.dumps({k: v for k, v in case.items() if k != "counts"}, default=float),
