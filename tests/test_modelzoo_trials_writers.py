@@ -297,3 +297,48 @@ def test_trainer_params_for_llava(tmp_path):
         assert loader["data_dir"] == str(tmp_path / "data")
         assert loader["img_data_dir"] == str(tmp_path / "data" / "images")
         assert (loader["batch_size"], loader["num_workers"], loader["shuffle"]) == (8, 0, False)
+
+
+def test_severstal(tmp_path):
+    """Each image's run-length-encoded defect (one-based, down each column, as the Severstal
+    processor decodes it) is the bright rectangle in its image."""
+    from PIL import Image
+
+    writers.write_severstal(tmp_path, count=5)
+    height, width = writers.SEVERSTAL_SHAPE
+    found = rows(tmp_path / "train.csv")
+    assert [r["ImageId"] for r in found] == [f"{i:05d}.jpg" for i in range(5)]
+    assert {r["ClassId"] for r in found} == {"3"}
+    for r in found:
+        numbers = [int(x) for x in r["EncodedPixels"].split()]
+        mask = np.zeros(height * width, dtype=bool)
+        for start, length in zip(numbers[::2], numbers[1::2]):
+            mask[start - 1:start - 1 + length] = True
+        mask = mask.reshape(width, height).T
+        image = np.asarray(Image.open(tmp_path / "train_images" / r["ImageId"]).convert("L"))
+        assert image.shape == (height, width)
+        assert image[mask].mean() > image[~mask].mean() + 60
+
+
+def test_legacy_families_are_named_by_their_folders(tmp_path):
+    """A Release 2.0/2.1 checkout (``modelzoo/`` at its top): a family per ``run.py``, named
+    without the transformers/vision/pytorch/fine_tuning levels; each maps to its folder and its
+    shipped configuration."""
+    code = tmp_path / "Release_2.0.2" / "modelzoo"
+    folders = ["fc_mnist/pytorch", "transformers/pytorch/gpt2",
+               "transformers/pytorch/bert/fine_tuning/token_classifier", "vision/pytorch/unet"]
+    for folder in folders:
+        (code / folder).mkdir(parents=True)
+        (code / folder / "run.py").write_text("")
+    release = tmp_path / "Release_2.0.2"
+    assert trials.is_legacy_release(release) and not trials.is_trainer_release(release)
+    assert trials.families_legacy(release) == ["bert_token_classifier", "fc_mnist", "gpt2",
+                                               "unet"]
+    run_py, shipped, root = trials.program_paths(release, "bert_token_classifier")
+    assert run_py == code / folders[2] / "run.py" and root == release
+    assert shipped == code / folders[2] / "configs" / "bert_base_ner_bc5cdr_chem.yaml"
+    table = trials.families_table("Release_2.0.2", [], release)
+    assert [line.split(" | ")[0] for line in table.splitlines()[2:6]] == [
+        "| bert_token_classifier", "| fc_mnist", "| gpt2", "| unet"]
+    assert table.endswith("0 of 4 families train, evaluate and resume on CSX equal to CPU "
+                          "(none); 0 of 4 equal to the real package (none).")

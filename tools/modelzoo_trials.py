@@ -43,9 +43,9 @@ import yaml
 
 from tools.modelzoo_writers import (
     ENCODER_MSL, ESM2_SPECIAL, LATENT, LATENT_FOLDERS, MAX_CLS_TOKENS, MAX_PREDICTIONS,
-    SEQ2SEQ_MSL, VISION_CLASSES, write_bert_data, write_dpr_hdf5,
+    SEQ2SEQ_MSL, UNET_IMAGE, VISION_CLASSES, write_bert_data, write_dpr_hdf5,
     write_gpt_hdf5, write_llava_hdf5, write_mnist, write_multimodal_simple_hdf5,
-    write_seq2seq_data, write_vision_data)
+    write_seq2seq_data, write_severstal, write_vision_data)
 
 REPO = Path(__file__).resolve().parents[1]
 LOSS = re.compile(r"Step=(\d+), Loss=([-\d.einfa]+)")
@@ -96,6 +96,41 @@ FAMILIES_2_2 = [*GPT_FAMILIES_2_2, "bert", "bert_classifier", "bert_token_classi
                 "bert_extractive_summarization", "t5", "transformer", "esm2", "dpr", "dpo",
                 "dit", "llava", "vision_transformer", "fc_mnist"]
 """Release 2.2's 25 model families (bert counted with each of its fine-tuning heads)."""
+
+LEGACY_CONFIGS = {  # family: (its folder under modelzoo/, its smallest shipped configuration)
+    "fc_mnist": ("fc_mnist/pytorch", "params.yaml"),
+    **{f: (f"transformers/pytorch/{f}", c) for f, c in {
+        **GPT_FAMILIES_2_2, "mistral": "params_mistral_7B.yaml",
+        "t5": "t5_small.yaml", "transformer": "transformer_base.yaml",
+        "bert": "bert_base_MSL128.yaml"}.items()},
+    "bert_classifier": ("transformers/pytorch/bert/fine_tuning/classifier",
+                        "bert_base_classifier_sst2.yaml"),
+    "bert_token_classifier": ("transformers/pytorch/bert/fine_tuning/token_classifier",
+                              "bert_base_ner_bc5cdr_chem.yaml"),
+    "bert_extractive_summarization": ("transformers/pytorch/bert/fine_tuning/"
+                                      "extractive_summarization", "bert_base_summarization.yaml"),
+    "dit": ("vision/pytorch/dit", "params_dit_small_patchsize_2x2.yaml"),
+    "unet": ("vision/pytorch/unet", "params_severstal_binary.yaml"),
+}
+"""Release 2.0/2.1 (``modelzoo/`` at the checkout's top, no config classes) families: the
+same data processors as Release 2.2's, in the older folders; bert's fine-tuning heads under
+``bert/fine_tuning/``. A release has the families of this list whose folder has a ``run.py``
+(and layers_api_demo, which does not build: NOT_RUN_LEGACY)."""
+
+
+def is_legacy_release(release: Path) -> bool:
+    """Release 2.0/2.1: the package folder is ``modelzoo/`` at the top of the checkout."""
+    return code_root(release)[0].name != "src"
+
+
+def families_legacy(release: Path) -> list[str]:
+    """The model families of a Release 2.0/2.1 checkout: the folders with a ``run.py``, named
+    without the ``transformers``/``vision``/``pytorch``/``fine_tuning`` levels (bert's heads as
+    ``bert_<head>``)."""
+    code = code_root(release)[1]
+    skip = {"transformers", "vision", "pytorch", "fine_tuning"}
+    return sorted("_".join(part for part in p.parent.relative_to(code).parts if part not in skip)
+                  for p in code.glob("**/run.py"))
 
 
 TRAINER_CONFIGS = {  # family: (its folder under models/, the shipped configuration derived from)
@@ -149,10 +184,11 @@ def program_paths(release: Path, program: str) -> tuple[Path, Path, Path]:
         folder, shipped = TRAINER_CONFIGS[program]
         folder = code / "models" / folder
         return folder / "run.py", (folder / "configs" / shipped).resolve(), root
-    if program == "fc_mnist":
+    if is_legacy_release(release):
+        folder, shipped = LEGACY_CONFIGS[program]
+        folder = code / folder
+    elif program == "fc_mnist":
         folder, shipped = code / "fc_mnist" / "pytorch", "params.yaml"
-    elif root.name != "src":  # Release 2.0/2.1
-        folder, shipped = code / "transformers" / "pytorch" / "gpt2", "params_gpt2_small.yaml"
     elif program in VISION_FAMILIES_2_2:
         folder, shipped = code / "models" / "vision" / program, VISION_FAMILIES_2_2[program]
     elif program in MULTIMODAL_FAMILIES_2_2:
@@ -268,6 +304,8 @@ def params_for(program: str, shipped: Path, data: Path, steps: int, precision: s
     run.update(max_steps=steps, log_steps=1, checkpoint_steps=checkpoint_every(steps), seed=1,
                save_initial_checkpoint=False)
     run.pop("eval_frequency", None)
+    if "num_workers_per_csx" in run:  # one input worker: the CPU run's batches in its order
+        run["num_workers_per_csx"] = 1
     # a fine-tuning configuration (DPO) loads only the model's weights from a checkpoint it
     # finds: the resumed trial loads everything, as a resumed run does
     run.pop("load_checkpoint_states", None)
@@ -278,6 +316,13 @@ def params_for(program: str, shipped: Path, data: Path, steps: int, precision: s
     if program == "fc_mnist":
         run["steps_per_epoch"] = steps  # 2.0.x reads it; 1,500 images give 375 batches of 4
         run["eval_steps"] = 20
+    elif program == "unet":
+        params["optimizer"] = trial_optimizer(params["optimizer"], steps)
+        loaders = [params["train_input"], params["eval_input"]]
+        tiny_unet(params["model"], loaders)
+        for loader in loaders:
+            loader.update(batch_size=8, shuffle=False)
+        run["eval_steps"] = 4
     else:
         if program in VISION_FAMILIES_2_2:
             tiny_vision(program, params["model"], [params["train_input"], params["eval_input"]],
@@ -305,6 +350,22 @@ def params_for(program: str, shipped: Path, data: Path, steps: int, precision: s
                          [params["train_input"], params["eval_input"]], data)
         run["eval_steps"] = 4
     return params
+
+
+TINY_UNET = {"encoder_filters": [8, 16], "decoder_filters": [8]}
+"""A UNet of two encoder blocks and one decoder block (its images: UNET_IMAGE)."""
+
+
+def tiny_unet(model: dict, loaders: list) -> None:
+    """Shrink Release 2.0's UNet (Severstal, binary) in place: TINY_UNET's filters on
+    ``UNET_IMAGE`` images, the loaders reading :func:`write_severstal`'s files in one process
+    without the random flips of ``augment_data`` (they draw from Python's global generator)."""
+    model.update(copy.deepcopy(TINY_UNET))
+    for loader in loaders:
+        loader.update(image_shape=[*UNET_IMAGE, 1], max_image_shape=list(UNET_IMAGE),
+                      augment_data=False, num_workers=0, use_worker_cache=False,
+                      use_fast_dataloader=False, persistent_workers=False,
+                      train_test_split=0.6)  # of 100 images: 7 training batches, 5 to evaluate
 
 
 TINY_DECODER = {"hidden_size": 64, "num_heads": 4, "num_hidden_layers": 2, "filter_size": 256,
@@ -772,7 +833,7 @@ def runnable(release: Path) -> list[str]:
         return [f for f in FAMILIES_2_2 if f == "fc_mnist" or f in DECODER_FAMILIES_2_2
                 or f in ENCODER_FAMILIES_2_2 or f in SEQ2SEQ_FAMILIES_2_2 or f == "dpr"
                 or f in MULTIMODAL_FAMILIES_2_2]
-    return ["fc_mnist", "gpt2"]
+    return [f for f in families_legacy(release) if f in LEGACY_CONFIGS]
 
 
 def trial(args, program: str) -> dict:
@@ -789,6 +850,8 @@ def trial(args, program: str) -> dict:
         written = params_for(program, shipped, data, args.steps, args.precision, release_2_2)
     if program == "fc_mnist":
         write_mnist(data)
+    elif program == "unet":
+        write_severstal(data)
     elif program in VISION_CONFIGS:
         write_vision_data(program, data)
     elif program in MULTIMODAL_CONFIGS:
@@ -981,8 +1044,30 @@ NOT_RUN_2_2 = {
 }
 """Why a Release 2.2 family has no trial results (its row in the table says so)."""
 
+NOT_RUN_LEGACY = {
+    "layers_api_demo": "not run: the program's own `model.py` calls "
+                       "`GPTLMHeadModelLoss(self.ntokens, 1.0 / self.ntokens)`, and the Model "
+                       "Zoo's `GPTLMHeadModelLoss` of Releases 2.0 and 2.1 takes `(vocab_size, "
+                       "loss_scaling, loss_weight)`: `TypeError: ... missing 1 required "
+                       "positional argument: 'loss_weight'` as the model is built, on CPU and "
+                       "CSX alike",
+}
+"""Why a Release 2.0/2.1 family has no trial results (its row in the table says so)."""
+
+
+def not_run_reasons(release: str) -> dict:
+    """family -> why it has no trial results, for the release named ``release``."""
+    if release.startswith("Release_2.2"):
+        return NOT_RUN_2_2
+    if release.startswith(("Release_2.0", "Release_2.1")):
+        return NOT_RUN_LEGACY
+    return {}
+
+
 NO_REAL_PACKAGE = {
-    "Release_2.2.1": "no real package to compare: PyPI has cerebras-pytorch 2.6.0-2.10.0 only",
+    release: "no real package to compare: PyPI has cerebras-pytorch 2.6.0-2.10.0 only"
+    for release in ("Release_2.0.2", "Release_2.0.3", "Release_2.1.0", "Release_2.1.1",
+                    "Release_2.2.0", "Release_2.2.1")
 }
 
 
@@ -1138,6 +1223,8 @@ def families_table(release: str, paths: list[Path], release_dir: Path | None = N
             results[r["program"]] = r
     if release.startswith("Release_2.2"):
         families = FAMILIES_2_2
+    elif release_dir is not None and is_legacy_release(release_dir):
+        families = families_legacy(release_dir)
     elif release_dir is not None:
         families = families_2_10(release_dir)
     else:
@@ -1153,9 +1240,9 @@ def families_table(release: str, paths: list[Path], release_dir: Path | None = N
             precision = results[family]["precision"]
             rows.append(f"| {family} ({precision}) | " + " | ".join(cells) + " |")
         else:
-            reasons = NOT_RUN_2_2 if release.startswith("Release_2.2") else {}
-            reason = reasons.get(family, "not run for time: the trials on the shared "
-                                 "machine were stopped before it finished")
+            reason = not_run_reasons(release).get(
+                family, "not run for time: the trials on the shared machine were stopped "
+                "before it finished")
             rows.append(f"| {family} | {reason} | | | | | "
                         f"{NO_REAL_PACKAGE.get(release, 'not run: no cstream runs to compare')} |")
     rows.append("")

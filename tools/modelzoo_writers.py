@@ -363,6 +363,40 @@ def write_vision_data(program: str, data: Path) -> None:
         write_image_folders(data)
 
 
+UNET_IMAGE = (32, 32)
+"""The (height, width) the UNet trials resize Severstal's 256x1600 images and masks to."""
+
+SEVERSTAL_SHAPE = (256, 1600)
+"""(height, width) of a Severstal steel image: the size the data processor decodes masks at."""
+
+
+def write_severstal(folder: Path, count: int = 100, class_id: int = 3) -> None:
+    """Severstal steel-defect files as SeverstalBinaryClassDataProcessor reads them:
+    ``train_images/*.jpg`` (grayscale, SEVERSTAL_SHAPE) and ``train.csv`` (ImageId, ClassId,
+    EncodedPixels: the defect's pixels run-length encoded, numbered down each column, one-based).
+    Each image's defect is a bright rectangle of its own on noise, so a segmenter has something
+    to learn."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    height, width = SEVERSTAL_SHAPE
+    (folder / "train_images").mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i in range(count):
+        top, left = int(rng.integers(0, height // 2)), int(rng.integers(0, width // 2))
+        bottom, right = top + int(rng.integers(16, height // 2)), \
+            left + int(rng.integers(64, width // 2))
+        pixels = rng.normal(80, 20, size=(height, width))
+        pixels[top:bottom, left:right] += 100
+        name = f"{i:05d}.jpg"
+        Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(
+            folder / "train_images" / name, quality=95)
+        runs = " ".join(f"{column * height + top + 1} {bottom - top}"
+                        for column in range(left, right))
+        rows.append([name, class_id, runs])
+    _write_csv(folder, "train.csv", ["ImageId", "ClassId", "EncodedPixels"], rows)
+
+
 # Multimodal families: token HDF5 files beside a folder of the images they name
 
 MULTIMODAL_MSL = 64
