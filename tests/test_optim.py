@@ -160,8 +160,14 @@ def test_configure_optimizer_is_case_insensitive_and_lists_valid_names_and_argum
     assert type(cstorch.optim.configure_optimizer("adamw", p, lr=0.1)).__name__ == "AdamW"
     with pytest.raises(ValueError, match="unknown optimizer_type 'Adamm'.*Adam, AdamW"):
         cstorch.optim.configure_optimizer("Adamm", p)
-    with pytest.raises(TypeError, match="SGD has no argument 'momentun'. Did you mean 'momentum'"):
-        cstorch.optim.configure_optimizer("SGD", p, lr=0.1, momentun=0.9)
+    with pytest.warns(UserWarning, match=r"SGD got 1 unexpected and unused parameters: "
+                                         r"\['momentun'\]; left out. Did you mean 'momentum'"):
+        sgd = cstorch.optim.configure_optimizer("SGD", p, lr=0.1, momentun=0.9)
+    assert sgd.param_groups[0]["momentum"] == 0.0  # the misspelt value is not taken
+    with pytest.warns(UserWarning, match=r"Adam got 1 unexpected and unused parameters: "
+                                         r"\['correct_bias'\]"):
+        adam = cstorch.optim.configure_optimizer("adam", p, lr=0.1, correct_bias=True, eps=1e-8)
+    assert type(adam).__name__ == "Adam" and adam.param_groups[0]["eps"] == 1e-8
 
 
 def test_state_created_outside_preinitialize_is_refused():

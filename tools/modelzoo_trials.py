@@ -4,7 +4,8 @@ Given an extracted Model Zoo release (its code is only read and run, never copie
 the program's data offline (tools/modelzoo_writers.py: MNIST in the idx-ubyte format from
 ``examples/digits.npz``; GPT-2 token files in the Model Zoo's HDF5 format; the CSV, TSV and HDF5
 files of the BERT families' and ESM-2's data processors with their vocabulary and label files;
-T5's and the Transformer's token text files; image folders and DiT's latents; LLaVA's and
+T5's and the Transformer's token text files; image folders, DiT's latents and UNet's
+Severstal images with their run-length-encoded masks; LLaVA's and
 multimodal_simple's token files and the images they name), a copy of the program's shipped
 configuration with the steps, data folder and precision set, and then runs the program's own
 ``run.py`` with its usual command line, each backend in its own process:

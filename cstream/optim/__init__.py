@@ -12,6 +12,7 @@ from cstream.optim.muon import Muon  # noqa: F401  (in __all__ through OPTIMIZER
 from cstream.optim.optimizer import Optimizer
 from cstream.optim.registry import (
     IGNORED_SCHEDULER_ARGUMENTS, OPTIMIZERS, check_kwargs, optimizer_class, scheduler_class,
+    unused_kwargs_note, valid_kwargs,
 )
 from cstream.optim.scheduler_config import configure_scheduler
 from cstream.optim.optimizers import (  # noqa: F401  (in __all__ through OPTIMIZERS)
@@ -42,7 +43,10 @@ def configure_optimizer(optimizer_type: str, params, **kwargs: Any) -> Optimizer
     """Build an optimizer from its name (case-insensitive) and keyword arguments, as the Model
     Zoo calls it with its ``optimizer:`` section: ``learning_rate`` stands for ``lr`` (a number;
     a scheduler configuration gives :data:`SCHEDULED_LR_PLACEHOLDER`, which the scheduler
-    replaces), and :data:`NOT_OPTIMIZER_KEYS` are left out.
+    replaces), and :data:`NOT_OPTIMIZER_KEYS` are left out. Other keys the class does not take
+    are left out with a warning that names them (and the argument a misspelling is near), as
+    the Cerebras helper does: a shipped Model Zoo section may carry keys of another optimizer
+    (Release 2.0's StarCoder gives Adam AdamW's ``correct_bias``).
 
     >>> import torch, cstream
     >>> opt = cstream.optim.configure_optimizer("sgd", [torch.nn.Parameter(torch.ones(1))],
@@ -64,7 +68,11 @@ def configure_optimizer(optimizer_type: str, params, **kwargs: Any) -> Optimizer
         warnings.warn(f"configure_optimizer: {', '.join(unused)} configure other parts of the "
                       f"run, not the {cls.__name__} optimizer; left out.", stacklevel=2)
         kwargs = {k: v for k, v in kwargs.items() if k not in NOT_OPTIMIZER_KEYS}
-    check_kwargs(cls, kwargs, "optimizer")
+    valid = valid_kwargs(cls)
+    unused = [] if valid is None else sorted(set(kwargs) - set(valid))
+    if unused:  # a shipped section may carry another optimizer's keys (Adam's correct_bias)
+        warnings.warn(unused_kwargs_note(cls, unused, valid), stacklevel=2)
+        kwargs = {k: v for k, v in kwargs.items() if k not in unused}
     return cls(params, **kwargs)
 
 

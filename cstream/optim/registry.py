@@ -35,6 +35,24 @@ def optimizer_class(optimizer_type: str):
     return cls
 
 
+def valid_kwargs(cls, skip=("self", "optimizer", "params")) -> list[str] | None:
+    """The keyword arguments ``cls`` takes, in signature order; None when it takes any
+    (``**kwargs``)."""
+    params = inspect.signature(cls.__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    return [n for n in params if n not in skip
+            and params[n].kind is not inspect.Parameter.VAR_POSITIONAL]
+
+
+def unused_kwargs_note(cls, unused: list[str], valid: list[str]) -> str:
+    """The warning for keyword arguments ``cls`` does not take (left out, as the Cerebras
+    configuration helpers leave them)."""
+    hints = "".join(did_you_mean(name, valid) for name in unused)
+    return (f"{cls.__name__} got {len(unused)} unexpected and unused parameters: {unused}; "
+            f"left out.{hints} Valid arguments: {', '.join(valid)}.")
+
+
 def check_kwargs(cls, kwargs: dict, what: str, skip=("self", "optimizer", "params")) -> None:
     params = inspect.signature(cls.__init__).parameters
     valid = [n for n in params if n not in skip and params[n].kind not in (
