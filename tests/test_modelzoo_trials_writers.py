@@ -342,3 +342,21 @@ def test_legacy_families_are_named_by_their_folders(tmp_path):
         "| bert_token_classifier", "| fc_mnist", "| gpt2", "| unet"]
     assert table.endswith("0 of 4 families train, evaluate and resume on CSX equal to CPU "
                           "(none); 0 of 4 equal to the real package (none).")
+
+
+def test_half_flag_follows_the_release(tmp_path):
+    """Release 2.0 picks the half dtype with use_bfloat16; from 2.1 on half_dtype.py refuses it
+    for fp16_type, and the trial's configuration uses the key its release reads."""
+    for name, text in (("Release_2.0.2", "use_bfloat16 = False\n"),
+                       ("Release_2.1.1", 'raise KeyError("use fp16_type")\n')):
+        folder = tmp_path / name / "modelzoo" / "common" / "pytorch"
+        folder.mkdir(parents=True)
+        (folder / "half_dtype.py").write_text(text)
+    assert trials.half_flag(tmp_path / "Release_2.0.2") == "use_bfloat16"
+    assert trials.half_flag(tmp_path / "Release_2.1.1") == "fp16_type"
+    shipped = tmp_path / "params.yaml"
+    shipped.write_text("model: {}\nrunconfig: {}\ntrain_input: {}\neval_input: {}\n")
+    for flag, other, value in (("use_bfloat16", "fp16_type", True),
+                               ("fp16_type", "use_bfloat16", "bfloat16")):
+        written = trials.params_for("fc_mnist", shipped, tmp_path, 6, "mixed-bf16", False, flag)
+        assert written["model"][flag] == value and other not in written["model"]

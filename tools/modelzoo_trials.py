@@ -286,18 +286,31 @@ def tiny_seq2seq(program: str, model: dict, loaders: list, data: Path,
         loader.pop("shuffle_buffer", None)
 
 
+def half_flag(release: Path) -> str:
+    """The model key a Release 2.0-2.2 checkout picks its half dtype with: ``fp16_type`` from
+    Release 2.1 on (its ``common/pytorch/half_dtype.py`` refuses ``use_bfloat16``),
+    ``use_bfloat16`` in Release 2.0, whose code does not know ``fp16_type``."""
+    code = code_root(release)[1]
+    module = next((p for p in (code / "common" / "pytorch" / "half_dtype.py",
+                               code / "common" / "half_dtype.py") if p.is_file()), None)
+    if module is None or "fp16_type" in module.read_text():
+        return "fp16_type"
+    return "use_bfloat16"
+
+
 def checkpoint_every(steps: int) -> int:
     """Steps between checkpoints: a third of the run (the resumed run starts at the first)."""
     return max(1, steps // 3)
 
 
 def params_for(program: str, shipped: Path, data: Path, steps: int, precision: str,
-               release_2_2: bool) -> dict:
-    """The shipped configuration with this trial's data, steps, precision and logging."""
+               release_2_2: bool, half_flag: str = "fp16_type") -> dict:
+    """The shipped configuration with this trial's data, steps, precision and logging;
+    ``half_flag`` is the model key that picks the half dtype (:func:`half_flag`)."""
     params = yaml.safe_load(shipped.read_text())
     mixed, bf16 = PRECISIONS[precision]
     params["model"]["mixed_precision"] = mixed
-    if release_2_2:  # Release 2.2 names the half dtype and refuses the older flag
+    if half_flag == "fp16_type":  # Release 2.1 on names the half dtype, refusing the old flag
         params["model"]["fp16_type"] = "bfloat16" if bf16 else "float16"
     else:
         params["model"]["use_bfloat16"] = bf16
@@ -848,7 +861,8 @@ def trial(args, program: str) -> dict:
     if is_trainer_release(args.release):
         written = trainer_params_for(program, shipped, data, args.steps, args.precision)
     else:
-        written = params_for(program, shipped, data, args.steps, args.precision, release_2_2)
+        written = params_for(program, shipped, data, args.steps, args.precision, release_2_2,
+                             half_flag(args.release))
     if program == "fc_mnist":
         write_mnist(data)
     elif program == "unet":
