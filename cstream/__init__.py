@@ -14,7 +14,7 @@ _os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 from cstream import _cerebras_check  # noqa: E402,F401
 from cstream import (amp, cirh, core, distributed, lib, metrics, nn, optim, profiler,  # noqa: E402
-                     sparse, storage, utils)
+                     saver, sparse, storage, utils)
 from cstream._compile import compile  # noqa: E402,A004
 from cstream._trace import TracedStep, compile_step, trace  # noqa: E402
 from cstream.backend import backend, current_backend, current_torch_device, use_cs  # noqa: E402
@@ -67,7 +67,7 @@ __all__ = [
     "add_debug_name", "core", "current_pol", "experimental", "from_numpy", "get_debug_name",
     "make_constant", "manual_seed", "name_scope", "nn", "pol", "profiler", "set_debug_scope",
     "sparse", "summarize_tensor", "to_numpy", "use_cs", "backends", "current_torch_device",
-    "cirh", "lib", "storage",
+    "cirh", "lib", "saver", "storage",
 ]
 
 # cstream.experimental holds the same names (and its own two): the top level's are copied into

@@ -491,6 +491,18 @@ def test_the_worker_cache_is_a_named_error_where_the_cluster_disk_is_absent(tmp_
         dist.hit_worker_cache_limit(str(tmp_path), dist.WORKER_CACHE_ROOT + "/x")
 
 
+def test_the_saver_is_an_attribute_of_the_package_in_a_fresh_interpreter():
+    """Release 2.1's flow reads ``cstorch.saver.PyTorchH5Saver.extract_version`` after only
+    ``import cerebras_pytorch as cstorch``: the subpackage must be bound without its own import."""
+    code = ("import cerebras_pytorch as cstorch; "
+            "print(cstorch.saver.PyTorchH5Saver.extract_version.__qualname__)")
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "PyTorchH5Saver.extract_version"
+
+
 def test_the_2_0_saver_class_reads_and_writes_cstream_checkpoints(tmp_path):
     from cerebras.pytorch.saver import PyTorchH5Saver
     from cerebras.pytorch.saver.pt_h5_saver import PyTorchH5Saver as same
