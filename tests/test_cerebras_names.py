@@ -514,7 +514,8 @@ def test_the_2_0_saver_class_reads_and_writes_cstream_checkpoints(tmp_path):
     saver.save(path, {"model": {"fc.weight": weight}, "state": [torch.ones(2)], "step": 3})
     assert PyTorchH5Saver.is_valid_checkpoint(path)
     assert not PyTorchH5Saver.is_valid_checkpoint(str(tmp_path / "missing.h5"))
-    assert PyTorchH5Saver.extract_version(path) == 0.5
+    version = PyTorchH5Saver.extract_version(path)
+    assert version.ckpt_version == 0.5 and version.written_by.startswith("cstream ")
     assert saver.tensor_names(path) == ["model.fc.weight", "state.0"]
     assert torch.equal(saver.load_tensor(path, "model.fc.weight"), weight)
     assert [n for n, _ in saver.flatten_state_dict({"a": {"b": 1}, "c": [2]})] == ["a.b", "c.0"]

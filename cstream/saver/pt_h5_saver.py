@@ -7,6 +7,8 @@ A tensor's *name* is its path in the saved structure with dots: ``model.fc.weigh
 
 from __future__ import annotations
 
+import dataclasses
+
 import h5py
 import torch
 
@@ -26,6 +28,16 @@ def _flatten(obj, prefix: str, out: list) -> list:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class CheckpointVersion:
+    """What :meth:`PyTorchH5Saver.extract_version` reads from a checkpoint."""
+
+    ckpt_version: float
+    """The layout version of the file."""
+    written_by: str
+    """The package and version that wrote it, as the file says ("" where it does not)."""
+
+
 class PyTorchH5Saver:
     """Reads and writes checkpoints as ``cerebras.pytorch`` 2.0's saver class did."""
 
@@ -38,12 +50,15 @@ class PyTorchH5Saver:
             return False
 
     @staticmethod
-    def extract_version(path) -> float:
-        """The layout version written in the file (0.5 for what cstream writes)."""
+    def extract_version(path) -> CheckpointVersion:
+        """The layout version written in the file (``ckpt_version`` 0.5 for what cstream writes)
+        and who wrote it: Release 2.1's flow reads ``.ckpt_version`` to tell checkpoints
+        written before 2.0 (0.3 and older) apart."""
         description = saving.layout(path)  # "cerebras.pytorch layout 0.5, written by ..."
-        version = description.split(",")[0].rsplit(" ", 1)[-1].rstrip(")")
+        head, _, writer = description.partition(", written by ")
+        version = head.rsplit(" ", 1)[-1].rstrip(")")
         try:
-            return float(version)
+            return CheckpointVersion(float(version), writer.strip())
         except ValueError:
             raise CheckpointError(f"{path}: no layout version in {description!r}.") from None
 
