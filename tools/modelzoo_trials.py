@@ -304,13 +304,13 @@ def checkpoint_every(steps: int) -> int:
 
 
 def params_for(program: str, shipped: Path, data: Path, steps: int, precision: str,
-               release_2_2: bool, half_flag: str = "fp16_type") -> dict:
+               release_2_2: bool, half_key: str = "fp16_type") -> dict:
     """The shipped configuration with this trial's data, steps, precision and logging;
-    ``half_flag`` is the model key that picks the half dtype (:func:`half_flag`)."""
+    ``half_key`` is the model key that picks the half dtype (:func:`half_flag`)."""
     params = yaml.safe_load(shipped.read_text())
     mixed, bf16 = PRECISIONS[precision]
     params["model"]["mixed_precision"] = mixed
-    if half_flag == "fp16_type":  # Release 2.1 on names the half dtype, refusing the old flag
+    if half_key == "fp16_type":  # Release 2.1 on names the half dtype, refusing the old flag
         params["model"]["fp16_type"] = "bfloat16" if bf16 else "float16"
     else:
         params["model"]["use_bfloat16"] = bf16

@@ -35,14 +35,20 @@ def optimizer_class(optimizer_type: str):
     return cls
 
 
+def _argument_names(cls, skip) -> list[str]:
+    """The named arguments of ``cls.__init__`` but ``skip``, in signature order."""
+    params = inspect.signature(cls.__init__).parameters
+    return [n for n in params if n not in skip and params[n].kind not in (
+        inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+
+
 def valid_kwargs(cls, skip=("self", "optimizer", "params")) -> list[str] | None:
     """The keyword arguments ``cls`` takes, in signature order; None when it takes any
     (``**kwargs``)."""
     params = inspect.signature(cls.__init__).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return None
-    return [n for n in params if n not in skip
-            and params[n].kind is not inspect.Parameter.VAR_POSITIONAL]
+    return _argument_names(cls, skip)
 
 
 def unused_kwargs_note(cls, unused: list[str], valid: list[str]) -> str:
@@ -54,9 +60,7 @@ def unused_kwargs_note(cls, unused: list[str], valid: list[str]) -> str:
 
 
 def check_kwargs(cls, kwargs: dict, what: str, skip=("self", "optimizer", "params")) -> None:
-    params = inspect.signature(cls.__init__).parameters
-    valid = [n for n in params if n not in skip and params[n].kind not in (
-        inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    valid = _argument_names(cls, skip)
     for name in kwargs:
         if name not in valid:
             raise TypeError(
